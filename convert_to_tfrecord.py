@@ -1,0 +1,381 @@
+"""Converts a photo folder (DATA/train/<class>/*, DATA/val/<class>/*) into TFRecords, once for many trainings.
+
+Two record kinds, both with the TF-slim metadata keys (label, class text, upright height/width, channels=3,
+file name relative to the data dir):
+  encoded: image/encoded = the original file bytes when it is an upright RGB/grayscale JPEG (no decode at all),
+           otherwise the upright RGB image re-encoded (JPEG sources as JPEG, others as PNG);
+  raw:     image/raw = upright RGB uint8 pixels, H*W*3 bytes, decoded by every CPU core.
+Train examples are shuffled across shards with --seed; val keeps the sorted order. Each shard is written
+under a temporary name, read back and counted, then renamed. labels.txt and manifest.json (record counts,
+sizes, skipped files) sit next to the shards. Unchanged inputs make a re-run a no-op.
+
+    python convert_to_tfrecord.py --data_dir=DATA --format=both
+"""
+
+import hashlib
+import io
+import math
+import os
+import random
+import re
+import sys
+import time
+
+from absl import app
+from absl import flags
+from tqdm import tqdm
+
+import onu_dataset
+from onu_dataset import DataError
+
+TARGET_SHARD_BYTES = 100 << 20  # automatic --num_shards: about this many bytes per shard
+REENCODE_JPEG_QUALITY = 95
+_TEMP_SHARD = re.compile(r'^(?:train|val)-(?:raw|encoded)-\d{5}-of-\d{5}\.tfrecord\.tmp-\d+$')
+
+FLAGS = flags.FLAGS
+
+
+def _tf():
+    """TensorFlow, imported on first use: worker processes import this module and must start fast."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    return tf
+
+
+def _relative_name(path, data_dir):
+    """path relative to data_dir with '/' separators, as stored in image/filename and the manifest."""
+    return os.path.relpath(path, data_dir).replace(os.sep, '/')
+
+
+def _raw_payload(info):
+    """(upright RGB uint8 pixel bytes, 'raw'), or (None, reason) if the file does not decode."""
+    try:
+        return onu_dataset.upright_rgb(info.path, info.orientation).tobytes(), onu_dataset.PAYLOAD_RAW
+    except Exception as error:  # a damaged file that passed the header check; reported, not fatal
+        return None, f'decode failed: {" ".join(str(error).split())}'
+
+
+def _encoded_payload(info):
+    """(file bytes or re-encoded upright RGB image, 'jpeg' or 'png'), or (None, reason)."""
+    if info.is_plain_jpeg:
+        with open(info.path, 'rb') as f:
+            return f.read(), onu_dataset.PAYLOAD_JPEG
+    try:
+        image = onu_dataset.upright_rgb(info.path, info.orientation)
+    except Exception as error:  # a damaged file that passed the header check; reported, not fatal
+        return None, f'decode failed: {" ".join(str(error).split())}'
+    buffer = io.BytesIO()
+    if info.image_format in onu_dataset.JPEG_FORMATS:
+        image.save(buffer, 'JPEG', quality=REENCODE_JPEG_QUALITY)
+        return buffer.getvalue(), onu_dataset.PAYLOAD_JPEG
+    image.save(buffer, 'PNG')
+    return buffer.getvalue(), onu_dataset.PAYLOAD_PNG
+
+
+_PAYLOADS = {'raw': (_raw_payload, onu_dataset.KEY_RAW), 'encoded': (_encoded_payload, onu_dataset.KEY_ENCODED)}
+
+
+def _serialized_example(info, payload, payload_key, payload_format, filename):
+    """One tf.train.Example as bytes (map keys sorted, so the same input gives the same bytes)."""
+    example = _tf().train.Example()
+    feature = example.features.feature
+    feature[payload_key].bytes_list.value.append(payload)
+    feature[onu_dataset.KEY_FORMAT].bytes_list.value.append(payload_format.encode())
+    feature[onu_dataset.KEY_LABEL].int64_list.value.append(info.label)
+    feature[onu_dataset.KEY_TEXT].bytes_list.value.append(info.class_name.encode('utf-8'))
+    feature[onu_dataset.KEY_HEIGHT].int64_list.value.append(info.height)
+    feature[onu_dataset.KEY_WIDTH].int64_list.value.append(info.width)
+    feature[onu_dataset.KEY_CHANNELS].int64_list.value.append(onu_dataset.CHANNELS)
+    feature[onu_dataset.KEY_FILENAME].bytes_list.value.append(os.fsencode(filename))
+    return example.SerializeToString(deterministic=True)
+
+
+def count_records(path, compression):
+    """The number of records in a TFRecord file, reading every record and checking its checksums."""
+    tf = _tf()
+    options = tf.io.TFRecordOptions(compression_type=onu_dataset.tf_compression_type(compression))
+    return sum(1 for _ in tf.compat.v1.io.tf_record_iterator(path, options))
+
+
+def _num_shards(requested, images, record_format):
+    """The shard count of one split and format: requested, or about TARGET_SHARD_BYTES each; never empty shards."""
+    if not requested:
+        if record_format == 'raw':
+            total = sum(info.height * info.width * onu_dataset.CHANNELS for info in images)
+        else:
+            total = sum(info.num_bytes for info in images)
+        requested = math.ceil(total / TARGET_SHARD_BYTES)
+    return max(1, min(requested, len(images)))
+
+
+def _split_order(images, split, seed):
+    """Train examples shuffled with seed (so shards mix classes); other splits keep the sorted order."""
+    if split != 'train':
+        return list(images)
+    shuffled = list(images)
+    random.Random(seed).shuffle(shuffled)
+    return shuffled
+
+
+def _write_verified_shard(path, examples, compression):
+    """Writes serialized examples to a temporary file, reads it back and counts, then renames it to path."""
+    tf = _tf()
+    temp_path = f'{path}.tmp-{os.getpid()}'
+    try:
+        options = tf.io.TFRecordOptions(compression_type=onu_dataset.tf_compression_type(compression))
+        written = 0
+        with tf.io.TFRecordWriter(temp_path, options) as writer:
+            for example in examples:
+                writer.write(example)
+                written += 1
+        found = count_records(temp_path, compression)
+        if found != written:
+            raise DataError(f'{temp_path}: wrote {written} records but read back {found}: '
+                            f'check free disk space and re-run with --overwrite')
+        os.replace(temp_path, path)
+    finally:
+        if os.path.exists(temp_path):
+            os.remove(temp_path)
+    return written
+
+
+def _convert_split(data_dir, output_dir, split, record_format, images, options, pool, skipped):
+    """Writes the shards of one split in one record format; returns its manifest entry."""
+    started = time.time()
+    make_payload, payload_key = _PAYLOADS[record_format]
+    order = _split_order(images, split, options['seed'])
+    num_shards = _num_shards(options['num_shards'], order, record_format)
+    use_pool = record_format == 'raw' or not all(info.is_plain_jpeg for info in order)
+    payloads = onu_dataset.parallel_map(make_payload, order, pool if use_pool else None,
+                                        window=4 * onu_dataset.worker_count(options['processes']))
+    entry = {'shards': [], 'records': 0, 'records_per_class': {}, 'record_bytes': 0, 'source_bytes': 0,
+             'pixel_bytes': 0}
+    progress = tqdm(total=len(order), desc=f'{split} {record_format}', unit='img', disable=None, leave=False)
+
+    def examples(chunk):
+        """Serialized examples of one shard, counting what is written and skipping what does not decode."""
+        for info, (payload, payload_format) in zip(chunk, payloads):
+            progress.update()
+            filename = _relative_name(info.path, data_dir)
+            if payload is None:
+                if options['strict']:
+                    raise DataError(f'{info.path}: {payload_format} (--strict): fix or remove the file')
+                skipped.append({'path': filename, 'reason': payload_format, 'format': record_format})
+                continue
+            pixel_bytes = info.height * info.width * onu_dataset.CHANNELS
+            if record_format == 'raw' and len(payload) != pixel_bytes:
+                raise DataError(f'{info.path}: decoded to {len(payload)} bytes, expected H*W*C = {info.height}*'
+                                f'{info.width}*{onu_dataset.CHANNELS}: the file changed during conversion; re-run')
+            entry['records_per_class'][info.class_name] = entry['records_per_class'].get(info.class_name, 0) + 1
+            entry['source_bytes'] += info.num_bytes
+            entry['pixel_bytes'] += pixel_bytes
+            yield _serialized_example(info, payload, payload_key, payload_format, filename)
+
+    bounds = [round(i * len(order) / num_shards) for i in range(num_shards + 1)]
+    for index in range(num_shards):
+        name = onu_dataset.shard_filename(split, record_format, index, num_shards)
+        path = os.path.join(output_dir, name)
+        records = _write_verified_shard(path, examples(order[bounds[index]:bounds[index + 1]]), options['compression'])
+        entry['shards'].append({'file': name, 'records': records, 'bytes': os.path.getsize(path)})
+        entry['records'] += records
+        entry['record_bytes'] += entry['shards'][-1]['bytes']
+    progress.close()
+    entry['records_per_class'] = {name: entry['records_per_class'].get(name, 0) for name in options['class_names']}
+    entry['seconds'] = round(time.time() - started, 3)
+    return entry
+
+
+def _image_size_stats(images):
+    """Min, max and mean upright width and height of a split's images."""
+    stats = {}
+    for key in ('width', 'height'):
+        values = [getattr(info, key) for info in images]
+        stats[key] = {'min': min(values), 'max': max(values), 'mean': round(sum(values) / len(values), 1)}
+    return stats
+
+
+def _inputs_digest(data_dir, class_names, listings):
+    """A digest of every input file's name, size and modification time: changes when any photo does."""
+    digest = hashlib.sha256('\0'.join(class_names).encode('utf-8'))
+    for images, skipped in listings.values():
+        for path in sorted([info.path for info in images] + [path for path, _ in skipped]):
+            stat = os.stat(path)
+            digest.update(os.fsencode(_relative_name(path, data_dir)))
+            digest.update(f'\0{stat.st_size}\0{stat.st_mtime_ns}\n'.encode())
+    return digest.hexdigest()
+
+
+def _existing_manifest(output_dir):
+    """The manifest already in output_dir, or None if there is none (or it is unreadable, so it is rebuilt)."""
+    try:
+        return onu_dataset.read_manifest(output_dir)
+    except DataError:
+        return None
+
+
+def _shards_intact(output_dir, entry):
+    """True if every shard of a manifest entry exists with the recorded size."""
+    for shard in entry['shards']:
+        path = os.path.join(output_dir, shard['file'])
+        if not os.path.isfile(path) or os.path.getsize(path) != shard['bytes']:
+            return False
+    return True
+
+
+def _reusable_formats(old, output_dir, build, splits):
+    """Formats whose records in the old manifest were built from the same inputs and settings and are intact."""
+    if old is None or old.get('compression') != build['compression']:
+        return set()
+    reusable = set()
+    for record_format, old_build in old.get('build', {}).items():
+        entries = [old['splits'].get(split, {}).get(record_format) for split in splits]
+        if (old_build.get('inputs') == build['inputs'] and None not in entries
+                and set(old['splits']) == set(splits) and all(_shards_intact(output_dir, e) for e in entries)):
+            reusable.add(record_format)
+    return reusable
+
+
+def _check_output_dir(data_dir, output_dir):
+    """DataError if output_dir lies inside the photo folders, which are never written to."""
+    output = os.path.realpath(output_dir)
+    for split in onu_dataset.SPLITS:
+        split_dir = os.path.realpath(os.path.join(data_dir, split))
+        if output == split_dir or output.startswith(split_dir + os.sep):
+            raise DataError(f'--output_dir={output_dir} is inside the photo folder {split_dir}: '
+                            f'choose a folder outside train/ and val/, e.g. {os.path.join(data_dir, "tfrecords")}')
+
+
+def _remove_stale_temp_shards(output_dir):
+    """Removes temporary shards left by an interrupted conversion (they never look like finished shards)."""
+    for name in os.listdir(output_dir):
+        if _TEMP_SHARD.match(name):
+            os.remove(os.path.join(output_dir, name))
+
+
+def convert(data_dir, output_dir=None, formats=onu_dataset.RECORD_FORMATS, num_shards=None, compression='NONE',
+            strict=False, overwrite=False, processes=None, seed=0):
+    """Converts data_dir's photos to TFRecords in output_dir (default data_dir/tfrecords); returns the manifest.
+
+    num_shards None or 0 picks about TARGET_SHARD_BYTES per shard; processes None or 0 uses every core.
+    Records already built from the same inputs with the same settings are kept (a re-run is a no-op);
+    overwrite rebuilds the requested formats anyway. Records of other formats are kept while they match
+    the inputs and compression, else removed. strict turns every skipped file (except hidden/system files)
+    into a DataError.
+    """
+    formats = tuple(f for f in onu_dataset.RECORD_FORMATS if f in formats)
+    if not formats or compression not in onu_dataset.COMPRESSIONS:
+        raise ValueError(f'formats must be among {onu_dataset.RECORD_FORMATS} and compression among '
+                         f'{onu_dataset.COMPRESSIONS}, got {formats} and {compression!r}')
+    output_dir = output_dir or os.path.join(data_dir, onu_dataset.RECORDS_SUBDIR)
+    _check_output_dir(data_dir, output_dir)
+    class_names = onu_dataset.find_class_names(data_dir)
+    splits = [s for s in onu_dataset.SPLITS if os.path.isdir(os.path.join(data_dir, s))]
+    listings = {split: onu_dataset.list_split_images(data_dir, split, class_names) for split in splits}
+    skipped = [{'path': _relative_name(path, data_dir), 'reason': reason}
+               for split in splits for path, reason in listings[split][1]]
+    unreadable = [s for s in skipped if s['reason'] != onu_dataset.REASON_HIDDEN]
+    if strict and unreadable:
+        raise DataError(f'{os.path.join(data_dir, unreadable[0]["path"])}: {unreadable[0]["reason"]} '
+                        f'({len(unreadable)} unreadable files; --strict): fix or remove them, or drop --strict')
+    build = {'inputs': _inputs_digest(data_dir, class_names, listings), 'compression': compression,
+             'num_shards': num_shards or None, 'seed': seed}
+    os.makedirs(output_dir, exist_ok=True)
+    old = _existing_manifest(output_dir)
+    reusable = _reusable_formats(old, output_dir, build, splits)
+    to_build = [f for f in formats if overwrite or f not in reusable or old['build'][f] != build]
+    kept = [f for f in onu_dataset.RECORD_FORMATS if f in reusable and f not in to_build]
+    if not to_build and set(kept) == set(old['build']):
+        print(f'{output_dir}: {", ".join(formats)} records are up to date with {data_dir}; nothing to do '
+              f'(--overwrite rebuilds them)')
+        return old
+
+    manifest = {'version': onu_dataset.MANIFEST_VERSION, 'compression': compression, 'class_names': class_names,
+                'splits': {split: {f: old['splits'][split][f] for f in kept} for split in splits},
+                'build': {f: old['build'][f] for f in kept},
+                'skipped': skipped + [s for s in (old or {}).get('skipped', []) if s.get('format') in kept],
+                'image_size_stats': {split: _image_size_stats(listings[split][0]) for split in splits}}
+    onu_dataset.write_manifest(output_dir, manifest)  # readers never see records that are being replaced
+    onu_dataset.write_labels(os.path.join(output_dir, onu_dataset.LABELS_FILENAME), class_names)
+    _remove_stale_temp_shards(output_dir)
+    options = {'seed': seed, 'num_shards': num_shards, 'processes': processes, 'compression': compression,
+               'strict': strict, 'class_names': class_names}
+    needs_workers = 'raw' in to_build or not all(i.is_plain_jpeg for images, _ in listings.values() for i in images)
+    with onu_dataset.process_pool(onu_dataset.worker_count(processes) if needs_workers else 1) as pool:
+        for record_format in to_build:
+            for split in splits:
+                entry = _convert_split(data_dir, output_dir, split, record_format, listings[split][0], options,
+                                       pool, manifest['skipped'])
+                manifest['splits'][split][record_format] = entry
+            manifest['build'][record_format] = build
+    onu_dataset.write_manifest(output_dir, manifest)
+    _remove_replaced_shards(output_dir, old, manifest)
+    return manifest
+
+
+def _remove_replaced_shards(output_dir, old, manifest):
+    """Deletes shards named by the old manifest that the new one no longer lists (all written by this script)."""
+    if old is None:
+        return
+    current = {s['file'] for split in manifest['splits'].values() for entry in split.values() for s in entry['shards']}
+    for split in old.get('splits', {}).values():
+        for entry in split.values():
+            for shard in entry['shards']:
+                path = os.path.join(output_dir, shard['file'])
+                if shard['file'] not in current and os.path.isfile(path):
+                    os.remove(path)
+
+
+def summary_table(manifest):
+    """The conversion summary as text: images per class, skipped, source MB, record MB, ratio, seconds."""
+    class_names = manifest['class_names']
+    header = ['split', 'format', 'images'] + class_names + ['skipped', 'source MB', 'record MB', 'ratio', 'seconds']
+    rows = []
+    for split, formats in manifest['splits'].items():
+        for record_format, entry in formats.items():
+            skipped = sum(1 for s in manifest['skipped']
+                          if s['path'].startswith(split + '/') and s['reason'] != onu_dataset.REASON_HIDDEN
+                          and s.get('format', record_format) == record_format)
+            rows.append([split, record_format, entry['records']]
+                        + [entry['records_per_class'][name] for name in class_names]
+                        + [skipped, f'{entry["source_bytes"] / 1e6:.1f}', f'{entry["record_bytes"] / 1e6:.1f}',
+                           f'{entry["record_bytes"] / max(1, entry["source_bytes"]):.3f}', f'{entry["seconds"]:.2f}'])
+    widths = [max(len(str(row[i])) for row in [header] + rows) for i in range(len(header))]
+    lines = ['  '.join(str(cell).rjust(width) for cell, width in zip(row, widths)) for row in [header] + rows]
+    unreadable = [s for s in manifest['skipped'] if s['reason'] != onu_dataset.REASON_HIDDEN]
+    lines += [f'skipped {s["path"]}: {s["reason"]}' for s in unreadable]
+    hidden = len(manifest['skipped']) - len(unreadable)
+    if hidden:
+        lines.append(f'ignored {hidden} hidden or system files (.DS_Store, Thumbs.db, ...)')
+    return '\n'.join(lines)
+
+
+def define_flags():
+    """Declares this script's flags (only when run as a script, so importing the module declares nothing)."""
+    flags.DEFINE_string('data_dir', 'DATA', 'Photo folder with train/<class>/* and val/<class>/*.')
+    flags.DEFINE_string('output_dir', None, 'Where to write the records; default <data_dir>/tfrecords.')
+    flags.DEFINE_enum('format', 'both', ['raw', 'encoded', 'both'], 'Which record kinds to write.')
+    flags.DEFINE_integer('num_shards', 0, 'Shards per split and format; 0 = about 100 MB each.')
+    flags.DEFINE_enum('compression', 'NONE', list(onu_dataset.COMPRESSIONS), 'TFRecord compression.')
+    flags.DEFINE_boolean('strict', False, 'Fail instead of skipping unreadable files.')
+    flags.DEFINE_boolean('overwrite', False, 'Rebuild the records even if they are up to date.')
+    flags.DEFINE_integer('processes', 0, 'Decoding processes; 0 = every CPU core.')
+    flags.DEFINE_integer('seed', 0, 'Seed of the train shuffle across shards.')
+
+
+def main(argv):
+    """Converts the folder given by flags and prints the summary table."""
+    del argv
+    os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+    formats = onu_dataset.RECORD_FORMATS if FLAGS.format == 'both' else (FLAGS.format,)
+    try:
+        manifest = convert(FLAGS.data_dir, FLAGS.output_dir, formats, FLAGS.num_shards, FLAGS.compression,
+                           FLAGS.strict, FLAGS.overwrite, FLAGS.processes, FLAGS.seed)
+    except DataError as error:
+        print(f'error: {error}', file=sys.stderr)
+        return 2
+    print(summary_table(manifest))
+    return 0
+
+
+if __name__ == '__main__':
+    define_flags()
+    app.run(main)

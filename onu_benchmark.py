@@ -1,0 +1,925 @@
+"""Measures the three ways to feed photos (images, raw, encoded) next to the study's baselines.
+
+The study fed 3,562 ONU photos to Inception-ResNet-v2 three ways and found the original images 10x
+slower (the GPU idle ~90% of the time). This script repeats that comparison on any photo folder, in
+one run, and shows where the time goes:
+  storage      bytes on disk and the ratio to the photos; seconds to convert, next to the seconds
+               to read the photos once (both from a cold page cache);
+  pipelines    images/sec of the tf.data pipelines (onu_input.make_dataset) with eval preprocessing
+               and with every training augmentation, next to the study's serial cv2 loop, Keras's
+               image_dataset_from_directory + the same augmentations, and the decode limit
+               (cores x the one-core decode+resize rate of the same files);
+  training     sec/batch of each model fed by each way and by a synthetic in-memory batch;
+               input-bound fraction = max(0, 1 - synthetic sec/batch / sec/batch): the share of a
+               step lost to input (the study's "GPU idle", as a number).
+Writes <output_dir>/<timestamp>.json, .md and .png, and prints the Markdown tables.
+
+    python onu_benchmark.py                       # /tmp/onu_data (made if missing), both models
+    python onu_benchmark.py --quick               # a short run on a subset, small model only
+"""
+import os
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # before TensorFlow loads: its C++ log buries the progress lines
+
+import collections
+import dataclasses
+import datetime
+import json
+import platform
+import resource
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from absl import app
+from absl import flags
+import numpy as np
+import tensorflow as tf
+
+import convert_to_tfrecord
+import make_sample_data
+import onu_dataset
+import onu_flags
+import onu_input
+import onu_model
+import onu_train
+
+FLAGS = flags.FLAGS
+
+RESULT_MARKER = 'onu_benchmark result: '
+PIPELINE_IMAGE_SIZE = 299  # the study's input size; pipelines use it unless --image_size is given
+RECORD_WAYS = ('raw', 'encoded')
+TF_DATA_WAYS = ('images',) + RECORD_WAYS
+TRAINING_WAYS = TF_DATA_WAYS + ('serial_cv2', 'synthetic')
+ROW_ORDER = ('encoded', 'raw', 'images', 'serial_cv2', 'keras_baseline', 'decode_limit', 'synthetic')
+ROW_TITLES = {
+    'encoded': 'encoded JPEG in TFRecords (gfile)',
+    'raw': 'raw pixels in TFRecords (tobytes)',
+    'images': 'original images, tf.data pipeline (the fix)',
+    'serial_cv2': 'original images, serial cv2 loop + feed_dict (the study)',
+    'keras_baseline': 'original images, Keras image_dataset_from_directory',
+    'decode_limit': 'decode limit: cores x one-core decode+resize',
+    'synthetic': 'synthetic in-memory batch (no input)',
+}
+QUICK_SETTINGS = {'repeats': 1, 'batches': 3, 'warmup_batches': 1, 'max_images_per_class': 32,
+                  'train_steps': ['small:3', 'inception_resnet_v2:1'],
+                  'train_warmup_steps': ['small:1', 'inception_resnet_v2:1']}
+FULL_RUN_MODELS = ('small', 'inception_resnet_v2')
+QUICK_MODELS = ('small',)
+# Rough costs for the progress estimate, replaced by measured durations as the run goes.
+PRIOR_IMAGES_PER_SEC = {'pipeline': 150.0, 'serial_cv2': 60.0, 'convert_raw': 80.0, 'convert_encoded': 400.0}
+PRIOR_SEC_PER_STEP_32 = {'small': 0.5, 'inception_resnet_v2': 16.0}  # batch 32, the model's image size
+PRIOR_BUILD_SECONDS = {'small': 3.0, 'inception_resnet_v2': 40.0}
+PRIOR_FRESH_PYTHON_SECONDS = 5.0  # starting a FreshPython (it imports TensorFlow) at its first call
+
+flags.DEFINE_string('output_dir', 'benchmark_results',
+                    'Where <timestamp>.json, .md and .png go (created if missing).')
+flags.DEFINE_string('work_dir', None,
+                    'Parent of the temporary folder for the converted records (about 12x the photos '
+                    'while raw conversion is timed); default: the system temp folder. Removed at the end.')
+flags.DEFINE_integer('repeats', 3, 'Repeats of every measurement; tables show medians.', lower_bound=1)
+flags.DEFINE_integer('batches', 20, 'Timed batches per input-pipeline measurement.', lower_bound=1)
+flags.DEFINE_integer('warmup_batches', 5, 'Untimed batches before each input-pipeline measurement.',
+                     lower_bound=0)
+flags.DEFINE_list('train_steps', ['small:20', 'inception_resnet_v2:1'],
+                  'model:N timed training steps per repeat.')
+flags.DEFINE_list('train_warmup_steps', ['small:5', 'inception_resnet_v2:2'],
+                  'model:N untimed training steps first (the first steps set up the graph).')
+flags.DEFINE_list('train_batch_size', [], 'model:N batch size for training; default --batch_size.')
+flags.DEFINE_integer('max_images_per_class', 0,
+                     'Use at most this many photos per class in each split (copied to the work folder); '
+                     '0 = all.', lower_bound=0)
+flags.DEFINE_boolean('quick', False,
+                     'A short run: 1 repeat, 3 batches, at most 32 photos per class, small model only '
+                     '(flags given explicitly still win).')
+
+
+def _is_per_model_list(values):
+    """True if every item is model:positive-int with a known model name."""
+    try:
+        return all(name in onu_model.MODEL_NAMES and int(number) > 0
+                   for name, number in (value.split(':') for value in values))
+    except ValueError:
+        return False
+
+
+for _name in ('train_steps', 'train_warmup_steps', 'train_batch_size'):
+    flags.register_validator(_name, _is_per_model_list,
+                             message=f'--{_name} takes model:N items, e.g. small:20,inception_resnet_v2:2')
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What one benchmark run measures and how long it measures it."""
+    data_dir: str
+    image_size: int          # input pipelines
+    batch_size: int          # input pipelines
+    repeats: int
+    batches: int
+    warmup_batches: int
+    models: tuple
+    train_image_size: dict   # model -> side of its input
+    train_batch_size: dict   # model -> batch size
+    train_steps: dict        # model -> timed steps per repeat
+    train_warmup_steps: dict  # model -> untimed steps first
+    max_images_per_class: int
+
+
+# ----------------------------------------------------------------------------------------------
+# Measurements: each returns a dict of numbers.
+
+def _cpu_seconds():
+    """Returns the CPU seconds this process has used so far (all threads)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def evict_from_page_cache(paths):
+    """Drops the files from the kernel's page cache, so that the next read comes from the disk."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # dirty pages cannot be dropped
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def measure_read_files(paths):
+    """Reads every file once from a cold page cache; returns seconds and bytes."""
+    evict_from_page_cache(paths)
+    started = time.perf_counter()
+    num_bytes = 0
+    for path in paths:
+        with open(path, 'rb') as f:
+            num_bytes += len(f.read())
+    return {'seconds': time.perf_counter() - started, 'bytes': num_bytes}
+
+
+def measure_conversion(data_dir, output_dir, record_format, processes):
+    """Converts data_dir to record_format records in output_dir; returns seconds and bytes summed over splits.
+
+    Run it in a FreshPython, whose worker processes start as convert_to_tfrecord.py's do.
+    """
+    started = time.perf_counter()
+    manifest = convert_to_tfrecord.convert(data_dir, output_dir, formats=(record_format,), processes=processes)
+    seconds = time.perf_counter() - started
+    entries = [formats[record_format] for formats in manifest['splits'].values()]
+    return {'seconds': seconds, 'processes': onu_dataset.worker_count(processes),
+            'records': sum(entry['records'] for entry in entries),
+            'record_bytes': sum(entry['record_bytes'] for entry in entries),
+            'source_bytes': sum(entry['source_bytes'] for entry in entries),
+            'pixel_bytes': sum(entry['pixel_bytes'] for entry in entries)}
+
+
+_SERVER_CODE = f"""
+import json, os, sys
+cpu = json.loads(sys.argv[1])
+if cpu is not None:
+    os.sched_setaffinity(0, {{cpu}})  # before any thread starts, so that every thread inherits it
+import onu_benchmark
+for line in sys.stdin:
+    name, kwargs = json.loads(line)
+    print({RESULT_MARKER!r} + json.dumps(getattr(onu_benchmark, name)(**kwargs)), flush=True)
+"""
+
+
+class FreshPython:
+    """A new Python process that imports this module once, then runs its functions on request.
+
+    Measurements timed in there exclude its imports. Worker processes it starts (the converter's)
+    import only what they need, as when a user runs convert_to_tfrecord.py; from this script they
+    would import it, and TensorFlow with it. cpu: pin the whole process to that one CPU.
+    """
+
+    def __init__(self, log_path, cpu=None):
+        self._log_path = log_path
+        self._cpu = cpu
+        self._log = None
+        self._process = None
+
+    def _start(self):
+        """Starts the process (at the first call, so that its imports disturb no earlier measurement)."""
+        self._log = open(self._log_path, 'w', encoding='utf-8')  # a file, not a pipe: a full pipe would block it
+        self._process = subprocess.Popen(
+            [sys.executable, '-c', _SERVER_CODE, json.dumps(self._cpu)],
+            cwd=os.path.dirname(os.path.abspath(__file__)),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True)
+
+    def call(self, function_name, **kwargs):
+        """Returns onu_benchmark.<function_name>(**kwargs) computed in the process."""
+        if self._process is None:
+            self._start()
+        try:
+            self._process.stdin.write(json.dumps([function_name, kwargs]) + '\n')
+            self._process.stdin.flush()
+            for line in self._process.stdout:
+                if line.startswith(RESULT_MARKER):
+                    return json.loads(line[len(RESULT_MARKER):])
+        except BrokenPipeError:
+            pass
+        self._log.flush()
+        with open(self._log_path, encoding='utf-8') as f:
+            last = [line.strip() for line in f if line.strip()][-1:] or ['no output']
+        raise RuntimeError(f'{function_name} failed in a subprocess (log: {self._log_path}): {last[0]}')
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        if self._process is not None:
+            self._process.stdin.close()
+            self._process.wait()
+            self._process.stdout.close()
+            self._log.close()
+
+
+def _consumed(images, labels):
+    """Returns labels, computed only once images are: fetching it runs the whole input."""
+    with tf.control_dependencies([images]):
+        return tf.identity(labels)
+
+
+def _time_runs(sess, fetch, warmup, runs, feeds=None):
+    """Runs fetch warmup + runs times; returns images/sec and CPU cores busy over the timed runs."""
+    for _ in range(warmup):
+        sess.run(fetch, next(feeds) if feeds else None)
+    cpu_started, started = _cpu_seconds(), time.perf_counter()
+    num_images = sum(len(sess.run(fetch, next(feeds) if feeds else None)) for _ in range(runs))
+    seconds = time.perf_counter() - started
+    return {'images_per_sec': num_images / seconds, 'cores_busy': (_cpu_seconds() - cpu_started) / seconds,
+            'images': num_images, 'seconds': seconds}
+
+
+def _session(config=None):
+    """Returns a session configured as training configures it (or with config)."""
+    return tf.compat.v1.Session(config=config or onu_train.session_config())
+
+
+def measure_pipeline(info, batch_size, image_size, augment, warmup, batches):
+    """Images/sec of onu_input's training pipeline (shuffled, repeated) over info.
+
+    augment=False gives the eval preprocessing (resize and scale only) at the pipeline's steady
+    state; a read-once eval pipeline would also count its restart at every epoch end.
+    """
+    with tf.Graph().as_default():
+        with tf.device(onu_input.PIPELINE_DEVICE):
+            dataset = onu_input.make_dataset(info, batch_size, image_size, training=True, augment=augment)
+            fetch = _consumed(*tf.compat.v1.data.make_one_shot_iterator(dataset).get_next())
+        with _session() as sess:
+            return _time_runs(sess, fetch, warmup, batches)
+
+
+def measure_serial_cv2(data_dir, batch_size, image_size, augment, warmup, batches):
+    """Images/sec of the study's loader: cv2 reads one file at a time, feed_dict ships the batch."""
+    with tf.Graph().as_default():
+        loader = onu_input.SerialCv2Loader(data_dir, 'train', batch_size, image_size, augment=augment)
+        fetch = _consumed(loader.images, loader.labels)
+        with _session() as sess:
+            return _time_runs(sess, fetch, warmup, batches, feeds=loader.feed_dicts())
+
+
+def keras_dataset(data_dir, class_names, batch_size, image_size, augment):
+    """Returns Keras's image_dataset_from_directory over data_dir/train, then onu_input's preprocessing.
+
+    Keras decodes and resizes each file to float32 [0, 255]; the batches then get the same
+    augmentation function as the pipelines (per image, via tf.map_fn) and the [-1, 1] range.
+    Keras numbers the classes by sorted folder name: class_names is passed so the ids match.
+    """
+    dataset = tf.keras.utils.image_dataset_from_directory(
+        os.path.join(data_dir, 'train'), labels='inferred', label_mode='int', class_names=list(class_names),
+        color_mode='rgb', batch_size=batch_size, image_size=(image_size, image_size), shuffle=True,
+        interpolation='bilinear', verbose=False)
+
+    def preprocess(images, labels):
+        unit = images * (1.0 / 255.0)
+        if augment:
+            unit = tf.map_fn(lambda image: onu_input.distort_image(image, augment), unit)
+        return onu_input.to_model_range(unit), tf.cast(labels, tf.int32)
+    return dataset.repeat().map(preprocess, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+
+
+def measure_keras_baseline(data_dir, class_names, batch_size, image_size, augment, warmup, batches):
+    """Images/sec of keras_dataset (Keras's own folder reader + the same augmentations)."""
+    with tf.Graph().as_default():
+        with tf.device(onu_input.PIPELINE_DEVICE):
+            dataset = keras_dataset(data_dir, class_names, batch_size, image_size, augment)
+            fetch = _consumed(*tf.compat.v1.data.make_one_shot_iterator(dataset).get_next())
+        with _session() as sess:
+            return _time_runs(sess, fetch, warmup, batches)
+
+
+def _single_core_dataset(paths, batch_size, image_size):
+    """Returns batches of the files decoded (the pipelines' decoder) and resized on one thread."""
+    dataset = tf.data.Dataset.from_tensor_slices(list(paths)).repeat().map(
+        lambda path: onu_input.preprocess_for_eval(onu_input.decode_image_bytes(tf.io.read_file(path)),
+                                                   image_size))
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = 1
+    options.threading.max_intra_op_parallelism = 1
+    options.autotune.enabled = False
+    return dataset.batch(batch_size).with_options(options)
+
+
+def measure_single_core_decode(data_dir, batch_size, image_size, warmup, batches):
+    """Images/sec of decode+resize of data_dir's training photos on one thread: TensorFlow and cv2.
+
+    TensorFlow is the pipelines' decoder (and so the decode limit); cv2 is the serial loop's.
+    Run it in a FreshPython pinned to one CPU, so that no helper thread uses a second core.
+    """
+    info = onu_input.dataset_info(data_dir, 'images', 'train')
+    single_threaded = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=1)
+    with tf.Graph().as_default():
+        dataset = _single_core_dataset(info.files, batch_size, image_size)
+        images = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+        fetch = _consumed(images, tf.zeros(tf.shape(images)[:1]))
+        with _session(single_threaded) as sess:
+            tf_rate = _time_runs(sess, fetch, warmup, batches)
+    return {'images_per_sec': tf_rate['images_per_sec'], 'cores_busy': tf_rate['cores_busy'],
+            'cv2_images_per_sec': _cv2_single_core_rate(info, image_size, batches * batch_size)}
+
+
+def measure_decode_limit(one_core, data_dir, batch_size, image_size, warmup, batches):
+    """The decode limit: cores x the decode+resize rate of the same files in one_core, a FreshPython on one CPU."""
+    cores = onu_dataset.worker_count()
+    single = one_core.call('measure_single_core_decode', data_dir=data_dir, batch_size=batch_size,
+                           image_size=image_size, warmup=warmup, batches=batches)
+    return {'images_per_sec': cores * single['images_per_sec'], 'cores': cores,
+            'single_core_images_per_sec': single['images_per_sec'], 'single_core_cores_busy': single['cores_busy'],
+            'cv2_single_core_images_per_sec': single['cv2_images_per_sec']}
+
+
+def _cv2_single_core_rate(info, image_size, num_images):
+    """Images/sec of the serial loader's cv2 read+resize on one thread, over num_images of info's files."""
+    import cv2  # pylint: disable=import-outside-toplevel  (only the baselines use OpenCV)
+    with tf.Graph().as_default():
+        read_image = onu_input.SerialCv2Loader(info.data_dir, 'train', 1, image_size).read_image
+    threads = cv2.getNumThreads()
+    cv2.setNumThreads(1)
+    try:
+        paths = [info.files[i % len(info.files)] for i in range(num_images)]
+        started = time.perf_counter()
+        for path in paths:
+            read_image(path)
+        return len(paths) / (time.perf_counter() - started)
+    finally:
+        cv2.setNumThreads(threads)
+
+
+def _synthetic_inputs(batch_size, image_size, num_classes):
+    """Returns an in-memory (images, labels) batch: a variable set once, so a step reads no input."""
+    images = tf.compat.v1.Variable(
+        tf.random.uniform([batch_size, image_size, image_size, 3], -1.0, 1.0), trainable=False,
+        collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES], name='synthetic_images')
+    labels = tf.constant(np.arange(batch_size) % num_classes, tf.int32)
+    return images.read_value(), labels
+
+
+def training_inputs(way, info_of, batch_size, image_size):
+    """Returns (images, labels, feeds) of one way, with every training augmentation; feeds None or an iterator.
+
+    info_of(way) -> the DatasetInfo that way reads (the photos' for serial_cv2 and synthetic).
+    """
+    if way == 'synthetic':
+        return _synthetic_inputs(batch_size, image_size, info_of('images').num_classes) + (None,)
+    if way == 'serial_cv2':
+        loader = onu_input.SerialCv2Loader(info_of('images').data_dir, 'train', batch_size, image_size,
+                                           augment=True)
+        return loader.images, loader.labels, loader.feed_dicts()
+    with tf.device(onu_input.PIPELINE_DEVICE):
+        dataset = onu_input.make_dataset(info_of(way), batch_size, image_size, training=True, augment=True)
+        images, labels = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+    return images, labels, None
+
+
+def measure_training(model_name, way, info_of, batch_size, image_size, warmup, steps, repeats):
+    """Sec/batch of training model_name fed by way: the median over repeats of steps steps each.
+
+    The graph is onu_train's (inference, loss, train op with EMA) without its summaries.
+    """
+    info = info_of('images')
+    with tf.Graph().as_default():
+        images, labels, feeds = training_inputs(way, info_of, batch_size, image_size)
+        global_step = tf.compat.v1.train.get_or_create_global_step()
+        logits, end_points = onu_model.inference(images, info.num_classes, model_name, is_training=True)
+        total_loss = onu_model.loss(logits, labels, end_points)
+        train_op = onu_model.train(total_loss, global_step, info.num_examples, batch_size,
+                                   learning_rate=onu_model.DEFAULT_LEARNING_RATE[model_name])
+        with _session() as sess:
+            sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
+            for _ in range(warmup):
+                sess.run(train_op, next(feeds) if feeds else None)
+            windows = []
+            for _ in range(repeats):
+                started = time.perf_counter()
+                for _ in range(steps):
+                    sess.run(train_op, next(feeds) if feeds else None)
+                windows.append((time.perf_counter() - started) / steps)
+            final_loss = float(sess.run(total_loss, next(feeds) if feeds else None))
+    sec_per_batch = statistics.median(windows)
+    return {'sec_per_batch': sec_per_batch, 'examples_per_sec': batch_size / sec_per_batch,
+            'sec_per_batch_repeats': windows, 'batch_size': batch_size, 'image_size': image_size,
+            'final_loss': final_loss}
+
+
+# ----------------------------------------------------------------------------------------------
+# Running the measurements with a progress display.
+
+@dataclasses.dataclass
+class Task:
+    """One measurement: results of tasks with the same key are repeats of each other."""
+    key: tuple
+    label: str
+    run: object       # () -> dict
+    describe: object  # dict -> short text
+    estimate: float   # seconds, used until a task with the same key has run
+
+
+def _duration(seconds):
+    """Returns seconds as '1h02m', '4m05s' or '12s'."""
+    seconds = int(round(seconds))
+    if seconds >= 3600:
+        return f'{seconds // 3600}h{seconds % 3600 // 60:02d}m'
+    return f'{seconds // 60}m{seconds % 60:02d}s' if seconds >= 60 else f'{seconds}s'
+
+
+def run_tasks(tasks):
+    """Runs tasks in order, printing a line for each with its result, time so far and time left.
+
+    Returns {key: [result of each repeat]}.
+    """
+    results, durations = collections.defaultdict(list), collections.defaultdict(list)
+    started = time.time()
+    width = len(str(len(tasks)))
+    for index, task in enumerate(tasks, start=1):
+        prefix = f'[{index:{width}d}/{len(tasks)}] {task.label}'
+        # On a terminal the result line overwrites this one; in a log both stay.
+        print(f'{prefix} ...', end='\r' if sys.stdout.isatty() else '\n', flush=True)
+        task_started = time.time()
+        result = task.run()
+        durations[task.key].append(time.time() - task_started)
+        results[task.key].append(result)
+        left = sum(statistics.mean(durations[t.key]) if durations[t.key] else t.estimate for t in tasks[index:])
+        print(f'{prefix}: {task.describe(result)}  ({_duration(time.time() - task_started)}; '
+              f'{_duration(time.time() - started)} elapsed, ~{_duration(left)} left)', flush=True)
+    return results
+
+
+def _rate_text(result):
+    """Returns a pipeline result as '123.4 img/s on 1.9 cores'."""
+    return f'{result["images_per_sec"]:.1f} img/s on {result["cores_busy"]:.1f} cores'
+
+
+def conversion_tasks(data_dir, work_dir, paths, repeats, converter):
+    """Tasks timing a plain read of the photos, encoded conversion, and raw conversion on 1 and all cores.
+
+    converter: the FreshPython that converts. The last repeat leaves encoded records in
+    work_dir/encoded and raw records in work_dir/raw.
+    """
+    cores = onu_dataset.worker_count()
+    count = len(paths)
+    single_dir = os.path.join(work_dir, 'raw-1-process')
+
+    def convert(record_format, output_dir, processes, remove_after=False):
+        def run():
+            shutil.rmtree(output_dir, ignore_errors=True)  # our own folder, from an earlier repeat
+            evict_from_page_cache(paths)
+            result = converter.call('measure_conversion', data_dir=data_dir, output_dir=output_dir,
+                                    record_format=record_format, processes=processes)
+            if remove_after:
+                shutil.rmtree(output_dir)
+            return result
+        return run
+
+    def seconds_text(result):
+        return f'{result["seconds"]:.2f} s'
+    tasks = []
+    for repeat in range(1, repeats + 1):
+        suffix = f' (repeat {repeat}/{repeats})'
+        tasks += [
+            Task(('read_files',), f'read the {count} photos once, cold cache{suffix}',
+                 lambda: measure_read_files(paths), seconds_text, 1.0),
+            Task(('convert', 'encoded', cores), f'convert to encoded records{suffix}',
+                 convert('encoded', os.path.join(work_dir, 'encoded'), None), seconds_text,
+                 PRIOR_FRESH_PYTHON_SECONDS + count / PRIOR_IMAGES_PER_SEC['convert_encoded']),
+            Task(('convert', 'raw', 1), f'convert to raw records, 1 process{suffix}',
+                 convert('raw', single_dir, 1, remove_after=True), seconds_text,
+                 count / PRIOR_IMAGES_PER_SEC['convert_raw']),
+            Task(('convert', 'raw', cores), f'convert to raw records, {cores} processes{suffix}',
+                 convert('raw', os.path.join(work_dir, 'raw'), None), seconds_text,
+                 count / PRIOR_IMAGES_PER_SEC['convert_raw'] / cores * 1.5),
+        ]
+    return tasks
+
+
+def pipeline_tasks(settings, data_dir, info_of, one_core):
+    """Tasks measuring every input pipeline with eval preprocessing and with augmentation, round by round.
+
+    info_of(way) -> the DatasetInfo that way reads; one_core: a FreshPython pinned to one CPU.
+    """
+    size, batch, warmup, batches = settings.image_size, settings.batch_size, settings.warmup_batches, settings.batches
+    images = (warmup + batches) * batch
+    estimate = 3 + images / PRIOR_IMAGES_PER_SEC['pipeline']
+    serial_estimate = 3 + images / PRIOR_IMAGES_PER_SEC['serial_cv2']
+    tasks = []
+    for repeat in range(1, settings.repeats + 1):
+        suffix = f' (repeat {repeat}/{settings.repeats})'
+        tasks.append(Task(('decode_limit',), f'decode limit: one-core decode+resize{suffix}',
+                          lambda: measure_decode_limit(one_core, data_dir, batch, size, warmup, batches),
+                          lambda r: f'{r["single_core_images_per_sec"]:.1f} img/s x {r["cores"]} cores',
+                          PRIOR_FRESH_PYTHON_SECONDS + estimate * 2))
+        for augment in (False, True):
+            stage = 'train' if augment else 'eval'
+            what = 'training augmentation' if augment else 'eval preprocessing'
+            for way in TF_DATA_WAYS:
+                tasks.append(Task(
+                    ('pipeline', way, stage), f'{way} pipeline, {what}{suffix}',
+                    lambda way=way, augment=augment: measure_pipeline(
+                        info_of(way), batch, size, augment, warmup, batches),
+                    _rate_text, estimate))
+            tasks.append(Task(
+                ('pipeline', 'serial_cv2', stage), f'serial cv2 loop, {what}{suffix}',
+                lambda augment=augment: measure_serial_cv2(data_dir, batch, size, augment, warmup, batches),
+                _rate_text, serial_estimate))
+            tasks.append(Task(
+                ('pipeline', 'keras_baseline', stage), f'Keras image_dataset_from_directory, {what}{suffix}',
+                lambda augment=augment: measure_keras_baseline(
+                    data_dir, info_of('images').class_names, batch, size, augment, warmup, batches),
+                _rate_text, estimate))
+    return tasks
+
+
+def training_tasks(settings, info_of):
+    """Tasks measuring each model fed by each way (repeats are windows within one session)."""
+    tasks = []
+    for model_name in settings.models:
+        batch = settings.train_batch_size[model_name]
+        size = settings.train_image_size[model_name]
+        warmup, steps = settings.train_warmup_steps[model_name], settings.train_steps[model_name]
+        step_seconds = (PRIOR_SEC_PER_STEP_32[model_name] * batch / 32
+                        * (size / onu_model.DEFAULT_IMAGE_SIZE[model_name]) ** 2)
+        estimate = PRIOR_BUILD_SECONDS[model_name] + step_seconds * (warmup + 1 + steps * settings.repeats)
+        for way in TRAINING_WAYS:
+            tasks.append(Task(
+                ('training', model_name, way), f'train {model_name} (batch {batch}, {size}x{size}) fed by {way}',
+                lambda model_name=model_name, way=way, batch=batch, size=size, warmup=warmup, steps=steps:
+                    measure_training(model_name, way, info_of, batch, size, warmup, steps, settings.repeats),
+                lambda r: f'{r["sec_per_batch"]:.3f} sec/batch, {r["examples_per_sec"]:.1f} examples/sec',
+                estimate))
+    return tasks
+
+
+# ----------------------------------------------------------------------------------------------
+# Data: the photos, optionally a subset, and the records made by the conversion tasks.
+
+def prepare_photos(data_dir, work_dir, max_images_per_class):
+    """Returns the photo folder to measure: data_dir, or a copy of its first photos per class and split.
+
+    The default data dir gets the built-in sample data when it has none.
+    """
+    if not os.path.isdir(os.path.join(data_dir, 'train')) and (
+            os.path.abspath(data_dir) == os.path.abspath(onu_flags.DEFAULT_DATA_DIR)):
+        print(f'{data_dir} has no data: generating the built-in sample dataset there.', flush=True)
+        make_sample_data.generate_dataset(data_dir)
+    class_names = onu_dataset.find_class_names(data_dir)
+    if not max_images_per_class:
+        return data_dir
+    subset_dir = os.path.join(work_dir, 'photos')
+    for split in onu_dataset.SPLITS:
+        if not os.path.isdir(os.path.join(data_dir, split)):
+            continue
+        per_class = collections.Counter()
+        for image in onu_dataset.list_split_images(data_dir, split, class_names)[0]:
+            if per_class[image.label] < max_images_per_class:
+                per_class[image.label] += 1
+                target_dir = os.path.join(subset_dir, split, image.class_name)
+                os.makedirs(target_dir, exist_ok=True)
+                shutil.copy2(image.path, target_dir)
+    return subset_dir
+
+
+def photo_paths(data_dir):
+    """Returns the usable photos of every split of data_dir."""
+    class_names = onu_dataset.find_class_names(data_dir)
+    return [image.path for split in onu_dataset.SPLITS if os.path.isdir(os.path.join(data_dir, split))
+            for image in onu_dataset.list_split_images(data_dir, split, class_names)[0]]
+
+
+# ----------------------------------------------------------------------------------------------
+# Results: rows of medians, targets, and the JSON / Markdown / PNG outputs.
+
+def _median(results, field):
+    """Returns the median of field over a list of result dicts."""
+    return statistics.median(result[field] for result in results)
+
+
+def assemble_rows(results, models):
+    """Returns {row name: {measure: median}} for every way and baseline (see ROW_ORDER)."""
+    read = results[('read_files',)]
+    source_bytes = read[0]['bytes']
+    rows = {'images': {'disk_bytes': source_bytes, 'disk_ratio': 1.0, 'read_seconds': _median(read, 'seconds')},
+            'serial_cv2': {'disk_bytes': source_bytes, 'disk_ratio': 1.0},
+            'keras_baseline': {'disk_bytes': source_bytes, 'disk_ratio': 1.0},
+            'decode_limit': {}, 'synthetic': {}}
+    cores = onu_dataset.worker_count()
+    for way in RECORD_WAYS:
+        converted = results[('convert', way, cores)]
+        rows[way] = {'disk_bytes': converted[-1]['record_bytes'],
+                     'disk_ratio': converted[-1]['record_bytes'] / converted[-1]['source_bytes'],
+                     'conversion_seconds': _median(converted, 'seconds'),
+                     'pixel_bytes': converted[-1]['pixel_bytes']}
+    rows['raw']['conversion_seconds_1_process'] = _median(results[('convert', 'raw', 1)], 'seconds')
+    for way in TF_DATA_WAYS + ('serial_cv2', 'keras_baseline'):
+        for stage in ('eval', 'train'):
+            measured = results[('pipeline', way, stage)]
+            rows[way][f'{stage}_images_per_sec'] = _median(measured, 'images_per_sec')
+            rows[way][f'{stage}_cores_busy'] = _median(measured, 'cores_busy')
+    limit = results[('decode_limit',)]
+    rows['decode_limit'] = {'eval_images_per_sec': _median(limit, 'images_per_sec'), 'cores': limit[0]['cores'],
+                            'single_core_images_per_sec': _median(limit, 'single_core_images_per_sec'),
+                            'single_core_cores_busy': _median(limit, 'single_core_cores_busy'),
+                            'cv2_single_core_images_per_sec': _median(limit, 'cv2_single_core_images_per_sec')}
+    for model_name in models:
+        synthetic = results[('training', model_name, 'synthetic')][0]
+        for way in TRAINING_WAYS:
+            measured = results[('training', model_name, way)][0]
+            entry = {key: measured[key] for key in ('sec_per_batch', 'examples_per_sec', 'batch_size', 'image_size')}
+            if way != 'synthetic':
+                entry['input_bound_fraction'] = max(0.0, 1.0 - synthetic['sec_per_batch'] / measured['sec_per_batch'])
+            rows[way].setdefault('training', {})[model_name] = entry
+    return {name: rows[name] for name in ROW_ORDER}
+
+
+def _target(issue, text, measured, threshold, at_most=False, note=''):
+    """Returns one target's verdict: measured >= threshold (or <= with at_most)."""
+    passed = measured <= threshold if at_most else measured >= threshold
+    return {'issue': issue, 'target': text, 'measured': measured, 'threshold': threshold,
+            'comparison': '<=' if at_most else '>=', 'passed': bool(passed), 'note': note}
+
+
+def evaluate_targets(rows, models, cores):
+    """Returns the verdicts on the speed and size targets of issues 2, 3 and 7."""
+    raw, encoded, images = rows['raw'], rows['encoded'], rows['images']
+    targets = [
+        _target(2, 'encoded records / source photo bytes', encoded['disk_ratio'], 1.002, at_most=True),
+        _target(2, 'raw records / sum(H*W*3)', raw['disk_bytes'] / raw['pixel_bytes'], 1.01, at_most=True),
+        _target(2, 'encoded conversion speed / reading the photos once (cold cache)',
+                images['read_seconds'] / encoded['conversion_seconds'], 0.5),
+        _target(2, f'raw conversion speed on {cores} cores / on 1 process',
+                raw['conversion_seconds_1_process'] / raw['conversion_seconds'], 1.6),
+        _target(3, 'encoded eval preprocessing / decode limit',
+                encoded['eval_images_per_sec'] / rows['decode_limit']['eval_images_per_sec'], 0.8),
+        _target(3, 'images eval / encoded eval', images['eval_images_per_sec'] / encoded['eval_images_per_sec'], 0.9),
+        _target(3, 'raw eval / encoded eval', raw['eval_images_per_sec'] / encoded['eval_images_per_sec'], 1.0),
+    ]
+    for way in TF_DATA_WAYS:
+        train_rate = rows[way]['train_images_per_sec']
+        targets.append(_target(3, f'{way} training augmentation / serial cv2 loop, same augmentation',
+                               train_rate / rows['serial_cv2']['train_images_per_sec'], 2.5))
+        targets.append(_target(3, f'{way} training augmentation / Keras image_dataset_from_directory + same',
+                               train_rate / rows['keras_baseline']['train_images_per_sec'], 1.2))
+    if 'inception_resnet_v2' in models:
+        speeds = [rows[way]['training']['inception_resnet_v2']['examples_per_sec'] for way in TF_DATA_WAYS]
+        targets.append(_target(7, 'Inception-ResNet-v2: fastest / slowest of images, raw, encoded',
+                               max(speeds) / min(speeds), 1.10, at_most=True))
+        for way in TF_DATA_WAYS:
+            targets.append(_target(7, f'Inception-ResNet-v2 input-bound fraction, {way}',
+                                   rows[way]['training']['inception_resnet_v2']['input_bound_fraction'], 0.10,
+                                   at_most=True))
+    return targets
+
+
+def hardware_info():
+    """Returns the CPU model, core counts, GPUs and versions this run measured on."""
+    cpu_model = platform.processor() or platform.machine()
+    try:
+        with open('/proc/cpuinfo', encoding='utf-8') as f:
+            cpu_model = next((line.split(':', 1)[1].strip() for line in f if line.startswith('model name')),
+                             cpu_model)
+    except OSError:
+        pass
+    gpus = [tf.config.experimental.get_device_details(gpu).get('device_name', gpu.name)
+            for gpu in tf.config.list_physical_devices('GPU')]
+    return {'cpu_model': cpu_model, 'cpu_count': os.cpu_count(), 'usable_cores': onu_dataset.worker_count(),
+            'gpus': gpus, 'memory_gib': round(os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30, 1),
+            'tensorflow': tf.__version__, 'python': platform.python_version(), 'platform': platform.platform()}
+
+
+def _megabytes(num_bytes):
+    """Returns bytes as '123.4 MB' (or GB above 10 GB)."""
+    return f'{num_bytes / 1e9:.2f} GB' if num_bytes >= 1e10 else f'{num_bytes / 1e6:.1f} MB'
+
+
+def _cell(value, digits=1):
+    """Returns a number formatted for a table, or a dash if absent."""
+    return '-' if value is None else f'{value:.{digits}f}'
+
+
+def _table(header, rows):
+    """Returns a Markdown table."""
+    lines = ['| ' + ' | '.join(header) + ' |', '|' + '|'.join(' --- ' for _ in header) + '|']
+    return '\n'.join(lines + ['| ' + ' | '.join(str(cell) for cell in row) + ' |' for row in rows])
+
+
+def markdown_report(report):
+    """Returns the run as Markdown: settings, the study-shaped table per model, details and targets."""
+    rows, settings, hardware = report['rows'], report['settings'], report['hardware']
+    gpus = ', '.join(hardware['gpus']) or 'no GPU'
+    lines = [f'Command: `{report["command"]}`', '',
+             f'Hardware: {hardware["cpu_model"]}, {hardware["usable_cores"]} cores ({hardware["cpu_count"]} CPUs), '
+             f'{hardware["memory_gib"]} GiB, {gpus}; TensorFlow {hardware["tensorflow"]}, Python {hardware["python"]}. '
+             f'1-minute load average {report["load_average_before"]:.2f} before the run, '
+             f'{report["load_average_after"]:.2f} after; the run took {_duration(report["seconds"])}.', '',
+             f'Data: {settings["data_dir"]}: {report["data"]["photos"]} photos ({report["data"]["train_photos"]} '
+             f'train), {_megabytes(report["data"]["source_bytes"])}. Medians of {settings["repeats"]} repeat(s); '
+             f'pipelines {settings["image_size"]}x{settings["image_size"]}, batch {settings["batch_size"]}, '
+             f'{settings["batches"]} timed batches after {settings["warmup_batches"]}.', '']
+    for model_name in settings['models']:
+        first = rows['synthetic']['training'][model_name]
+        lines += [f'### The study\'s comparison: {model_name}, batch {first["batch_size"]}, '
+                  f'{first["image_size"]}x{first["image_size"]}, training augmentation, '
+                  f'{settings["train_steps"][model_name]} timed step(s) x {settings["repeats"]} repeat(s)', '',
+                  _table(['way', 'sec/batch', 'examples/sec', 'input-bound', 'data on disk'], [
+                      [ROW_TITLES[way], _cell(rows[way]['training'][model_name]['sec_per_batch'], 3),
+                       _cell(rows[way]['training'][model_name]['examples_per_sec']),
+                       f'{rows[way]["training"][model_name].get("input_bound_fraction", 0):.0%}'
+                       if way != 'synthetic' else '-',
+                       _megabytes(rows[way]['disk_bytes']) if 'disk_bytes' in rows[way] else '-']
+                      for way in ('encoded', 'raw', 'images', 'serial_cv2', 'synthetic')]), '']
+    lines += ['### Storage and conversion', '',
+              _table(['way', 'data on disk', 'x source', 'seconds to make', ''], [
+                  [ROW_TITLES['images'], _megabytes(rows['images']['disk_bytes']), '1.000',
+                   _cell(rows['images']['read_seconds'], 2), 'reading the photos once, cold cache'],
+                  [ROW_TITLES['encoded'], _megabytes(rows['encoded']['disk_bytes']),
+                   _cell(rows['encoded']['disk_ratio'], 3), _cell(rows['encoded']['conversion_seconds'], 2),
+                   'convert_to_tfrecord.convert, cold cache'],
+                  [ROW_TITLES['raw'], _megabytes(rows['raw']['disk_bytes']), _cell(rows['raw']['disk_ratio'], 3),
+                   _cell(rows['raw']['conversion_seconds'], 2),
+                   f'{rows["decode_limit"]["cores"]} processes; 1 process: '
+                   f'{rows["raw"]["conversion_seconds_1_process"]:.2f} s']]), '',
+              f'### Input pipelines: images/sec at {settings["image_size"]}x{settings["image_size"]}, '
+              f'batch {settings["batch_size"]} (cores busy in brackets)', '',
+              _table(['way', 'eval preprocessing', 'training augmentation'], [
+                  [ROW_TITLES[way], f'{rows[way]["eval_images_per_sec"]:.1f} ({rows[way]["eval_cores_busy"]:.1f})',
+                   f'{rows[way]["train_images_per_sec"]:.1f} ({rows[way]["train_cores_busy"]:.1f})']
+                  for way in ('encoded', 'raw', 'images', 'serial_cv2', 'keras_baseline')]
+                  + [[ROW_TITLES['decode_limit'], f'{rows["decode_limit"]["eval_images_per_sec"]:.1f}', '-']]), '',
+              f'One core decodes+resizes {rows["decode_limit"]["single_core_images_per_sec"]:.1f} img/s with '
+              f'TensorFlow (the pipelines\' decoder; {rows["decode_limit"]["single_core_cores_busy"]:.2f} cores busy '
+              f'while measured) and {rows["decode_limit"]["cv2_single_core_images_per_sec"]:.1f} img/s with cv2.', '',
+              '### Targets', '',
+              _table(['issue', 'target', 'measured', 'verdict'], [
+                  [target['issue'], f'{target["target"]} {target["comparison"]} {target["threshold"]:g}',
+                   f'{target["measured"]:.3f}', 'PASS' if target['passed'] else 'FAIL']
+                  for target in report['targets']])]
+    return '\n'.join(lines) + '\n'
+
+
+def plot_report(report, path):
+    """Draws the comparison (disk, pipeline rates, training speed per model) as a PNG at path."""
+    import matplotlib  # pylint: disable=import-outside-toplevel
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+    rows, models = report['rows'], report['settings']['models']
+    ways = ('encoded', 'raw', 'images', 'serial_cv2', 'keras_baseline')
+    figure, axes = plt.subplots(1, 2 + len(models), figsize=(6 * (2 + len(models)), 5.5))
+    short = {'encoded': 'encoded', 'raw': 'raw', 'images': 'images\ntf.data', 'serial_cv2': 'images\nserial cv2',
+             'keras_baseline': 'images\nKeras', 'synthetic': 'synthetic'}
+    axes[0].bar([short[w] for w in ('encoded', 'raw', 'images')],
+                [rows[w]['disk_bytes'] / 1e6 for w in ('encoded', 'raw', 'images')], color='tab:gray')
+    axes[0].set_title('data on disk (MB)')
+    positions = np.arange(len(ways))
+    for offset, stage, colour in ((-0.2, 'eval', 'tab:blue'), (0.2, 'train', 'tab:orange')):
+        axes[1].bar(positions + offset, [rows[w][f'{stage}_images_per_sec'] for w in ways], 0.4, color=colour,
+                    label='eval preprocessing' if stage == 'eval' else 'training augmentation')
+    axes[1].axhline(rows['decode_limit']['eval_images_per_sec'], color='black', linestyle='--',
+                    label='decode limit (eval)')
+    axes[1].set_xticks(positions, [short[w] for w in ways])
+    axes[1].set_title(f'input pipeline (images/sec, {report["settings"]["image_size"]}px)')
+    axes[1].legend(fontsize='small')
+    for axis, model_name in zip(axes[2:], models):
+        training_ways = ('encoded', 'raw', 'images', 'serial_cv2', 'synthetic')
+        speeds = [rows[w]['training'][model_name]['examples_per_sec'] for w in training_ways]
+        bars = axis.bar([short[w] for w in training_ways], speeds,
+                        color=['tab:green'] * 4 + ['tab:gray'])
+        for bar, way in zip(bars, training_ways):
+            bound = rows[way]['training'][model_name].get('input_bound_fraction')
+            if bound is not None:
+                axis.annotate(f'{bound:.0%} input-bound', (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                              ha='center', va='bottom', fontsize='small')
+        axis.set_title(f'training {model_name} (examples/sec)')
+    figure.suptitle(f'{report["hardware"]["cpu_model"]}, {report["hardware"]["usable_cores"]} cores, '
+                    f'{", ".join(report["hardware"]["gpus"]) or "no GPU"}')
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def write_outputs(report, output_dir):
+    """Writes <timestamp>.json, .md and .png to output_dir; returns their paths."""
+    os.makedirs(output_dir, exist_ok=True)
+    stem = os.path.join(output_dir, report['timestamp'])
+    paths = {'json': stem + '.json', 'md': stem + '.md', 'png': stem + '.png'}
+    with open(paths['json'], 'w', encoding='utf-8') as f:
+        json.dump(report, f, indent=1)
+        f.write('\n')
+    with open(paths['md'], 'w', encoding='utf-8') as f:
+        f.write(markdown_report(report))
+    plot_report(report, paths['png'])
+    return paths
+
+
+# ----------------------------------------------------------------------------------------------
+# The script.
+
+def _per_model(values, default):
+    """Returns {model: int} from model:N items, default for the models not named."""
+    given = {name: int(number) for name, number in (value.split(':') for value in values)}
+    return {name: given.get(name, default) for name in onu_model.MODEL_NAMES}
+
+
+def _flag_or_quick(name):
+    """Returns the flag's value, or the --quick setting when --quick is on and the flag was not given."""
+    if FLAGS.quick and not FLAGS[name].present and name in QUICK_SETTINGS:
+        return QUICK_SETTINGS[name]
+    return FLAGS[name].value
+
+
+def settings_from_flags():
+    """Returns the Settings given by the flags."""
+    models = (FLAGS.model,) if FLAGS.model else (QUICK_MODELS if FLAGS.quick else FULL_RUN_MODELS)
+    return Settings(
+        data_dir=FLAGS.data_dir, image_size=FLAGS.image_size or PIPELINE_IMAGE_SIZE, batch_size=FLAGS.batch_size,
+        repeats=_flag_or_quick('repeats'), batches=_flag_or_quick('batches'),
+        warmup_batches=_flag_or_quick('warmup_batches'), models=models,
+        train_image_size={name: FLAGS.image_size or onu_model.DEFAULT_IMAGE_SIZE[name] for name in models},
+        train_batch_size={name: size for name, size in _per_model(FLAGS.train_batch_size, FLAGS.batch_size).items()
+                          if name in models},
+        train_steps={name: steps for name, steps in _per_model(_flag_or_quick('train_steps'), 1).items()
+                     if name in models},
+        train_warmup_steps={name: steps for name, steps in
+                            _per_model(_flag_or_quick('train_warmup_steps'), 1).items() if name in models},
+        max_images_per_class=_flag_or_quick('max_images_per_class'))
+
+
+def _load_average():
+    """Returns the 1-minute load average."""
+    return os.getloadavg()[0]
+
+
+def benchmark(settings, work_dir):
+    """Runs every measurement on settings.data_dir; returns the report (rows, targets, raw results)."""
+    started, load_before = time.time(), _load_average()
+    data_dir = prepare_photos(settings.data_dir, work_dir, settings.max_images_per_class)
+    paths = photo_paths(data_dir)
+    train_photos = onu_input.dataset_info(data_dir, 'images', 'train')
+    print(f'Benchmarking {len(paths)} photos of {data_dir} ({train_photos.num_examples} train) '
+          f'in {work_dir}; models: {", ".join(settings.models)}.', flush=True)
+
+    def info_of(way):
+        """The training split as way reads it: the photos, or the records converted into work_dir/way."""
+        return train_photos if way == 'images' else onu_input.dataset_info(os.path.join(work_dir, way), way, 'train')
+    with FreshPython(os.path.join(work_dir, 'converter.log')) as converter, \
+            FreshPython(os.path.join(work_dir, 'one-core.log'), cpu=max(os.sched_getaffinity(0))) as one_core:
+        results = run_tasks(conversion_tasks(data_dir, work_dir, paths, settings.repeats, converter)
+                            + pipeline_tasks(settings, data_dir, info_of, one_core)
+                            + training_tasks(settings, info_of))
+    rows = assemble_rows(results, settings.models)
+    return {
+        'timestamp': datetime.datetime.now().strftime('%Y%m%d-%H%M%S'),
+        'command': 'python onu_benchmark.py ' + ' '.join(shlex.quote(arg) for arg in sys.argv[1:]),
+        'hardware': hardware_info(), 'settings': dict(dataclasses.asdict(settings), models=list(settings.models)),
+        'data': {'photos': len(paths), 'train_photos': train_photos.num_examples,
+                 'source_bytes': rows['images']['disk_bytes'], 'measured_dir': data_dir},
+        'load_average_before': load_before, 'load_average_after': _load_average(),
+        'seconds': time.time() - started,
+        'rows': rows, 'targets': evaluate_targets(rows, settings.models, onu_dataset.worker_count()),
+        'measurements': {' '.join(str(part) for part in key): value for key, value in results.items()},
+    }
+
+
+def run():
+    """Runs the benchmark given by the flags in a temporary work folder, then writes and prints the report."""
+    settings = settings_from_flags()
+    work_dir = tempfile.mkdtemp(prefix='onu_benchmark-', dir=FLAGS.work_dir)
+    try:
+        report = benchmark(settings, work_dir)
+    finally:
+        shutil.rmtree(work_dir, ignore_errors=True)
+    paths = write_outputs(report, FLAGS.output_dir)
+    print()
+    print(markdown_report(report))
+    print(f'Wrote {paths["json"]}, {paths["md"]} and {paths["png"]}.')
+
+
+def main(argv):
+    del argv  # Unused.
+    return onu_train.run_main(run)
+
+
+if __name__ == '__main__':
+    app.run(main)

@@ -1,0 +1,304 @@
+"""Multi-machine training on TensorFlow's own distributed runtime (between-graph replication).
+
+Every machine runs the same training script as one task of a cluster. Parameter servers (job
+`ps`) hold the variables; each worker (job `worker`) builds the whole graph, reads its own input
+and updates the shared variables; worker 0, the chief, initialises or restores the variables and
+alone writes checkpoints and summaries. The cluster comes from the training scripts'
+--ps_hosts/--worker_hosts/--job_name/--task_index flags or from the TF_CONFIG environment variable:
+
+    TF_CONFIG='{"cluster": {"ps": ["ps0:2222"], "worker": ["w0:2222", "w1:2222"]},
+                "task": {"type": "worker", "index": 0}}'
+
+Updates are asynchronous: each worker applies its own gradients. SyncReplicas makes them
+synchronous: each step applies the average of one gradient from every worker.
+
+The known traps, and how they are handled here:
+- A worker's session sees only the ps tasks and itself (device filters), so it never waits for
+  a peer worker that has finished.
+- Non-chief workers poll for the chief's initialisation every CHIEF_POLL_SECS instead of
+  TensorFlow's 30-second sleeps, so they start as soon as the variables are ready.
+- A parameter server would serve forever: each worker, when its training ends, puts its index in
+  a small queue on every ps ("done queue"), and a ps returns once every worker has done so.
+- Synchronous training: the chief hands out spare tokens when it stops, so no worker waits for a
+  step that will not come, and its own end-of-run wait is STOP_GRACE_PERIOD_SECS, not 120 s.
+
+A library module: explicit arguments only, no flags.
+"""
+import dataclasses
+import json
+import time
+
+from absl import logging
+import tensorflow as tf
+
+import onu_model
+
+PS_JOB = 'ps'
+WORKER_JOB = 'worker'
+JOB_NAMES = (PS_JOB, WORKER_JOB)
+CHIEF_JOB = 'chief'  # TF_CONFIG's name for a chief kept apart from the workers: it becomes worker 0
+CHIEF_INDEX = 0
+TF_CONFIG_EXAMPLE = ('{"cluster": {"ps": ["host:port"], "worker": ["host:port", ...]}, '
+                     '"task": {"type": "worker", "index": 0}}')
+
+CHIEF_POLL_SECS = 0.5
+STOP_GRACE_PERIOD_SECS = 3
+DONE_QUEUE_NAME = 'onu_workers_done'
+DONE_SIGNAL_TIMEOUT_SECS = 60
+# Spare tokens per worker when a synchronous run ends: a worker may be waiting in one step and,
+# having read an older global step, start one more before it sees that training is over.
+RELEASE_TOKENS_PER_WORKER = 2
+
+
+class ClusterConfigError(Exception):
+    """The cluster description is unusable; str(e) is one line naming the setting and the fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterTask:
+    """This process's place in a cluster: the hosts of each job, its job and its index."""
+    ps_hosts: tuple
+    worker_hosts: tuple
+    job_name: str
+    task_index: int
+
+    @property
+    def is_chief(self):
+        """True for worker 0, which initialises the variables and writes checkpoints and summaries."""
+        return self.job_name == WORKER_JOB and self.task_index == CHIEF_INDEX
+
+    @property
+    def num_workers(self):
+        """Returns the number of workers."""
+        return len(self.worker_hosts)
+
+    @property
+    def num_ps(self):
+        """Returns the number of parameter servers."""
+        return len(self.ps_hosts)
+
+    @property
+    def name(self):
+        """Returns e.g. 'worker 1' or 'ps 0', for messages."""
+        return f'{self.job_name} {self.task_index}'
+
+    @property
+    def device(self):
+        """Returns this task's device prefix, e.g. /job:worker/task:1."""
+        return f'/job:{self.job_name}/task:{self.task_index}'
+
+    def cluster_spec(self):
+        """Returns the tf.train.ClusterSpec of the ps and worker jobs."""
+        return tf.train.ClusterSpec({PS_JOB: list(self.ps_hosts), WORKER_JOB: list(self.worker_hosts)})
+
+
+def resolve_task(ps_hosts, worker_hosts, job_name, task_index, tf_config=None):
+    """Returns this process's ClusterTask, or None for training on one machine.
+
+    The flags' values (ps_hosts, worker_hosts, job_name, task_index) win when any is given;
+    otherwise tf_config (the TF_CONFIG JSON string) describes the cluster. A TF_CONFIG cluster
+    of a single worker or chief and no ps means one machine.
+    """
+    if ps_hosts or worker_hosts or job_name:
+        task = ClusterTask(tuple(ps_hosts), tuple(worker_hosts), job_name, task_index)
+        _check_task(task, '--ps_hosts, --worker_hosts, --job_name and --task_index')
+        return task
+    if not tf_config or not tf_config.strip():
+        return None
+    task = _task_from_tf_config(tf_config)
+    if task is not None:
+        _check_task(task, 'TF_CONFIG')
+    return task
+
+
+def _task_from_tf_config(tf_config):
+    """Returns the ClusterTask TF_CONFIG describes (None when it is a one-machine cluster)."""
+    try:
+        parsed = json.loads(tf_config)
+        cluster = parsed.get('cluster') or {}
+        task = parsed.get('task') or {}
+        task_type, index = task.get('type'), int(task.get('index', 0))
+        chief_hosts = tuple(cluster.get(CHIEF_JOB, ()))
+        ps_hosts = tuple(cluster.get(PS_JOB, ()))
+        worker_hosts = chief_hosts + tuple(cluster.get(WORKER_JOB, ()))
+    except (ValueError, AttributeError, TypeError) as e:
+        raise ClusterConfigError(f'TF_CONFIG is not a cluster description ({e}); expected JSON like '
+                                 f'{TF_CONFIG_EXAMPLE}') from None
+    if not ps_hosts and len(worker_hosts) <= 1:
+        return None
+    if task_type == CHIEF_JOB:
+        return ClusterTask(ps_hosts, worker_hosts, WORKER_JOB, index)
+    if task_type == WORKER_JOB:
+        return ClusterTask(ps_hosts, worker_hosts, WORKER_JOB, index + len(chief_hosts))
+    if task_type == PS_JOB:
+        return ClusterTask(ps_hosts, worker_hosts, PS_JOB, index)
+    if task_type == 'evaluator':
+        raise ClusterConfigError('TF_CONFIG task type evaluator: run onu_eval.py on that machine '
+                                 'instead of a training script')
+    raise ClusterConfigError(f'TF_CONFIG task type {task_type!r} is not one of ps, worker, chief; '
+                             f'expected JSON like {TF_CONFIG_EXAMPLE}')
+
+
+def _check_task(task, source):
+    """Raises ClusterConfigError when the task cannot run (missing jobs, bad index or host)."""
+    if task.job_name not in JOB_NAMES:
+        raise ClusterConfigError(f'{source}: job {task.job_name!r} is not one of {", ".join(JOB_NAMES)}; '
+                                 f'set --job_name=ps or --job_name=worker')
+    if not task.worker_hosts:
+        raise ClusterConfigError(f'{source}: no workers; list them as --worker_hosts=host:port,... '
+                                 f'(worker 0 is the chief)')
+    if not task.ps_hosts:
+        raise ClusterConfigError(f'{source}: no parameter servers; between-graph training keeps the '
+                                 f'variables on at least one, e.g. --ps_hosts=host:port')
+    hosts = task.ps_hosts if task.job_name == PS_JOB else task.worker_hosts
+    if not 0 <= task.task_index < len(hosts):
+        raise ClusterConfigError(f'{source}: task index {task.task_index} but the {task.job_name} job '
+                                 f'has {len(hosts)} task(s); use an index from 0 to {len(hosts) - 1}')
+    for host in task.ps_hosts + task.worker_hosts:
+        name, _, port = str(host).rpartition(':')
+        if not name or not port.isdigit():
+            raise ClusterConfigError(f'{source}: {host!r} is not host:port, e.g. 10.0.0.2:2222')
+    every_host = task.ps_hosts + task.worker_hosts
+    repeated = sorted({host for host in every_host if every_host.count(host) > 1})
+    if repeated:
+        raise ClusterConfigError(f'{source}: {", ".join(repeated)} listed twice; every task needs '
+                                 f'its own host:port')
+
+
+def session_config(base_config, task):
+    """Returns base_config restricted to the devices this task talks to (the device filters).
+
+    A worker sees the parameter servers and itself, never its peers, so it neither waits for a
+    worker that has not started nor hangs on one that has finished.
+    """
+    config = tf.compat.v1.ConfigProto()
+    config.CopyFrom(base_config)
+    if task.job_name == PS_JOB:
+        config.device_filters[:] = [task.device]
+    else:
+        config.device_filters[:] = [f'/job:{PS_JOB}', task.device]
+    return config
+
+
+def start_server(task, config):
+    """Starts this task's server; a port in use or an unknown host is a ClusterConfigError."""
+    host = (task.ps_hosts if task.job_name == PS_JOB else task.worker_hosts)[task.task_index]
+    try:
+        return tf.compat.v1.train.Server(task.cluster_spec(), job_name=task.job_name,
+                                         task_index=task.task_index, config=config, start=True)
+    except (tf.errors.OpError, ValueError) as e:
+        message = getattr(e, 'message', str(e)).strip().splitlines()
+        raise ClusterConfigError(f'{task.name}: cannot serve on {host} ({message[-1] if message else e}); '
+                                 f'check that the port is free and the host is this machine') from None
+
+
+def device_setter(task):
+    """Returns the device function of a worker's graph: variables on the ps tasks, the rest here."""
+    return tf.compat.v1.train.replica_device_setter(cluster=task.cluster_spec(),
+                                                    worker_device=task.device)
+
+
+def _done_queue(ps_index):
+    """Returns the queue on ps ps_index where workers put their index when their training ends."""
+    with tf.device(f'/job:{PS_JOB}/task:{ps_index}'):
+        # capacity -1: unbounded, so that a restarted worker's second signal never blocks.
+        return tf.queue.FIFOQueue(-1, tf.int32, shapes=[[]], shared_name=DONE_QUEUE_NAME,
+                                  name=DONE_QUEUE_NAME)
+
+
+def serve_until_workers_done(task, target, config):
+    """Serves this ps task's variables until every worker has signalled the end of its training."""
+    with tf.Graph().as_default():
+        finished_worker = _done_queue(task.task_index).dequeue()
+        with tf.compat.v1.Session(target, config=config) as sess:
+            finished = set()
+            while len(finished) < task.num_workers:
+                worker = int(sess.run(finished_worker))
+                finished.add(worker)
+                print(f'{task.name}: worker {worker} finished ({len(finished)} of {task.num_workers}).',
+                      flush=True)
+    print(f'{task.name}: every worker finished; stopping.', flush=True)
+
+
+def signal_worker_done(task, target, config, timeout_secs=DONE_SIGNAL_TIMEOUT_SECS):
+    """Tells every parameter server that this worker's training has ended; warns if one is gone."""
+    with tf.Graph().as_default():
+        signals = [_done_queue(ps_index).enqueue(task.task_index) for ps_index in range(task.num_ps)]
+        try:
+            with tf.compat.v1.Session(target, config=config) as sess:
+                sess.run(signals, options=tf.compat.v1.RunOptions(timeout_in_ms=int(timeout_secs * 1000)))
+        except tf.errors.OpError as e:
+            logging.warning('%s could not tell the parameter servers that it finished (%s); '
+                            'stop them yourself', task.name, e.message.strip().splitlines()[0])
+
+
+def wait_for_chief(target, config, poll_secs=CHIEF_POLL_SECS):
+    """Returns once the chief has initialised or restored the variables of the default graph."""
+    with tf.name_scope('wait_for_chief'):
+        uninitialized = tf.compat.v1.report_uninitialized_variables()
+    waiting_since = None
+    with tf.compat.v1.Session(target, config=config) as sess:
+        while sess.run(uninitialized).size:
+            if waiting_since is None:
+                waiting_since = time.time()
+                print(f'Waiting for the chief (worker {CHIEF_INDEX}) to initialise the variables...',
+                      flush=True)
+            time.sleep(poll_secs)
+    if waiting_since is not None:
+        print(f'The chief is ready (waited {time.time() - waiting_since:.1f} s).', flush=True)
+
+
+class SyncReplicas:
+    """Synchronous updates: each global step applies the average of one gradient per worker.
+
+    Wraps the optimizer in tf.compat.v1.train.SyncReplicasOptimizer; the moving averages of the
+    weights are updated once per step, by the chief, after the averaged update.
+    """
+
+    def __init__(self, task):
+        self._task = task
+        self._optimizer = None
+        self._release_op = None
+
+    @property
+    def num_replicas(self):
+        """Returns how many worker batches one global step averages."""
+        return self._task.num_workers
+
+    def apply_gradients(self, optimizer, grads_and_vars, global_step, moving_average_decay,
+                        update_ops=None):
+        """Returns the worker's train op: push its gradients, wait for the step's averaged update."""
+        averages = None
+        if moving_average_decay:
+            # The averages onu_model.apply_gradients keeps (same shadow names), updated by the chief.
+            averages = tf.compat.v1.train.ExponentialMovingAverage(moving_average_decay,
+                                                                   num_updates=global_step)
+        self._optimizer = tf.compat.v1.train.SyncReplicasOptimizer(
+            optimizer, replicas_to_aggregate=self.num_replicas, total_num_replicas=self.num_replicas,
+            variable_averages=averages,
+            variables_to_average=onu_model.averaged_variables() if averages else None)
+        train_op = onu_model.apply_gradients(self._optimizer, grads_and_vars, global_step,
+                                             moving_average_decay=None, update_ops=update_ops)
+        if self._task.is_chief:
+            self._release_op = self._optimizer.get_init_tokens_op(
+                RELEASE_TOKENS_PER_WORKER * self.num_replicas)
+        return train_op
+
+    def hooks(self):
+        """Returns the session hooks: SyncReplicasOptimizer's, and the chief's release of the workers."""
+        if self._optimizer is None:
+            raise ValueError('SyncReplicas.hooks() needs apply_gradients() first')
+        hooks = [self._optimizer.make_session_run_hook(self._task.is_chief)]
+        if self._release_op is not None:
+            hooks.append(_ReleaseWorkersHook(self._release_op))
+        return hooks
+
+
+class _ReleaseWorkersHook(tf.compat.v1.train.SessionRunHook):
+    """When the chief stops, hands out spare tokens so that no worker waits for another step."""
+
+    def __init__(self, release_op):
+        self._release_op = release_op
+
+    def end(self, session):
+        session.run(self._release_op)

@@ -1,0 +1,410 @@
+"""Evaluates each checkpoint a training run writes (the CIFAR-10 tutorial's cifar10_eval.py role).
+
+    python onu_train.py                   # one terminal
+    python onu_eval.py                    # another: evaluates each new checkpoint of /tmp/onu_train
+    tensorboard --logdir_spec=train:/tmp/onu_train,eval:/tmp/onu_eval
+
+Each checkpoint is evaluated once, with the moving averages of the weights that training kept, on
+every example of the split exactly once. For each it prints `<time>: step N, precision @ 1 = 0.xxx`,
+writes TensorBoard summaries at the checkpoint's global step (Precision @ 1, eval/loss,
+eval/recall/<class>, eval/confusion_matrix) and appends a JSON line to eval_dir/results.jsonl.
+It stops by itself once the training run's final step (onu_train.py --max_steps) is evaluated,
+after --timeout seconds without a new checkpoint, or after one evaluation with --run_once.
+Model, image size, data and class names come from the training run's run_config.json; flags given
+on the command line override them.
+"""
+import dataclasses
+import json
+import os
+import sys
+import time
+from datetime import datetime
+
+from absl import app
+from absl import flags
+from absl import logging
+import numpy as np
+import tensorflow as tf
+
+import onu_dataset
+import onu_export
+import onu_flags
+import onu_input
+import onu_model
+
+DEFAULT_EVAL_DIR = '/tmp/onu_eval'
+RESULTS_FILENAME = 'results.jsonl'
+PRECISION_TAG = 'Precision @ 1'
+LOSS_TAG = 'eval/loss'
+RECALL_TAG_PREFIX = 'eval/recall/'
+CONFUSION_MATRIX_TAG = 'eval/confusion_matrix'
+DEVICES = ('cpu', 'gpu')
+
+FLAGS = flags.FLAGS
+
+
+class CheckpointGone(Exception):
+    """The checkpoint's files disappeared while it was read (the trainer keeps only the newest few)."""
+
+
+@dataclasses.dataclass
+class EvalResult:
+    """What one evaluation of one checkpoint found; confusion[true, predicted] counts examples."""
+    checkpoint: str
+    step: int
+    class_names: tuple
+    confusion: np.ndarray
+    loss: float
+    weights: str  # onu_export.WEIGHTS_AVERAGED or WEIGHTS_RAW
+
+    @property
+    def num_examples(self):
+        """Returns how many examples were evaluated."""
+        return int(self.confusion.sum())
+
+    @property
+    def precision_at_1(self):
+        """Returns the fraction of examples whose most probable class is their label."""
+        return float(np.trace(self.confusion)) / max(self.num_examples, 1)
+
+    def recall(self):
+        """Returns {class name: fraction of its examples predicted as it}, None for absent classes."""
+        totals = self.confusion.sum(axis=1)
+        return {name: float(self.confusion[i, i] / totals[i]) if totals[i] else None
+                for i, name in enumerate(self.class_names)}
+
+
+# ----------------------------------------------------------------------------------------------
+# Checkpoints
+
+def checkpoint_exists(path):
+    """Returns whether both the index and the data files of the checkpoint path are on disk."""
+    return tf.io.gfile.exists(path + '.index') and bool(tf.io.gfile.glob(path + '.data-*'))
+
+
+def list_checkpoints(checkpoint_dir):
+    """Returns the checkpoints of checkpoint_dir still on disk, oldest first."""
+    state = tf.train.get_checkpoint_state(checkpoint_dir)
+    if not state:
+        return []
+    paths = list(state.all_model_checkpoint_paths) or [state.model_checkpoint_path]
+    # The state file holds absolute paths: a copied or moved run is read from where it is now.
+    in_dir = [os.path.join(checkpoint_dir, os.path.basename(path)) for path in paths]
+    paths = [here if checkpoint_exists(here) else path for here, path in zip(in_dir, paths)]
+    return [path for path in paths if checkpoint_exists(path)]
+
+
+def restore_checkpoint(session, checkpoint_path, run_config, allow_raw_weights):
+    """Restores the model of the session's graph; returns (global step, weights used).
+
+    Raises CheckpointGone when the checkpoint's files vanish while they are read.
+    """
+    try:
+        step = onu_export.checkpoint_step(checkpoint_path)
+        weights = onu_export.restore_weights(session, checkpoint_path, run_config, allow_raw_weights)
+    except (tf.errors.OpError, ValueError) as e:
+        if not checkpoint_exists(checkpoint_path):
+            raise CheckpointGone(checkpoint_path) from None
+        raise onu_dataset.DataError(f'{checkpoint_path}: unreadable checkpoint '
+                                    f'({onu_export.one_line(e)}); evaluate another one') from None
+    return step, weights
+
+
+# ----------------------------------------------------------------------------------------------
+# Evaluation
+
+def eval_run_config(checkpoint_dir):
+    """Returns the training run's configuration with the model and data flags given here applied."""
+    saved = onu_flags.load_run_config(checkpoint_dir)
+    if not saved and not FLAGS.model:
+        raise onu_dataset.DataError(
+            f'{onu_flags.run_config_path(checkpoint_dir)} not found, so the model is unknown: point '
+            f'--checkpoint_dir at the --train_dir of onu_train.py, or give --model (and --image_size, '
+            f'--data_dir, --data_format if training used others than the defaults)')
+    config = dict(saved or {'moving_average_decay': onu_model.DEFAULT_MOVING_AVERAGE_DECAY})
+    for name in ('model', 'data_dir', 'data_format', 'image_size'):
+        config[name] = onu_flags.value_or_saved(name, saved)
+    config['image_size'] = config['image_size'] or onu_model.DEFAULT_IMAGE_SIZE[config['model']]
+    return config
+
+
+def check_class_names(run_config, info):
+    """Returns the class names the model was trained on; DataError if the data labels others."""
+    trained = tuple(run_config.get('class_names') or info.class_names)
+    if trained != tuple(info.class_names):
+        raise onu_dataset.DataError(
+            f'{info.data_dir}: classes {", ".join(info.class_names)} but the model was trained on '
+            f'{", ".join(trained)}; evaluate on data with the training classes (--data_dir)')
+    return trained
+
+
+def count_predictions(session, labels, predictions, losses, num_classes, limit):
+    """Runs the eval graph over its input until the end (or limit examples); returns (confusion, loss sum)."""
+    confusion = np.zeros([num_classes, num_classes], np.int64)
+    loss_sum = 0.0
+    while confusion.sum() < limit:
+        try:
+            batch_labels, batch_predictions, batch_losses = session.run([labels, predictions, losses])
+        except tf.errors.OutOfRangeError:
+            break
+        keep = int(min(len(batch_labels), limit - confusion.sum()))
+        pairs = batch_labels[:keep] * num_classes + batch_predictions[:keep]
+        confusion += np.bincount(pairs, minlength=num_classes**2).reshape(num_classes, num_classes)
+        loss_sum += float(np.sum(batch_losses[:keep], dtype=np.float64))
+    return confusion, loss_sum
+
+
+def session_config(device):
+    """Returns the session config: GPUs hidden for device cpu, GPU memory allocated as needed."""
+    config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
+    if device == 'cpu':
+        config.device_count['GPU'] = 0
+    config.gpu_options.allow_growth = True
+    return config
+
+
+def evaluate(checkpoint_path, run_config, eval_data='val', batch_size=32, num_examples=None,
+             allow_raw_weights=False, device='cpu'):
+    """Evaluates one checkpoint on the examples of eval_data (each once); returns its EvalResult.
+
+    run_config: model, image_size, data_dir, data_format, class_names, moving_average_decay.
+    Raises CheckpointGone when the checkpoint is deleted while it is read.
+    """
+    data_dir, data_format = run_config['data_dir'], run_config['data_format']
+    info = onu_input.dataset_info(data_dir, data_format, eval_data)
+    class_names = check_class_names(run_config, info)
+    limit = min(num_examples or info.num_examples, info.num_examples)
+    with tf.Graph().as_default():
+        images, labels = onu_input.inputs(eval_data, data_dir, data_format, batch_size,
+                                          run_config['image_size'])
+        logits, _ = onu_model.inference(images, len(class_names), run_config['model'],
+                                        is_training=False, create_aux_logits=False)
+        losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+        predictions = tf.argmax(logits, axis=1, output_type=tf.int32)
+        with tf.compat.v1.Session(config=session_config(device)) as session:
+            step, weights = restore_checkpoint(session, checkpoint_path, run_config, allow_raw_weights)
+            with onu_input.damaged_records_as_data_error(data_dir, data_format, eval_data):
+                confusion, loss_sum = count_predictions(session, labels, predictions, losses,
+                                                        len(class_names), limit)
+    return EvalResult(checkpoint=checkpoint_path, step=step, class_names=class_names,
+                      confusion=confusion, loss=loss_sum / max(confusion.sum(), 1), weights=weights)
+
+
+# ----------------------------------------------------------------------------------------------
+# Reporting
+
+def confusion_markdown(result):
+    """Returns the confusion matrix as a Markdown table: a row per true class, a column per prediction."""
+    names = result.class_names
+    lines = ['| true \\ predicted | ' + ' | '.join(names) + ' |',
+             '|---|' + '---:|' * len(names)]
+    lines += [f'| **{name}** | ' + ' | '.join(str(count) for count in row) + ' |'
+              for name, row in zip(names, result.confusion)]
+    return '\n'.join(lines)
+
+
+def result_summary(result):
+    """Returns the Summary proto of an EvalResult: precision, loss, recall per class, confusion matrix."""
+    value = tf.compat.v1.Summary.Value
+    values = [value(tag=PRECISION_TAG, simple_value=result.precision_at_1),
+              value(tag=LOSS_TAG, simple_value=result.loss)]
+    values += [value(tag=RECALL_TAG_PREFIX + name, simple_value=recall)
+               for name, recall in result.recall().items() if recall is not None]
+    text_plugin = tf.compat.v1.SummaryMetadata(
+        plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name='text'))
+    values.append(value(tag=CONFUSION_MATRIX_TAG, metadata=text_plugin,
+                        tensor=tf.compat.v1.make_tensor_proto(confusion_markdown(result))))
+    return tf.compat.v1.Summary(value=values)
+
+
+def result_record(result, run_config, eval_data):
+    """Returns the results.jsonl entry of an EvalResult."""
+    return {
+        'time': datetime.now().isoformat(timespec='seconds'),
+        'step': result.step,
+        'checkpoint': result.checkpoint,
+        'eval_data': eval_data,
+        'num_examples': result.num_examples,
+        'precision_at_1': result.precision_at_1,
+        'loss': result.loss,
+        'per_class_recall': result.recall(),
+        'confusion_matrix': result.confusion.tolist(),
+        'class_names': list(result.class_names),
+        'weights': result.weights,
+        'model': run_config['model'],
+        'image_size': run_config['image_size'],
+        'data_dir': run_config['data_dir'],
+        'data_format': run_config['data_format'],
+    }
+
+
+def summary_writer(eval_dir):
+    """Returns a FileWriter for eval_dir (v1 FileWriters need graph mode to be created)."""
+    with tf.Graph().as_default():
+        return tf.compat.v1.summary.FileWriter(eval_dir)
+
+
+def report(result, record, writer, eval_dir):
+    """Prints the precision line, writes the summaries and appends record to eval_dir/results.jsonl."""
+    raw = ', raw weights' if result.weights == onu_export.WEIGHTS_RAW else ''
+    print(f'{datetime.now()}: step {result.step}, precision @ 1 = {result.precision_at_1:.3f} '
+          f'(loss {result.loss:.4f}, {result.num_examples} {record["eval_data"]} examples{raw})',
+          flush=True)
+    writer.add_summary(result_summary(result), result.step)
+    writer.flush()
+    with open(os.path.join(eval_dir, RESULTS_FILENAME), 'a', encoding='utf-8') as f:
+        f.write(json.dumps(record, ensure_ascii=False) + '\n')
+
+
+# ----------------------------------------------------------------------------------------------
+# The polling loop
+
+def use_device(device):
+    """Hides the GPUs for device cpu; lets TensorFlow take GPU memory only as needed for device gpu."""
+    gpus = tf.config.list_physical_devices('GPU')
+    if device == 'gpu' and not gpus:
+        print('--device=gpu but TensorFlow sees no GPU: evaluating on the CPU.', flush=True)
+    try:
+        if device == 'cpu':
+            tf.config.set_visible_devices([], 'GPU')
+        else:
+            for gpu in gpus:
+                tf.config.experimental.set_memory_growth(gpu, True)
+    except RuntimeError:
+        pass  # TensorFlow is already initialised in this process: its devices stay as they are
+
+
+def final_step(checkpoint_dir):
+    """Returns the step at which the training run stops (its saved --max_steps), or None."""
+    return (onu_flags.load_run_config(checkpoint_dir) or {}).get('max_steps')
+
+
+def describe(run_config, eval_data, num_examples, eval_dir):
+    """Prints what is evaluated, on which data, and where the results go."""
+    info = onu_input.dataset_info(run_config['data_dir'], run_config['data_format'], eval_data)
+    count = f'all {info.num_examples}'
+    if num_examples and num_examples < info.num_examples:
+        count = f'the first {num_examples} of the {info.num_examples}'
+    elif num_examples and num_examples > info.num_examples:
+        print(f'--num_examples={num_examples} but the {eval_data} split has {info.num_examples}: '
+              f'evaluating all of them.', flush=True)
+    size = run_config['image_size']
+    print(f'Evaluating {run_config["model"]} at {size}x{size} on {count} {eval_data} examples '
+          f'({run_config["data_format"]}) of {run_config["data_dir"]}; results in {eval_dir}',
+          flush=True)
+
+
+def wait_for_checkpoints(checkpoint_dir, done, interval_secs, timeout_secs):
+    """Returns the checkpoints not in done, oldest first, once there are any; [] after timeout_secs."""
+    started = time.monotonic()
+    announced = False
+    while True:
+        pending = [path for path in list_checkpoints(checkpoint_dir) if path not in done]
+        waited = time.monotonic() - started
+        if pending or (timeout_secs is not None and waited >= timeout_secs):
+            return pending
+        if not announced:
+            what = 'a new checkpoint' if done else 'the first checkpoint'
+            print(f'Waiting for {what} in {checkpoint_dir} (checking every {interval_secs:g} s).',
+                  flush=True)
+            announced = True
+        pause = interval_secs if timeout_secs is None else min(interval_secs, timeout_secs - waited)
+        time.sleep(max(pause, 0.0))
+
+
+def no_checkpoint_error(checkpoint_dir, waited_secs=None):
+    """Returns the DataError for a checkpoint dir without any checkpoint."""
+    after = f' after waiting {waited_secs:g} s' if waited_secs is not None else ''
+    return onu_dataset.DataError(
+        f'{checkpoint_dir}: no checkpoint{after}; train first (python onu_train.py '
+        f'--train_dir={checkpoint_dir}) or point --checkpoint_dir at the training run')
+
+
+def evaluate_checkpoints(writer):
+    """Evaluates each new checkpoint of --checkpoint_dir once, until the final step, --timeout or --run_once."""
+    checkpoint_dir, eval_data = FLAGS.checkpoint_dir, FLAGS.eval_data
+    run_config = None
+    done = set()  # evaluated, or passed over after a deletion
+    while True:
+        if FLAGS.run_once:
+            pending = list_checkpoints(checkpoint_dir)[-1:]
+        else:
+            pending = wait_for_checkpoints(checkpoint_dir, done, FLAGS.eval_interval_secs, FLAGS.timeout)
+        if not pending and not done:
+            raise no_checkpoint_error(checkpoint_dir, None if FLAGS.run_once else FLAGS.timeout)
+        if not pending:
+            print(f'No new checkpoint in {checkpoint_dir} for {FLAGS.timeout:g} s: stopping.', flush=True)
+            return
+        if run_config is None:
+            run_config = eval_run_config(checkpoint_dir)
+            describe(run_config, eval_data, FLAGS.num_examples, FLAGS.eval_dir)
+        path = pending[0]
+        try:
+            result = evaluate(path, run_config, eval_data, FLAGS.batch_size, FLAGS.num_examples,
+                              FLAGS.allow_raw_weights, FLAGS.device)
+        except CheckpointGone:
+            newer = [p for p in list_checkpoints(checkpoint_dir) if p not in done and p != path]
+            done.update([path] + newer[:-1])
+            print(f'{path} was deleted while being read (the trainer keeps only the newest '
+                  f'--keep_checkpoint_max): skipping to the newest checkpoint.', flush=True)
+            continue
+        done.add(path)
+        report(result, result_record(result, run_config, eval_data), writer, FLAGS.eval_dir)
+        if FLAGS.run_once:
+            return
+        last_step = final_step(checkpoint_dir)
+        if last_step is not None and result.step >= last_step:
+            print(f'Step {result.step} is the training run\'s final step (--max_steps={last_step}): '
+                  f'done.', flush=True)
+            return
+
+
+def define_flags():
+    """Declares this script's flags (the shared model and data flags come from onu_flags)."""
+    flags.adopt_module_key_flags(onu_flags)
+    flags.DEFINE_string('eval_dir', DEFAULT_EVAL_DIR,
+                        f'Where TensorBoard event files and {RESULTS_FILENAME} (a JSON line per '
+                        f'evaluated checkpoint) go.')
+    flags.DEFINE_string('checkpoint_dir', onu_flags.DEFAULT_TRAIN_DIR,
+                        'The training run to evaluate (onu_train.py --train_dir): checkpoints and '
+                        'run_config.json.')
+    flags.DEFINE_enum('eval_data', 'val', onu_dataset.SPLITS, 'Split to evaluate.')
+    flags.DEFINE_float('eval_interval_secs', 300, 'How often to look for a new checkpoint, in seconds.',
+                       lower_bound=0)
+    flags.DEFINE_integer('num_examples', None,
+                         'Evaluate only the first N examples of the split (default: all of them).',
+                         lower_bound=1)
+    flags.DEFINE_boolean('run_once', False, 'Evaluate the latest checkpoint once, then exit.')
+    flags.DEFINE_float('timeout', None, 'Stop after this many seconds without a new checkpoint '
+                       '(default: wait until the training run\'s final step).', lower_bound=0)
+    flags.DEFINE_boolean('allow_raw_weights', False,
+                         'Evaluate the raw weights when a checkpoint has no moving averages of them.')
+    flags.DEFINE_enum('device', 'cpu', DEVICES,
+                      'cpu leaves the GPU to a trainer running beside; gpu takes GPU memory as needed.')
+
+
+def main(argv):
+    if len(argv) > 1:
+        print(f'error: unexpected arguments {argv[1:]}; see --help', file=sys.stderr)
+        return 2
+    if not FLAGS['verbosity'].present:
+        logging.set_verbosity(logging.WARNING)  # TensorFlow's INFO lines drown the precision lines
+    use_device(FLAGS.device)
+    os.makedirs(FLAGS.eval_dir, exist_ok=True)
+    writer = summary_writer(FLAGS.eval_dir)
+    try:
+        evaluate_checkpoints(writer)
+    except onu_dataset.DataError as e:
+        print(f'error: {e}', file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print('Stopped.', file=sys.stderr)
+        return 130
+    finally:
+        writer.close()
+    return 0
+
+
+if __name__ == '__main__':
+    define_flags()
+    app.run(main)

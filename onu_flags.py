@@ -1,0 +1,78 @@
+"""Flags shared by the onu scripts, and the run configuration that training saves for them.
+
+Every script imports this module, so a flag used by several scripts is declared here once.
+The run configuration (train_dir/run_config.json) is the contract between training and
+everything after it: eval, export and predict rebuild the same model from it.
+"""
+import json
+import os
+
+from absl import flags
+
+import onu_dataset
+import onu_model
+
+DEFAULT_DATA_DIR = '/tmp/onu_data'
+DEFAULT_TRAIN_DIR = '/tmp/onu_train'
+RUN_CONFIG_FILENAME = 'run_config.json'
+
+flags.DEFINE_string('data_dir', DEFAULT_DATA_DIR,
+                    'Folder with train/<class>/ and val/<class>/ photos (and tfrecords/ after '
+                    'convert_to_tfrecord.py).')
+flags.DEFINE_enum('data_format', 'encoded', onu_dataset.DATA_FORMATS,
+                  'How images are fed: the original files (images), TFRecords of decoded pixels '
+                  '(raw) or of the original file bytes (encoded).')
+flags.DEFINE_enum('model', None, onu_model.MODEL_NAMES,
+                  'Network to train; default inception_resnet_v2 when a GPU is visible, else small.')
+flags.DEFINE_integer('image_size', None, 'Side of the square model input; default: the model\'s own.',
+                     lower_bound=16)
+flags.DEFINE_integer('batch_size', 32, 'Images per batch.', lower_bound=1)
+
+FLAGS = flags.FLAGS
+
+
+def project_flag_values():
+    """Returns {name: value} of the flags this project's modules and scripts define."""
+    repo_dir = os.path.dirname(os.path.abspath(__file__))
+    values = {}
+    for module, module_flags in FLAGS.flags_by_module_dict().items():
+        name = os.path.splitext(os.path.basename(module))[0]
+        if os.path.isfile(os.path.join(repo_dir, name + '.py')):
+            values.update((flag.name, flag.value) for flag in module_flags)
+    return values
+
+
+def run_config_path(train_dir):
+    """Returns the path of the run configuration in train_dir."""
+    return os.path.join(train_dir, RUN_CONFIG_FILENAME)
+
+
+def save_run_config(train_dir, config):
+    """Writes config as JSON to train_dir/run_config.json, atomically."""
+    os.makedirs(train_dir, exist_ok=True)
+    path = run_config_path(train_dir)
+    tmp_path = path + '.tmp'
+    with open(tmp_path, 'w', encoding='utf-8') as f:
+        json.dump(config, f, indent=2, sort_keys=True, ensure_ascii=False)
+        f.write('\n')
+    os.replace(tmp_path, path)
+
+
+def load_run_config(train_dir):
+    """Returns the run configuration saved in train_dir, or None when there is none."""
+    path = run_config_path(train_dir)
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding='utf-8') as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise onu_dataset.DataError(
+            f'{path}: unreadable run configuration ({e}); restore it or train into a new --train_dir')
+
+
+def value_or_saved(flag_name, run_config, config_key=None):
+    """Returns the flag's value when given on the command line, else the training run's saved one."""
+    if FLAGS[flag_name].present or not run_config:
+        return FLAGS[flag_name].value
+    return run_config.get(config_key or flag_name, FLAGS[flag_name].value)

@@ -1,0 +1,643 @@
+"""Bytes -> tensors for the ONU classifier (the CIFAR-10 tutorial's cifar10_input.py role).
+
+Three ways to feed the same photos, built with tf.data inside the caller's tf.compat.v1 graph:
+  images   the original files under data_dir/{train,val}/<class>/, decoded at training time;
+  raw      TFRecords of decoded pixels (image/raw), read back with tf.io.decode_raw;
+  encoded  TFRecords of the original file bytes (image/encoded), decoded like the files.
+All three give the same pixels for the same photo: upright (EXIF applied), RGB, same resize.
+
+    images, labels = distorted_inputs(data_dir, 'encoded', batch_size=32, image_size=299)
+    images, labels = inputs('val', data_dir, 'encoded', batch_size=32, image_size=299)
+
+Images are float32 [batch, size, size, 3] in [-1, 1] (what Inception checkpoints expect), labels
+int32 [batch]. preprocess_for_eval is the one eval/serving preprocessing; export reuses it with
+decode_image_bytes. SerialCv2Loader is the study's original loader, kept only as the benchmark's
+baseline.
+"""
+import contextlib
+import dataclasses
+import functools
+import math
+import os
+import threading
+
+from absl import logging
+import numpy as np
+import tensorflow as tf
+
+import onu_dataset
+
+# The study's augmentations and their magnitudes.
+SATURATION_RANGE = (0.8, 1.2)
+BRIGHTNESS_MAX_DELTA = 32.0 / 255.0
+CONTRAST_RANGE = (0.8, 1.2)
+HUE_MAX_DELTA = 0.2
+MAX_ROTATION_DEGREES = 10.0
+# Corners uncovered by a rotation: mid grey, which is 0 in the model's [-1, 1] range.
+ROTATION_FILL_VALUE = 0.5
+
+# Shuffling records holds them in memory: the buffer is sized to this many bytes of records.
+SHUFFLE_BUFFER_BYTES = 256 * 2**20
+MAX_SHUFFLE_BUFFER = 10000
+NUM_SUMMARY_IMAGES = 3
+PIPELINE_DEVICE = '/cpu:0'
+
+
+@dataclasses.dataclass(frozen=True)
+class AugmentOptions:
+    """Which training augmentations are on (magnitudes are the module constants)."""
+    saturation: bool = True
+    brightness: bool = True
+    contrast: bool = True
+    hue: bool = True
+    rotation: bool = True
+
+    @classmethod
+    def none(cls):
+        """Returns options with every augmentation off."""
+        return cls(saturation=False, brightness=False, contrast=False, hue=False, rotation=False)
+
+    @classmethod
+    def of(cls, augment):
+        """Returns AugmentOptions for True (all on), False/None (all off) or AugmentOptions."""
+        if isinstance(augment, cls):
+            return augment
+        return cls() if augment else cls.none()
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetInfo:
+    """What one split in one data format holds: classes, example count and the files to read."""
+    data_dir: str
+    data_format: str
+    split: str
+    class_names: tuple
+    num_examples: int
+    files: tuple                 # record shards, or image files in images mode
+    labels: tuple = ()           # images mode: the class id of each file
+    orientations: tuple = ()     # images mode: the EXIF orientation (1-8) of each file
+    records_per_file: tuple = ()  # record modes: the manifest's count for each shard
+    compression_type: str = ''  # record modes: as TFRecordDataset spells it ('' for none)
+    bytes_per_example: int = 0   # record modes: average record size, sizes the shuffle buffer
+    skipped: tuple = ()          # images mode: (path, reason) of files left out when listing
+
+    @property
+    def num_classes(self):
+        """Returns the number of classes."""
+        return len(self.class_names)
+
+
+def _check_choice(name, value, choices):
+    """Raises ValueError unless value is one of choices."""
+    if value not in choices:
+        raise ValueError(f'{name}={value!r}; expected one of {", ".join(choices)}')
+
+
+def _convert_command(data_dir, data_format):
+    """Returns the command line that writes data_format records for data_dir."""
+    return f'python convert_to_tfrecord.py --data_dir={data_dir} --format={data_format}'
+
+
+def has_records(data_dir, data_format):
+    """Returns True when data_dir's manifest lists data_format records for every split it has."""
+    records_dir = onu_dataset.records_dir_for(data_dir)
+    if not os.path.isfile(os.path.join(records_dir, onu_dataset.MANIFEST_FILENAME)):
+        return False
+    splits = onu_dataset.read_manifest(records_dir).get('splits', {})
+    return bool(splits) and all(data_format in formats for formats in splits.values())
+
+
+def dataset_info(data_dir, data_format, split):
+    """Returns the DatasetInfo of one split, raising DataError naming the path and the fix."""
+    _check_choice('data_format', data_format, onu_dataset.DATA_FORMATS)
+    _check_choice('split', split, onu_dataset.SPLITS)
+    if not os.path.isdir(data_dir):
+        raise onu_dataset.DataError(
+            f'{data_dir}: data dir not found; make sample data with python make_sample_data.py '
+            f'--output_dir={data_dir} (then {_convert_command(data_dir, "encoded")} for records), '
+            f'or point --data_dir at a folder with train/<class>/ and val/<class>/ photos')
+    if data_format == 'images':
+        return _images_info(data_dir, split)
+    return _records_info(data_dir, data_format, split)
+
+
+_warned_paths = set()
+_warned_paths_lock = threading.Lock()
+
+
+def _warn_once(path, message, *args):
+    """Logs a warning about path the first time this process sees it."""
+    with _warned_paths_lock:
+        if path in _warned_paths:
+            return
+        _warned_paths.add(path)
+    logging.warning(message, *args)
+
+
+def _images_info(data_dir, split):
+    """Returns the DatasetInfo of split read from the class folders."""
+    class_names = onu_dataset.find_class_names(data_dir)
+    split_dir = os.path.join(data_dir, split)
+    if not os.path.isdir(split_dir):
+        raise onu_dataset.DataError(
+            f'{split_dir}: no {split} photos; put them in {split_dir}/<class>/ '
+            f'with the classes of {os.path.join(data_dir, "train")}')
+    images, skipped = onu_dataset.list_split_images(data_dir, split, class_names)
+    for path, reason in skipped:
+        _warn_once(path, 'skipping %s: %s', path, reason)
+    if not images:
+        raise onu_dataset.DataError(
+            f'{split_dir}: no readable images in the class folders; add photos to {split_dir}/<class>/')
+    return DatasetInfo(
+        data_dir=data_dir, data_format='images', split=split, class_names=tuple(class_names),
+        num_examples=len(images), files=tuple(image.path for image in images),
+        labels=tuple(image.label for image in images),
+        orientations=tuple(image.orientation for image in images), skipped=tuple(skipped))
+
+
+def _records_info(data_dir, data_format, split):
+    """Returns the DatasetInfo of split from the records manifest, checking the shards on disk."""
+    records_dir = onu_dataset.records_dir_for(data_dir)
+    manifest_path = os.path.join(records_dir, onu_dataset.MANIFEST_FILENAME)
+    if not os.path.isfile(manifest_path):
+        raise onu_dataset.DataError(
+            f'{manifest_path} not found: no {data_format} records; write them with '
+            f'{_convert_command(data_dir, data_format)}, or use --data_format=images')
+    manifest = onu_dataset.read_manifest(records_dir)
+    formats = manifest.get('splits', {}).get(split, {})
+    if data_format not in formats:
+        others = [fmt for fmt in onu_dataset.RECORD_FORMATS if fmt in formats]
+        found = f'only {" and ".join(others)} records' if others else 'no records'
+        instead = f', or use --data_format={others[0]}' if others else ''
+        raise onu_dataset.DataError(
+            f'{records_dir}: {data_format} records of {split} were asked but the manifest lists '
+            f'{found}; write them with {_convert_command(data_dir, data_format)}{instead}')
+    entry = onu_dataset.records_entry(manifest, split, data_format, records_dir)
+    files = onu_dataset.shard_paths(records_dir, manifest, split, data_format)
+    for path, shard in zip(files, entry['shards']):
+        _check_shard(path, shard.get('bytes'), data_dir, data_format)
+    labels_path = os.path.join(records_dir, onu_dataset.LABELS_FILENAME)
+    if not os.path.isfile(labels_path):
+        raise onu_dataset.DataError(
+            f'{labels_path} not found: re-create the records with '
+            f'{_convert_command(data_dir, data_format)} --overwrite')
+    num_examples = int(entry['records'])
+    if not num_examples:
+        raise onu_dataset.DataError(
+            f'{records_dir}: the manifest lists no {data_format} records of {split}; add photos to '
+            f'{os.path.join(data_dir, split)}/<class>/ and run {_convert_command(data_dir, data_format)} '
+            f'--overwrite')
+    return DatasetInfo(
+        data_dir=data_dir, data_format=data_format, split=split,
+        class_names=tuple(onu_dataset.read_labels(labels_path)), num_examples=num_examples,
+        files=tuple(files), records_per_file=tuple(int(shard['records']) for shard in entry['shards']),
+        compression_type=onu_dataset.tf_compression_type(manifest.get('compression', 'NONE')),
+        bytes_per_example=int(entry.get('record_bytes', 0)) // max(num_examples, 1))
+
+
+def _check_shard(path, expected_bytes, data_dir, data_format):
+    """Raises DataError when a shard listed in the manifest is missing or has another size."""
+    fix = f're-create the records with {_convert_command(data_dir, data_format)} --overwrite'
+    if not os.path.isfile(path):
+        raise onu_dataset.DataError(f'{path}: record file listed in the manifest is missing; {fix}')
+    size = os.path.getsize(path)
+    if expected_bytes is not None and size != expected_bytes:
+        raise onu_dataset.DataError(
+            f'{path}: {size} bytes on disk but {expected_bytes} in the manifest (truncated or '
+            f'changed); {fix}')
+
+
+# ----------------------------------------------------------------------------------------------
+# Decoding and preprocessing: one image at a time, usable in tf.data maps and tf.map_fn.
+
+def decode_image_bytes(encoded):
+    """Returns the uint8 [height, width, 3] RGB image of JPEG/PNG/GIF/BMP bytes."""
+    # INTEGER_ACCURATE is the IDCT Pillow uses, so encoded records and files match raw records
+    # exactly; TensorFlow's default (INTEGER_FAST) is about 1/255 off on average.
+    image = tf.cond(
+        tf.io.is_jpeg(encoded),
+        lambda: tf.io.decode_jpeg(encoded, channels=3, dct_method='INTEGER_ACCURATE'),
+        lambda: tf.io.decode_image(encoded, channels=3, expand_animations=False))
+    image.set_shape([None, None, 3])
+    return image
+
+
+def apply_exif_orientation(image, orientation):
+    """Returns image turned upright for its EXIF orientation (1-8), as PIL's exif_transpose does."""
+    def transpose():
+        return tf.transpose(image, [1, 0, 2])
+    upright = [
+        lambda: image,                               # 1: upright already (and unknown values)
+        lambda: tf.image.flip_left_right(image),     # 2: mirrored
+        lambda: tf.image.rot90(image, 2),            # 3: upside down
+        lambda: tf.image.flip_up_down(image),        # 4: mirrored upside down
+        transpose,                                   # 5: mirrored along the main diagonal
+        lambda: tf.image.rot90(image, 3),            # 6: needs a quarter turn clockwise
+        lambda: tf.image.rot90(transpose(), 2),      # 7: mirrored along the other diagonal
+        lambda: tf.image.rot90(image, 1),            # 8: needs a quarter turn counterclockwise
+    ]
+    orientation = tf.cast(orientation, tf.int32)
+    index = tf.where((orientation >= 1) & (orientation <= 8), orientation - 1, 0)
+    return tf.switch_case(index, upright)
+
+
+def to_unit_range(image, image_size):
+    """Returns the uint8 image resized to [image_size, image_size, 3] float32 in [0, 1]."""
+    image = tf.convert_to_tensor(image)
+    if image.dtype != tf.uint8:
+        raise ValueError(f'expected a uint8 image, got {image.dtype.name}')
+    # resize returns float32 in [0, 255] whatever it is given, so scale explicitly here:
+    # convert_image_dtype after resize would see float input and scale nothing (the study's bug).
+    resized = tf.image.resize(image, [image_size, image_size], method='bilinear')
+    return resized * (1.0 / 255.0)
+
+
+def to_model_range(image):
+    """Returns an image in [0, 1] mapped to the model's input range [-1, 1]."""
+    return image * 2.0 - 1.0
+
+
+def random_distortions(seed):
+    """Returns the per-image augmentation draws for a [2] int seed, as a dict of scalar tensors.
+
+    Keys: saturation and contrast (factors), brightness and hue (deltas), angle (radians).
+    """
+    draws = tf.random.stateless_uniform([5], seed=seed, minval=0.0, maxval=1.0)
+
+    def between(low, high, draw):
+        return low + (high - low) * draw
+    max_angle = math.radians(MAX_ROTATION_DEGREES)
+    return {
+        'saturation': between(*SATURATION_RANGE, draws[0]),
+        'brightness': between(-BRIGHTNESS_MAX_DELTA, BRIGHTNESS_MAX_DELTA, draws[1]),
+        'contrast': between(*CONTRAST_RANGE, draws[2]),
+        'hue': between(-HUE_MAX_DELTA, HUE_MAX_DELTA, draws[3]),
+        'angle': between(-max_angle, max_angle, draws[4]),
+    }
+
+
+def rotate_image(image, angle):
+    """Returns the [h, w, c] float image rotated by angle radians about its centre, same size."""
+    height = tf.cast(tf.shape(image)[0], tf.float32)
+    width = tf.cast(tf.shape(image)[1], tf.float32)
+    cos, sin = tf.cos(angle), tf.sin(angle)
+    centre_x, centre_y = (width - 1.0) / 2.0, (height - 1.0) / 2.0
+    # The op maps each output pixel (x, y) to the input point it samples:
+    # input = centre + R(angle) (output - centre).
+    transform = tf.stack([cos, -sin, centre_x - cos * centre_x + sin * centre_y,
+                          sin, cos, centre_y - sin * centre_x - cos * centre_y, 0.0, 0.0])
+    rotated = tf.raw_ops.ImageProjectiveTransformV3(
+        images=image[tf.newaxis], transforms=transform[tf.newaxis],
+        output_shape=tf.shape(image)[:2], fill_value=ROTATION_FILL_VALUE,
+        interpolation='BILINEAR', fill_mode='CONSTANT')
+    return tf.reshape(rotated, tf.shape(image))
+
+
+def _random_seed_pair():
+    """Returns a fresh random [2] int64 seed (for callers that pass no per-image seed)."""
+    return tf.random.uniform([2], maxval=np.iinfo(np.int64).max, dtype=tf.int64)
+
+
+def distort_image(image, augment=True, seed=None):
+    """Returns the [0, 1] image with the random augmentations of augment applied, in [0, 1].
+
+    seed: a [2] int tensor that fixes this image's draws; None draws fresh ones.
+    """
+    options = AugmentOptions.of(augment)
+    params = random_distortions(_random_seed_pair() if seed is None else seed)
+    if options.saturation:
+        image = tf.image.adjust_saturation(image, params['saturation'])
+    if options.brightness:
+        image = tf.image.adjust_brightness(image, params['brightness'])
+    if options.contrast:
+        image = tf.image.adjust_contrast(image, params['contrast'])
+    if options.hue:
+        image = tf.image.adjust_hue(image, params['hue'])
+    if options.rotation:
+        image = rotate_image(image, params['angle'])
+    return tf.clip_by_value(image, 0.0, 1.0)
+
+
+def preprocess_for_eval(image, image_size):
+    """Returns the uint8 [h, w, 3] image as the model sees it: [size, size, 3] float32 in [-1, 1]."""
+    return to_model_range(to_unit_range(image, image_size))
+
+
+def preprocess_for_train(image, image_size, augment=True, seed=None):
+    """Returns the uint8 [h, w, 3] image resized, randomly augmented, in [-1, 1]."""
+    return to_model_range(distort_image(to_unit_range(image, image_size), augment, seed))
+
+
+# ----------------------------------------------------------------------------------------------
+# Images mode. Element `position` of the stream reads file _file_index(position): in order for
+# eval, a fresh permutation each epoch for training. A file that fails to decode is dropped; the
+# gap it leaves in the positions names it, so it is reported (once) and counted, never silently.
+
+_decode_failures = {}
+_decode_failures_lock = threading.Lock()
+
+
+def decode_failures():
+    """Returns {path: reason} of the image files that failed to decode (and were skipped) so far."""
+    with _decode_failures_lock:
+        return dict(_decode_failures)
+
+
+def _decode_error_reason(path):
+    """Returns why the file at path cannot be used, in one line."""
+    try:
+        with open(path, 'rb') as f:
+            decode_image_bytes(tf.constant(f.read()))
+    except OSError as e:
+        return f'unreadable ({e.strerror})'
+    except tf.errors.OpError as e:
+        return f'cannot be decoded ({_last_line(e.message)})'
+    return 'cannot be decoded'
+
+
+def _note_decode_failure(path):
+    """Records that path was skipped and warns about it the first time."""
+    with _decode_failures_lock:
+        if path in _decode_failures:
+            return
+    reason = _decode_error_reason(path)
+    with _decode_failures_lock:
+        _decode_failures[path] = reason
+        count = len(_decode_failures)
+    logging.warning('skipping %s: %s; fix or remove it (%d image file(s) skipped so far)',
+                    path, reason, count)
+
+
+def _file_order(num_files, training, seed):
+    """Returns position -> file index: the identity for eval, for training a permutation per epoch."""
+    if not training:
+        return lambda position: position
+    order_seed = seed if seed is not None else int(np.random.SeedSequence().generate_state(1)[0])
+
+    def file_index(position):
+        epoch_seed = tf.stack([tf.constant(order_seed, tf.int64), position // num_files])
+        return tf.random.experimental.index_shuffle(position % num_files, epoch_seed, num_files - 1)
+    return file_index
+
+
+def _decoded_files(info, training, seed):
+    """Returns a dataset of (uint8 image, int32 label) from the image files of info."""
+    num_files = len(info.files)
+    paths = tf.constant(info.files)
+    labels = tf.constant(info.labels, tf.int32)
+    orientations = tf.constant(info.orientations, tf.int32)
+    file_index = _file_order(num_files, training, seed)
+
+    def read(position):
+        index = file_index(position)
+        image = decode_image_bytes(tf.io.read_file(paths[index]))
+        return position, apply_exif_orientation(image, orientations[index]), labels[index]
+
+    def report_skipped(first, end):
+        for position in range(int(first), int(end)):
+            _note_decode_failure(info.files[int(file_index(tf.constant(position, tf.int64)))])
+        failures = decode_failures()
+        if training and all(path in failures for path in info.files):  # else it would spin forever
+            raise onu_dataset.DataError(
+                f'{os.path.join(info.data_dir, info.split)}: none of the {num_files} images decodes; '
+                f'replace them with JPEG/PNG/GIF/BMP photos')
+        return end
+
+    def skip_gap(expected, example):
+        position, image, label = example
+        position = tf.cond(position > expected,
+                           lambda: tf.py_function(report_skipped, [expected, position], tf.int64),
+                           lambda: position)
+        return position + 1, (image, label)
+
+    positions = tf.data.Dataset.counter() if training else tf.data.Dataset.range(num_files)
+    # deterministic: the positions must stay in order for the gaps to name skipped files.
+    examples = positions.map(read, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    examples = examples.ignore_errors()  # not silent: skip_gap reports each dropped file
+    if not training:  # an end marker, so that failures among the last files leave a gap too
+        examples = examples.concatenate(tf.data.Dataset.from_tensors(
+            (np.int64(num_files), tf.zeros([0, 0, 3], tf.uint8), np.int32(-1))))
+    examples = examples.scan(np.int64(0), skip_gap)
+    return examples if training else examples.filter(lambda image, label: label >= 0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Record modes.
+
+def _parse_record(serialized, data_format):
+    """Returns (uint8 image, int32 label) from one raw or encoded record."""
+    image_key = onu_dataset.KEY_RAW if data_format == 'raw' else onu_dataset.KEY_ENCODED
+    features = tf.io.parse_single_example(serialized, {
+        image_key: tf.io.FixedLenFeature([], tf.string),
+        onu_dataset.KEY_LABEL: tf.io.FixedLenFeature([], tf.int64),
+        onu_dataset.KEY_HEIGHT: tf.io.FixedLenFeature([], tf.int64),
+        onu_dataset.KEY_WIDTH: tf.io.FixedLenFeature([], tf.int64),
+        onu_dataset.KEY_CHANNELS: tf.io.FixedLenFeature([], tf.int64),
+    })
+    if data_format == 'raw':
+        shape = tf.stack([features[onu_dataset.KEY_HEIGHT], features[onu_dataset.KEY_WIDTH],
+                          features[onu_dataset.KEY_CHANNELS]])
+        image = tf.reshape(tf.io.decode_raw(features[image_key], tf.uint8), shape)
+        image = tf.ensure_shape(image, [None, None, 3])
+    else:
+        image = decode_image_bytes(features[image_key])
+    return image, tf.cast(features[onu_dataset.KEY_LABEL], tf.int32)
+
+
+def _shuffle_buffer_size(info):
+    """Returns how many records to shuffle in memory: SHUFFLE_BUFFER_BYTES worth, at most all."""
+    by_memory = SHUFFLE_BUFFER_BYTES // max(info.bytes_per_example, 1)
+    return max(1, min(info.num_examples, MAX_SHUFFLE_BUFFER, by_memory))
+
+
+def _decoded_records(info, training, seed, deterministic):
+    """Returns a dataset of (uint8 image, int32 label) from the record shards of info.
+
+    Training interleaves the shards in a shuffled order and shuffles records in a buffer; eval
+    reads the shards one after the other, in the manifest's order.
+    """
+    if training:
+        files = tf.data.Dataset.from_tensor_slices(list(info.files))
+        files = files.shuffle(len(info.files), seed=seed, reshuffle_each_iteration=True).repeat()
+        records = files.interleave(
+            lambda path: tf.data.TFRecordDataset(path, compression_type=info.compression_type),
+            cycle_length=min(len(info.files), 8), num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=deterministic)
+        records = records.shuffle(_shuffle_buffer_size(info), seed=seed)
+    else:
+        records = tf.data.TFRecordDataset(list(info.files), compression_type=info.compression_type)
+    return records.map(lambda record: _parse_record(record, info.data_format),
+                       num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+
+
+# ----------------------------------------------------------------------------------------------
+# Pipelines.
+
+def make_dataset(info, batch_size, image_size, training, augment=True, seed=None):
+    """Returns a tf.data.Dataset of (images, labels) batches for the split described by info.
+
+    training: shuffle, repeat forever, augment (per augment) and drop the final partial batch;
+    otherwise read each example once in order, eval preprocessing, keep the partial batch.
+    seed: makes the order and the augmentations reproducible.
+    """
+    if batch_size < 1 or image_size < 1:
+        raise ValueError(f'batch_size={batch_size} and image_size={image_size} must be positive')
+    deterministic = not training or seed is not None
+    if info.data_format == 'images':
+        examples = _decoded_files(info, training, seed)
+    else:
+        examples = _decoded_records(info, training, seed, deterministic)
+    if training:
+        options = AugmentOptions.of(augment)
+        seeds = tf.data.Dataset.random(seed=seed).batch(2)
+        examples = tf.data.Dataset.zip((examples, seeds)).map(
+            lambda example, image_seed: (
+                preprocess_for_train(example[0], image_size, options, image_seed), example[1]),
+            num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+    else:
+        examples = examples.map(lambda image, label: (preprocess_for_eval(image, image_size), label),
+                                num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+    return examples.batch(batch_size, drop_remainder=training).prefetch(tf.data.AUTOTUNE)
+
+
+def _next_batch(dataset):
+    """Returns the (images, labels) tensors of a one-shot iterator over dataset."""
+    return tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+
+
+def distorted_inputs(data_dir, data_format, batch_size, image_size, augment=True, seed=None,
+                     summaries=True):
+    """Returns training (images, labels): shuffled, repeated, augmented, static batch dimension.
+
+    augment: True, False or AugmentOptions. summaries: add an image summary of a few inputs.
+    """
+    info = dataset_info(data_dir, data_format, 'train')
+    with tf.device(PIPELINE_DEVICE):
+        dataset = make_dataset(info, batch_size, image_size, training=True, augment=augment,
+                               seed=seed)
+        images, labels = _next_batch(dataset)
+        if summaries:
+            shown = tf.image.convert_image_dtype((images[:NUM_SUMMARY_IMAGES] + 1.0) / 2.0,
+                                                 tf.uint8, saturate=True)
+            tf.compat.v1.summary.image('augmented_inputs', shown, max_outputs=NUM_SUMMARY_IMAGES)
+    return images, labels
+
+
+def inputs(eval_data, data_dir, data_format, batch_size, image_size):
+    """Returns eval (images, labels) of split eval_data, each example once, then OutOfRangeError.
+
+    The final batch may be smaller, so the batch dimension is None.
+    """
+    info = dataset_info(data_dir, data_format, eval_data)
+    with tf.device(PIPELINE_DEVICE):
+        return _next_batch(make_dataset(info, batch_size, image_size, training=False))
+
+
+# ----------------------------------------------------------------------------------------------
+# Damaged records: a DataLossError surfaces at sess.run time; name the shard instead.
+
+def _last_line(message):
+    """Returns the last non-empty line of a TensorFlow error message, minus node annotations."""
+    lines = [line.strip() for line in str(message).splitlines()
+             if line.strip() and not line.strip().startswith('[[')]
+    return lines[-1] if lines else str(message).strip()
+
+
+def find_damaged_shards(info):
+    """Returns [(shard, problem)] for the shards of info that fail to read or hold a wrong count."""
+    damaged = []
+    with tf.Graph().as_default():
+        path = tf.compat.v1.placeholder(tf.string, [])
+        count = tf.data.TFRecordDataset(path, info.compression_type).reduce(
+            np.int64(0), lambda n, _: n + 1)
+        with tf.compat.v1.Session() as sess:
+            for shard, expected in zip(info.files, info.records_per_file):
+                try:
+                    found = sess.run(count, {path: shard})
+                except tf.errors.DataLossError as e:
+                    damaged.append((shard, _last_line(e.message)))
+                    continue
+                if found != expected:
+                    damaged.append((shard, f'{found} records but {expected} in the manifest'))
+    return damaged
+
+
+@contextlib.contextmanager
+def damaged_records_as_data_error(data_dir, data_format, split):
+    """Re-raises a DataLossError from the records of split as a one-line DataError naming the shard.
+
+    Wrap the loop that runs the graph built from distorted_inputs/inputs of that split.
+    """
+    try:
+        yield
+    except tf.errors.DataLossError as e:
+        if data_format == 'images':
+            raise
+        damaged = find_damaged_shards(dataset_info(data_dir, data_format, split))
+        where, problem = damaged[0] if damaged else (onu_dataset.records_dir_for(data_dir),
+                                                     _last_line(e.message))
+        raise onu_dataset.DataError(
+            f'{where}: damaged {data_format} record file ({problem}); re-create the records with '
+            f'{_convert_command(data_dir, data_format)} --overwrite') from None
+
+
+# ----------------------------------------------------------------------------------------------
+# BASELINE ONLY, for onu_benchmark.py: the study's original loader, to reproduce its speed.
+
+class SerialCv2Loader:
+    """The study's loader: cv2 decodes one file at a time in Python, feed_dict ships each batch.
+
+    Use it only to measure the gap to the tf.data pipeline. Unlike the study it converts BGR to RGB
+    and applies the same preprocessing graph (preprocess_for_train/eval, per image).
+    """
+
+    def __init__(self, data_dir, split, batch_size, image_size, augment=False, seed=None):
+        self.info = dataset_info(data_dir, 'images', split)
+        self.batch_size = batch_size
+        self.image_size = image_size
+        self.skipped = set()
+        self._rng = np.random.default_rng(seed)
+        options = AugmentOptions.of(augment)
+        if options == AugmentOptions.none():
+            preprocess = functools.partial(preprocess_for_eval, image_size=image_size)
+        else:
+            preprocess = functools.partial(preprocess_for_train, image_size=image_size, augment=options)
+        with tf.device(PIPELINE_DEVICE):
+            self.image_batch = tf.compat.v1.placeholder(
+                tf.uint8, [None, image_size, image_size, 3], name='serial_cv2_images')
+            self.label_batch = tf.compat.v1.placeholder(tf.int32, [None], name='serial_cv2_labels')
+            self.images = tf.map_fn(preprocess, self.image_batch, fn_output_signature=tf.float32)
+            self.labels = tf.identity(self.label_batch)
+
+    def read_image(self, path):
+        """Returns the file at path as an upright RGB uint8 array resized to image_size, or None."""
+        import cv2  # only this baseline uses OpenCV
+        image = cv2.imread(path, cv2.IMREAD_COLOR)  # applies the EXIF orientation
+        if image is None:
+            return None
+        image = cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
+        return cv2.resize(image, (self.image_size, self.image_size), interpolation=cv2.INTER_LINEAR)
+
+    def feed_dicts(self, epochs=None):
+        """Yields feed dicts of one batch each: shuffled and endless, or in order for `epochs`."""
+        order = np.arange(self.info.num_examples)
+        epoch = 0
+        while epochs is None or epoch < epochs:
+            if epochs is None:
+                self._rng.shuffle(order)
+            images, labels = [], []
+            for index in order:
+                image = self.read_image(self.info.files[index])
+                if image is None:
+                    self.skipped.add(self.info.files[index])
+                    continue
+                images.append(image)
+                labels.append(self.info.labels[index])
+                if len(images) == self.batch_size:
+                    yield {self.image_batch: np.stack(images), self.label_batch: np.array(labels)}
+                    images, labels = [], []
+            if len(self.skipped) == self.info.num_examples:
+                raise onu_dataset.DataError(f'{self.info.data_dir}: OpenCV reads none of the images')
+            if images and epochs is not None:
+                yield {self.image_batch: np.stack(images), self.label_batch: np.array(labels)}
+            epoch += 1

@@ -1,0 +1,574 @@
+"""Builds the ONU classifiers, their loss and their train op (the CIFAR-10 tutorial's cifar10.py role).
+
+Models (chosen by name, see MODEL_NAMES), both fed float32 RGB images in [-1, 1]:
+  inception_resnet_v2  Szegedy et al. 2016, "Inception-v4, Inception-ResNet and the Impact of
+                       Residual Connections on Learning", with TF-slim's scope, end-point and
+                       variable names, so the published inception_resnet_v2_2016_08_30.ckpt restores.
+  small                a CIFAR-10-tutorial-sized CNN with batch norm for CPUs and quick runs.
+
+    logits, end_points = inference(images, num_classes, 'small', is_training=True)
+    total_loss = loss(logits, labels, end_points)
+    train_op = train(total_loss, global_step, num_examples_per_epoch, batch_size)
+
+Multi-tower training reuses the pieces of train(): make_learning_rate, make_optimizer,
+variables_to_train and apply_gradients. Evaluation restores the moving averages of the weights
+and batch-norm statistics with variables_to_restore.
+
+A library module: explicit arguments only, no flags.
+"""
+import collections
+import functools
+import importlib
+import sys
+
+import tensorflow as tf
+import tf_slim as slim
+
+MODEL_NAMES = ('inception_resnet_v2', 'small')
+DEFAULT_IMAGE_SIZE = {'inception_resnet_v2': 299, 'small': 64}
+DEFAULT_WEIGHT_DECAY = {'inception_resnet_v2': 0.00004, 'small': 0.0005}
+DEFAULT_DROPOUT_KEEP_PROB = {'inception_resnet_v2': 0.8, 'small': 0.5}
+DEFAULT_LEARNING_RATE = {'inception_resnet_v2': 0.01, 'small': 0.05}
+OPTIMIZER_NAMES = ('momentum', 'sgd', 'rmsprop', 'adam')
+LR_SCHEDULES = ('exponential', 'fixed')
+DEFAULT_MOVING_AVERAGE_DECAY = 0.9999
+AUX_LOSS_WEIGHT = 0.4
+LEARNING_RATE_COLLECTION = 'learning_rate'
+
+IRV2_SCOPE = 'InceptionResnetV2'
+IRV2_END_POINTS = ('Conv2d_1a_3x3', 'Conv2d_2a_3x3', 'Conv2d_2b_3x3', 'MaxPool_3a_3x3',
+                   'Conv2d_3b_1x1', 'Conv2d_4a_3x3', 'MaxPool_5a_3x3', 'Mixed_5b', 'Mixed_6a',
+                   'PreAuxLogits', 'Mixed_7a', 'Conv2d_7b_1x1')
+SMALL_SCOPE = 'SmallNet'
+
+# TF 2.21's tf.compat.v1.layers (behind slim.batch_norm) lazily imports this module name, but
+# tf-keras 2.21 ships the module under its src/ package; an alias under the expected name fixes it.
+_KERAS_BATCH_NORM_MODULE = 'tf_keras.legacy_tf_layers.normalization'
+_KERAS_BATCH_NORM_SOURCE = 'tf_keras.src.legacy_tf_layers.normalization'
+
+
+def enable_slim_batch_norm():
+    """Registers tf-keras's legacy batch-norm module where TF 2.21 looks for it, so slim.batch_norm works."""
+    if _KERAS_BATCH_NORM_MODULE in sys.modules:
+        return
+    try:
+        module = importlib.import_module(_KERAS_BATCH_NORM_SOURCE)
+    except ImportError as e:
+        raise ImportError(f'onu_model needs tf-keras matching tensorflow for batch norm ({e}); '
+                          f'run: pip install -r requirements.txt') from None
+    sys.modules[_KERAS_BATCH_NORM_MODULE] = module
+
+
+enable_slim_batch_norm()
+
+
+def _fast_graph_building(build):
+    """Decorates a graph builder to run with TF1 tensor hashing and control flow (2-3x faster).
+
+    Under TF2 behaviour every variable hash first checks for eager execution, and tf-slim layers
+    hash all graph variables for each new weight (quadratic: ~15 s for Inception-ResNet-v2);
+    ExponentialMovingAverage builds one cond per variable, a function graph each in control flow v2.
+    In graph mode variables hash by id anyway, and the conds only pick a shadow's initial value,
+    so the result is the same graph semantics; both settings are restored afterwards.
+    """
+    @functools.wraps(build)
+    def wrapper(*args, **kwargs):
+        if tf.executing_eagerly():
+            return build(*args, **kwargs)
+        equality_was_enabled = getattr(tf.Tensor, '_USE_EQUALITY', False)
+        control_flow_v2_was_enabled = tf.compat.v1.control_flow_v2_enabled()
+        tf.compat.v1.disable_tensor_equality()
+        tf.compat.v1.disable_control_flow_v2()
+        try:
+            return build(*args, **kwargs)
+        finally:
+            if equality_was_enabled:
+                tf.compat.v1.enable_tensor_equality()
+            if control_flow_v2_was_enabled:
+                tf.compat.v1.enable_control_flow_v2()
+    return wrapper
+
+
+# ---------------------------------------------------------------------------------------------
+# Inception-ResNet-v2
+# ---------------------------------------------------------------------------------------------
+
+# One layer of a tower. depth is the number of filters of a convolution, or 'max'/'avg' for a
+# pooling layer; padding None means the caller's reduction padding (VALID, or SAME when the
+# feature maps are aligned).
+_Layer = collections.namedtuple('_Layer', 'scope depth kernel stride padding')
+_Layer.__new__.__defaults__ = (1, 'SAME')
+
+_POOLS = {'max': slim.max_pool2d, 'avg': slim.avg_pool2d}
+
+# Branches of the residual blocks (paper figures 16, 17 and 19, TF-slim's widths).
+_BLOCK35_BRANCHES = (
+    (_Layer('Conv2d_1x1', 32, 1),),
+    (_Layer('Conv2d_0a_1x1', 32, 1), _Layer('Conv2d_0b_3x3', 32, 3)),
+    (_Layer('Conv2d_0a_1x1', 32, 1), _Layer('Conv2d_0b_3x3', 48, 3), _Layer('Conv2d_0c_3x3', 64, 3)),
+)
+_BLOCK17_BRANCHES = (
+    (_Layer('Conv2d_1x1', 192, 1),),
+    (_Layer('Conv2d_0a_1x1', 128, 1), _Layer('Conv2d_0b_1x7', 160, [1, 7]),
+     _Layer('Conv2d_0c_7x1', 192, [7, 1])),
+)
+_BLOCK8_BRANCHES = (
+    (_Layer('Conv2d_1x1', 192, 1),),
+    (_Layer('Conv2d_0a_1x1', 192, 1), _Layer('Conv2d_0b_1x3', 224, [1, 3]),
+     _Layer('Conv2d_0c_3x1', 256, [3, 1])),
+)
+_MIXED_5B_BRANCHES = (
+    (_Layer('Conv2d_1x1', 96, 1),),
+    (_Layer('Conv2d_0a_1x1', 48, 1), _Layer('Conv2d_0b_5x5', 64, 5)),
+    (_Layer('Conv2d_0a_1x1', 64, 1), _Layer('Conv2d_0b_3x3', 96, 3), _Layer('Conv2d_0c_3x3', 96, 3)),
+    (_Layer('AvgPool_0a_3x3', 'avg', 3), _Layer('Conv2d_0b_1x1', 64, 1)),
+)
+# (name, residual branches, repeats, scale) of the three stacks of residual blocks.
+_BLOCK35 = ('block35', _BLOCK35_BRANCHES, 10, 0.17)
+_BLOCK17 = ('block17', _BLOCK17_BRANCHES, 20, 0.10)
+_BLOCK8 = ('block8', _BLOCK8_BRANCHES, 9, 0.20)
+
+
+def _reduction_a_branches(stride):
+    """Returns the branches of Mixed_6a (35x35 -> 17x17, paper figure 7 with k=l=256, m=n=384)."""
+    return (
+        (_Layer('Conv2d_1a_3x3', 384, 3, stride, None),),
+        (_Layer('Conv2d_0a_1x1', 256, 1), _Layer('Conv2d_0b_3x3', 256, 3),
+         _Layer('Conv2d_1a_3x3', 384, 3, stride, None)),
+        (_Layer('MaxPool_1a_3x3', 'max', 3, stride, None),),
+    )
+
+
+_REDUCTION_B_BRANCHES = (  # Mixed_7a (17x17 -> 8x8, paper figure 18)
+    (_Layer('Conv2d_0a_1x1', 256, 1), _Layer('Conv2d_1a_3x3', 384, 3, 2, None)),
+    (_Layer('Conv2d_0a_1x1', 256, 1), _Layer('Conv2d_1a_3x3', 288, 3, 2, None)),
+    (_Layer('Conv2d_0a_1x1', 256, 1), _Layer('Conv2d_0b_3x3', 288, 3),
+     _Layer('Conv2d_1a_3x3', 320, 3, 2, None)),
+    (_Layer('MaxPool_1a_3x3', 'max', 3, 2, None),),
+)
+
+
+def _apply_layer(net, layer, reduction_padding):
+    """Applies one convolution or pooling layer."""
+    padding = layer.padding or reduction_padding
+    if layer.depth in _POOLS:
+        return _POOLS[layer.depth](net, layer.kernel, stride=layer.stride, padding=padding,
+                                   scope=layer.scope)
+    return slim.conv2d(net, layer.depth, layer.kernel, stride=layer.stride, padding=padding,
+                       scope=layer.scope)
+
+
+def _concat_branches(net, branches, reduction_padding='VALID'):
+    """Runs each branch (a sequence of layers) on net in scopes Branch_<i>, concatenated on depth."""
+    outputs = []
+    for index, layers in enumerate(branches):
+        with tf.compat.v1.variable_scope(f'Branch_{index}'):
+            branch = net
+            for layer in layers:
+                branch = _apply_layer(branch, layer, reduction_padding)
+            outputs.append(branch)
+    return tf.concat(outputs, 3)
+
+
+def _residual_block(net, branches, scale, activation_fn, scope):
+    """Adds scale x (1x1 projection of the concatenated branches) to net, then applies activation_fn."""
+    with tf.compat.v1.variable_scope(scope):
+        mixed = _concat_branches(net, branches)
+        # The projection back to the input depth is linear, unnormalized and has biases.
+        residual = slim.conv2d(mixed, net.shape[3], 1, normalizer_fn=None, activation_fn=None,
+                               scope='Conv2d_1x1')
+        net = net + scale * residual
+        return activation_fn(net) if activation_fn else net
+
+
+def _residual_stack(net, block, activation_fn, scope):
+    """Applies a block's repeats in scopes <scope>/<name>_1 .. <name>_<repeats>."""
+    name, branches, repeats, scale = block
+    with tf.compat.v1.variable_scope(scope):
+        for index in range(1, repeats + 1):
+            net = _residual_block(net, branches, scale, activation_fn, f'{name}_{index}')
+    return net
+
+
+@_fast_graph_building
+def inception_resnet_v2_base(inputs, final_endpoint='Conv2d_7b_1x1', output_stride=16,
+                             align_feature_maps=False, scope=None, activation_fn=tf.nn.relu):
+    """Builds Inception-ResNet-v2 from inputs up to final_endpoint; returns (net, end_points).
+
+    output_stride 8 (atrous Mixed_6a and block17) is supported up to 'PreAuxLogits';
+    align_feature_maps uses SAME instead of VALID padding in the reductions.
+    """
+    if output_stride not in (8, 16):
+        raise ValueError(f'output_stride must be 8 or 16, not {output_stride}')
+    if final_endpoint not in IRV2_END_POINTS:
+        raise ValueError(f'final_endpoint {final_endpoint!r} is not one of {IRV2_END_POINTS}')
+    if output_stride == 8 and IRV2_END_POINTS.index(final_endpoint) > IRV2_END_POINTS.index('PreAuxLogits'):
+        raise ValueError('output_stride=8 is supported only up to the PreAuxLogits end point')
+    reduction_padding = 'SAME' if align_feature_maps else 'VALID'
+    atrous = output_stride == 8
+
+    def stem(*layer_args):
+        return lambda net: _apply_layer(net, _Layer(*layer_args), reduction_padding)
+
+    def block35_then_reduction_a(net):
+        net = _residual_stack(net, _BLOCK35, activation_fn, 'Repeat')
+        with tf.compat.v1.variable_scope('Mixed_6a'):
+            return _concat_branches(net, _reduction_a_branches(1 if atrous else 2), reduction_padding)
+
+    def block17_stack(net):
+        with slim.arg_scope([slim.conv2d], rate=2 if atrous else 1):
+            return _residual_stack(net, _BLOCK17, activation_fn, 'Repeat_1')
+
+    def reduction_b(net):
+        with tf.compat.v1.variable_scope('Mixed_7a'):
+            return _concat_branches(net, _REDUCTION_B_BRANCHES, reduction_padding)
+
+    def block8_stack_then_conv(net):
+        net = _residual_stack(net, _BLOCK8, activation_fn, 'Repeat_2')
+        net = _residual_block(net, _BLOCK8_BRANCHES, 1.0, None, 'Block8')
+        return slim.conv2d(net, 1536, 1, scope='Conv2d_7b_1x1')
+
+    def mixed_5b(net):
+        with tf.compat.v1.variable_scope('Mixed_5b'):
+            return _concat_branches(net, _MIXED_5B_BRANCHES)
+
+    stages = (  # shapes for a 299x299 input
+        ('Conv2d_1a_3x3', stem('Conv2d_1a_3x3', 32, 3, 2, None)),    # 149 x 149 x 32
+        ('Conv2d_2a_3x3', stem('Conv2d_2a_3x3', 32, 3, 1, None)),    # 147 x 147 x 32
+        ('Conv2d_2b_3x3', stem('Conv2d_2b_3x3', 64, 3)),             # 147 x 147 x 64
+        ('MaxPool_3a_3x3', stem('MaxPool_3a_3x3', 'max', 3, 2, None)),  # 73 x 73 x 64
+        ('Conv2d_3b_1x1', stem('Conv2d_3b_1x1', 80, 1, 1, None)),    # 73 x 73 x 80
+        ('Conv2d_4a_3x3', stem('Conv2d_4a_3x3', 192, 3, 1, None)),   # 71 x 71 x 192
+        ('MaxPool_5a_3x3', stem('MaxPool_5a_3x3', 'max', 3, 2, None)),  # 35 x 35 x 192
+        ('Mixed_5b', mixed_5b),                                      # 35 x 35 x 320
+        ('Mixed_6a', block35_then_reduction_a),                      # 17 x 17 x 1088
+        ('PreAuxLogits', block17_stack),                             # 17 x 17 x 1088
+        ('Mixed_7a', reduction_b),                                   # 8 x 8 x 2080
+        ('Conv2d_7b_1x1', block8_stack_then_conv),                   # 8 x 8 x 1536
+    )
+    end_points = {}
+    with tf.compat.v1.variable_scope(scope, IRV2_SCOPE, [inputs]):
+        with slim.arg_scope([slim.conv2d, slim.max_pool2d, slim.avg_pool2d], stride=1, padding='SAME'):
+            net = inputs
+            for name, build in stages:
+                net = build(net)
+                end_points[name] = net
+                if name == final_endpoint:
+                    return net, end_points
+    raise AssertionError('unreachable: final_endpoint was checked')
+
+
+def _aux_logits(net, num_classes):
+    """Builds the auxiliary classifier on the 17x17 features (in the caller's AuxLogits scope)."""
+    # 5x5/3 pooling as in TF-slim; smaller inputs (e.g. 75x75, 3x3 features) pool what there is.
+    pool_kernel = [min(5, int(side)) for side in net.shape[1:3]]
+    net = slim.avg_pool2d(net, pool_kernel, stride=3, padding='VALID', scope='Conv2d_1a_3x3')
+    net = slim.conv2d(net, 128, 1, scope='Conv2d_1b_1x1')
+    net = slim.conv2d(net, 768, net.shape[1:3], padding='VALID', scope='Conv2d_2a_5x5')
+    net = slim.flatten(net)
+    return slim.fully_connected(net, num_classes, activation_fn=None, scope='Logits')
+
+
+def _global_average_pool(net, scope):
+    """Averages net over its spatial dimensions, keeping them as 1x1."""
+    if net.shape[1:3].is_fully_defined():
+        return slim.avg_pool2d(net, net.shape[1:3], padding='VALID', scope=scope)
+    return tf.reduce_mean(net, [1, 2], keepdims=True, name='global_pool')
+
+
+def _classifier_head(net, num_classes, dropout_keep_prob, is_training, end_points, pool_scope):
+    """Global pool, dropout and a linear layer named Logits; fills the usual end points."""
+    net = _global_average_pool(net, pool_scope)
+    end_points['global_pool'] = net
+    net = slim.flatten(net)
+    net = slim.dropout(net, dropout_keep_prob, is_training=is_training, scope='Dropout')
+    end_points['PreLogitsFlatten'] = net
+    logits = slim.fully_connected(net, num_classes, activation_fn=None, scope='Logits')
+    end_points['Logits'] = logits
+    end_points['Predictions'] = tf.nn.softmax(logits, name='Predictions')
+    return logits
+
+
+@_fast_graph_building
+def inception_resnet_v2(inputs, num_classes=1001, is_training=True, dropout_keep_prob=0.8, reuse=None,
+                        scope=IRV2_SCOPE, create_aux_logits=True, activation_fn=tf.nn.relu):
+    """Builds Inception-ResNet-v2 with its classifier; returns (logits, end_points).
+
+    With num_classes 0 or None it returns the globally pooled 1536-d features instead of logits.
+    Use it inside inception_resnet_v2_arg_scope().
+    """
+    with tf.compat.v1.variable_scope(scope, IRV2_SCOPE, [inputs], reuse=reuse) as var_scope:
+        with slim.arg_scope([slim.batch_norm, slim.dropout], is_training=is_training):
+            net, end_points = inception_resnet_v2_base(inputs, scope=var_scope,
+                                                       activation_fn=activation_fn)
+            if create_aux_logits and num_classes:
+                with tf.compat.v1.variable_scope('AuxLogits'):
+                    end_points['AuxLogits'] = _aux_logits(end_points['PreAuxLogits'], num_classes)
+            with tf.compat.v1.variable_scope('Logits'):
+                if not num_classes:
+                    net = _global_average_pool(net, 'AvgPool_1a_8x8')
+                    end_points['global_pool'] = net
+                    return net, end_points
+                logits = _classifier_head(net, num_classes, dropout_keep_prob, is_training,
+                                          end_points, 'AvgPool_1a_8x8')
+    return logits, end_points
+
+
+inception_resnet_v2.default_image_size = DEFAULT_IMAGE_SIZE['inception_resnet_v2']
+
+
+def _conv_bn_arg_scope(weight_decay, batch_norm_decay, batch_norm_epsilon, activation_fn,
+                       batch_norm_scale):
+    """Returns an arg_scope: L2-decayed conv/fc weights and biases, batch-normed convolutions."""
+    regularizer = slim.l2_regularizer(weight_decay)
+    batch_norm_params = {
+        'decay': batch_norm_decay,
+        'epsilon': batch_norm_epsilon,
+        'scale': batch_norm_scale,
+        'updates_collections': tf.compat.v1.GraphKeys.UPDATE_OPS,
+    }
+    with slim.arg_scope([slim.conv2d, slim.fully_connected], weights_regularizer=regularizer,
+                        biases_regularizer=regularizer):
+        with slim.arg_scope([slim.conv2d], activation_fn=activation_fn, normalizer_fn=slim.batch_norm,
+                            normalizer_params=batch_norm_params) as scope:
+            return scope
+
+
+def inception_resnet_v2_arg_scope(weight_decay=0.00004, batch_norm_decay=0.9997,
+                                  batch_norm_epsilon=0.001, activation_fn=tf.nn.relu,
+                                  batch_norm_scale=False):
+    """Returns the arg_scope Inception-ResNet-v2 is built (and its checkpoint was trained) with."""
+    return _conv_bn_arg_scope(weight_decay, batch_norm_decay, batch_norm_epsilon, activation_fn,
+                              batch_norm_scale)
+
+
+# ---------------------------------------------------------------------------------------------
+# small: a CIFAR-10-tutorial-sized CNN
+# ---------------------------------------------------------------------------------------------
+
+SMALL_DEPTHS = (32, 64, 128, 256)
+
+
+@_fast_graph_building
+def small_net(inputs, num_classes, is_training=True, dropout_keep_prob=0.5, reuse=None,
+              scope=SMALL_SCOPE):
+    """Builds the small CNN (four 3x3 conv+BN layers, 2x2 pooling between, global pool, dropout, linear).
+
+    Works at any input size; returns (logits, end_points). Use it inside small_net_arg_scope().
+    """
+    end_points = {}
+    with tf.compat.v1.variable_scope(scope, SMALL_SCOPE, [inputs], reuse=reuse):
+        with slim.arg_scope([slim.batch_norm, slim.dropout], is_training=is_training):
+            net = inputs
+            for index, depth in enumerate(SMALL_DEPTHS, start=1):
+                if index > 1:
+                    net = slim.max_pool2d(net, 2, stride=2, padding='SAME', scope=f'pool{index - 1}')
+                net = slim.conv2d(net, depth, 3, scope=f'conv{index}')
+                end_points[f'conv{index}'] = net
+            logits = _classifier_head(net, num_classes, dropout_keep_prob, is_training, end_points,
+                                      'global_pool')
+    return logits, end_points
+
+
+small_net.default_image_size = DEFAULT_IMAGE_SIZE['small']
+
+
+def small_net_arg_scope(weight_decay=0.0005, batch_norm_decay=0.99, batch_norm_epsilon=0.001):
+    """Returns the small model's arg_scope; its batch-norm statistics adapt within a short run."""
+    return _conv_bn_arg_scope(weight_decay, batch_norm_decay, batch_norm_epsilon, tf.nn.relu,
+                              batch_norm_scale=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# inference, loss, train
+# ---------------------------------------------------------------------------------------------
+
+def check_model_name(model_name):
+    """Raises ValueError naming the choices when model_name is not a known model."""
+    if model_name not in MODEL_NAMES:
+        raise ValueError(f'unknown model {model_name!r}; choose one of {", ".join(MODEL_NAMES)}')
+
+
+def inference(images, num_classes, model_name, is_training, weight_decay=None, dropout_keep_prob=None,
+              create_aux_logits=True, reuse=None):
+    """Builds model_name on images (float32 [batch, h, w, 3] in [-1, 1]); returns (logits, end_points).
+
+    weight_decay and dropout_keep_prob default to the model's own (DEFAULT_WEIGHT_DECAY,
+    DEFAULT_DROPOUT_KEEP_PROB); create_aux_logits applies to inception_resnet_v2 only.
+    """
+    check_model_name(model_name)
+    if weight_decay is None:
+        weight_decay = DEFAULT_WEIGHT_DECAY[model_name]
+    if dropout_keep_prob is None:
+        dropout_keep_prob = DEFAULT_DROPOUT_KEEP_PROB[model_name]
+    if model_name == 'inception_resnet_v2':
+        with slim.arg_scope(inception_resnet_v2_arg_scope(weight_decay=weight_decay)):
+            return inception_resnet_v2(images, num_classes, is_training=is_training,
+                                       dropout_keep_prob=dropout_keep_prob, reuse=reuse,
+                                       create_aux_logits=create_aux_logits)
+    with slim.arg_scope(small_net_arg_scope(weight_decay=weight_decay)):
+        return small_net(images, num_classes, is_training=is_training,
+                         dropout_keep_prob=dropout_keep_prob, reuse=reuse)
+
+
+def loss(logits, labels, end_points=None, label_smoothing=0.0):
+    """Returns the total loss: cross-entropy + 0.4 x auxiliary cross-entropy + weight decay.
+
+    The (weighted) cross-entropies go to the tf.compat.v1.GraphKeys.LOSSES collection, weight
+    decay is the REGULARIZATION_LOSSES collection; each part and the total get a scalar summary
+    under losses/.
+    """
+    onehot_labels = tf.one_hot(labels, logits.shape[-1], dtype=logits.dtype)
+    parts = {'cross_entropy': tf.compat.v1.losses.softmax_cross_entropy(
+        onehot_labels, logits, label_smoothing=label_smoothing, scope='cross_entropy')}
+    if end_points and 'AuxLogits' in end_points:
+        parts['aux_cross_entropy'] = tf.compat.v1.losses.softmax_cross_entropy(
+            onehot_labels, end_points['AuxLogits'], weights=AUX_LOSS_WEIGHT,
+            label_smoothing=label_smoothing, scope='aux_cross_entropy')
+    parts['regularization'] = tf.compat.v1.losses.get_regularization_loss(name='regularization_loss')
+    total_loss = tf.add_n(list(parts.values()), name='total_loss')
+    for name, value in list(parts.items()) + [('total', total_loss)]:
+        tf.compat.v1.summary.scalar(f'losses/{name}', value)
+    return total_loss
+
+
+def make_learning_rate(global_step, initial_learning_rate, schedule='exponential',
+                       num_examples_per_epoch=None, batch_size=None, num_epochs_per_decay=2.0,
+                       decay_factor=0.94):
+    """Returns the learning-rate tensor (named learning_rate, summarized, in LEARNING_RATE_COLLECTION).
+
+    'fixed' keeps initial_learning_rate; 'exponential' multiplies it by decay_factor every
+    num_epochs_per_decay epochs (staircase), an epoch being num_examples_per_epoch / batch_size steps.
+    """
+    if schedule == 'fixed':
+        rate = tf.constant(initial_learning_rate, tf.float32)
+    elif schedule == 'exponential':
+        if not num_examples_per_epoch or not batch_size:
+            raise ValueError('the exponential learning-rate schedule needs num_examples_per_epoch '
+                             'and batch_size (the epoch size from the data)')
+        decay_steps = max(1, int(num_examples_per_epoch / batch_size * num_epochs_per_decay))
+        rate = tf.compat.v1.train.exponential_decay(initial_learning_rate, global_step, decay_steps,
+                                                    decay_factor, staircase=True)
+    else:
+        raise ValueError(f'unknown learning-rate schedule {schedule!r}; choose one of '
+                         f'{", ".join(LR_SCHEDULES)}')
+    rate = tf.identity(rate, name='learning_rate')
+    tf.compat.v1.add_to_collection(LEARNING_RATE_COLLECTION, rate)
+    tf.compat.v1.summary.scalar('learning_rate', rate)
+    return rate
+
+
+def get_learning_rate(graph=None):
+    """Returns the learning-rate tensor make_learning_rate (or train) put in graph (default graph)."""
+    rates = (graph or tf.compat.v1.get_default_graph()).get_collection(LEARNING_RATE_COLLECTION)
+    if not rates:
+        raise ValueError('this graph has no learning rate; build it with make_learning_rate or train')
+    return rates[-1]
+
+
+def make_optimizer(name, learning_rate, momentum=0.9, rmsprop_decay=0.9, epsilon=None):
+    """Returns the tf.compat.v1 optimizer called name (see OPTIMIZER_NAMES).
+
+    epsilon None means 1.0 for rmsprop (as Inception was trained) and 1e-8 for adam.
+    """
+    train = tf.compat.v1.train
+    if name == 'sgd':
+        return train.GradientDescentOptimizer(learning_rate)
+    if name == 'momentum':
+        return train.MomentumOptimizer(learning_rate, momentum)
+    if name == 'rmsprop':
+        return train.RMSPropOptimizer(learning_rate, decay=rmsprop_decay, momentum=momentum,
+                                      epsilon=1.0 if epsilon is None else epsilon)
+    if name == 'adam':
+        return train.AdamOptimizer(learning_rate, epsilon=1e-8 if epsilon is None else epsilon)
+    raise ValueError(f'unknown optimizer {name!r}; choose one of {", ".join(OPTIMIZER_NAMES)}')
+
+
+def _scope_list(scopes):
+    """Returns scopes (None, a comma-separated string or a sequence) as a list of stripped names."""
+    if not scopes:
+        return []
+    if isinstance(scopes, str):
+        scopes = scopes.split(',')
+    return [scope.strip().rstrip('/') for scope in scopes if scope.strip()]
+
+
+def variables_to_train(trainable_scopes=None):
+    """Returns the trainable variables under any of trainable_scopes (all of them when empty)."""
+    variables = tf.compat.v1.trainable_variables()
+    scopes = _scope_list(trainable_scopes)
+    if not scopes:
+        return variables
+    for scope in scopes:
+        if not any(v.op.name.startswith(scope + '/') for v in variables):
+            raise ValueError(f'trainable scope {scope!r} matches no trainable variable; scopes look '
+                             f'like {IRV2_SCOPE}/Logits or {SMALL_SCOPE}/conv4')
+    return [v for v in variables if any(v.op.name.startswith(scope + '/') for scope in scopes)]
+
+
+def averaged_variables():
+    """Returns the variables whose moving averages training keeps: trainable ones and batch-norm statistics."""
+    trainable = tf.compat.v1.trainable_variables()
+    names = {v.op.name for v in trainable}
+    return trainable + [v for v in tf.compat.v1.model_variables() if v.op.name not in names]
+
+
+def _moving_average(moving_average_decay, global_step=None):
+    """Returns the ExponentialMovingAverage whose shadow variables are <var>/ExponentialMovingAverage."""
+    return tf.compat.v1.train.ExponentialMovingAverage(moving_average_decay, num_updates=global_step)
+
+
+@_fast_graph_building
+def _apply_moving_average(moving_average_decay, global_step, variables):
+    """Creates the shadow variables of variables; returns the op that updates them."""
+    return _moving_average(moving_average_decay, global_step).apply(variables)
+
+
+def apply_gradients(optimizer, grads_and_vars, global_step, moving_average_decay=DEFAULT_MOVING_AVERAGE_DECAY,
+                    update_ops=None):
+    """Returns the train op: batch-norm update_ops, the gradient step, then the moving averages.
+
+    update_ops defaults to the graph's UPDATE_OPS collection; moving_average_decay 0 or None
+    keeps no moving averages. The averages count global_step as their number of updates.
+    """
+    if update_ops is None:
+        update_ops = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)
+    with tf.control_dependencies(update_ops):
+        apply_op = optimizer.apply_gradients(grads_and_vars, global_step=global_step)
+    if not moving_average_decay:
+        return tf.group(apply_op, name='train_op')
+    with tf.control_dependencies([apply_op]):
+        average_op = _apply_moving_average(moving_average_decay, global_step, averaged_variables())
+    return tf.group(average_op, name='train_op')
+
+
+def train(total_loss, global_step, num_examples_per_epoch, batch_size, optimizer='momentum',
+          learning_rate=0.01, lr_schedule='exponential', num_epochs_per_decay=2.0, lr_decay_factor=0.94,
+          moving_average_decay=DEFAULT_MOVING_AVERAGE_DECAY, trainable_scopes=None, momentum=0.9):
+    """Returns the op that takes one training step on total_loss (see apply_gradients)."""
+    rate = make_learning_rate(global_step, learning_rate, lr_schedule, num_examples_per_epoch, batch_size,
+                              num_epochs_per_decay, lr_decay_factor)
+    opt = make_optimizer(optimizer, rate, momentum=momentum)
+    grads_and_vars = opt.compute_gradients(total_loss, var_list=variables_to_train(trainable_scopes))
+    return apply_gradients(opt, grads_and_vars, global_step, moving_average_decay)
+
+
+def variables_to_restore(moving_average_decay=DEFAULT_MOVING_AVERAGE_DECAY, checkpoint_path=None):
+    """Returns {checkpoint name: variable} for a Saver that loads moving averages into the model.
+
+    Averaged variables (averaged_variables()) load from their <var>/ExponentialMovingAverage
+    shadow; with checkpoint_path, a variable whose shadow the checkpoint lacks loads its own value.
+    moving_average_decay 0 or None restores plain values.
+    """
+    averaged = {v.op.name for v in averaged_variables()} if moving_average_decay else set()
+    ema = _moving_average(moving_average_decay or DEFAULT_MOVING_AVERAGE_DECAY)
+    names = None
+    if checkpoint_path:
+        names = set(tf.train.load_checkpoint(checkpoint_path).get_variable_to_shape_map())
+    restore = {}
+    for var in tf.compat.v1.global_variables():
+        name = var.op.name
+        if name in averaged and (names is None or ema.average_name(var) in names):
+            name = ema.average_name(var)
+        restore[name] = var
+    return restore

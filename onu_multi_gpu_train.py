@@ -1,0 +1,185 @@
+"""Trains an ONU photo classifier on several GPUs of one machine (the CIFAR-10 tutorial's
+cifar10_multi_gpu_train.py role).
+
+    python onu_multi_gpu_train.py --num_gpus=2 --batch_size=32     # 64 images per step
+
+Synchronous data parallelism. One input pipeline reads num_gpus x batch_size images per step and
+splits them into one slice per tower; tower i (name scope tower_<i>, on GPU i) runs the model on
+its slice. The variables live on the CPU, created by tower 0 and shared by every tower. The
+towers' gradients are averaged and applied once, so the global step advances once per step and
+the learning rate decays per num_gpus x batch_size examples. Batch-norm statistics and summaries
+come from tower 0; the moving averages of the weights are kept as in onu_train.py.
+
+Everything else is onu_train.py's: flags, hooks, logging, resuming, run_config.json and the
+checkpoints, whose variable names are the same, so onu_eval.py evaluates them and either script
+resumes them; also the multi-machine flags (each worker then trains its own towers). Without GPUs
+the towers run on the CPU: that exercises the tower logic, it is not faster.
+"""
+import sys
+
+from absl import app
+from absl import flags
+import tensorflow as tf
+
+import onu_input
+import onu_model
+import onu_train
+
+FLAGS = flags.FLAGS
+
+flags.DEFINE_integer('num_gpus', 1, 'How many GPUs to train on, one tower each; without GPUs the '
+                     'towers run on the CPU.', lower_bound=1)
+
+TOWER_NAME = 'tower'
+VARIABLE_DEVICE = '/cpu:0'
+VARIABLE_OPS = ('Variable', 'VariableV2', 'VarHandleOp')
+
+
+def tower_devices(num_towers, num_gpus_visible):
+    """Returns the device of each tower: /gpu:<i>, or /cpu:0 for all of them when no GPU is visible."""
+    if num_gpus_visible == 0:
+        return [VARIABLE_DEVICE] * num_towers
+    if num_gpus_visible < num_towers:
+        raise ValueError(f'{num_towers} towers but TensorFlow sees {num_gpus_visible} GPU(s)')
+    return [f'/gpu:{index}' for index in range(num_towers)]
+
+
+def tower_device_function(device):
+    """Returns a device function putting variables on VARIABLE_DEVICE and every other op on device."""
+    def place(op):
+        if op.device:  # placed explicitly inside the tower
+            return op.device
+        return VARIABLE_DEVICE if op.type in VARIABLE_OPS else device
+    return place
+
+
+def tower_scope(index):
+    """Returns the name scope of tower index, e.g. tower_0."""
+    return f'{TOWER_NAME}_{index}'
+
+
+def tower_gradients(optimizer, tower_loss, images, labels, devices, variables_to_train=None):
+    """Builds tower_loss on each device's slice of the batch; returns ([grads_and_vars], [loss]), one per tower.
+
+    tower_loss(images, labels) returns a scalar loss. Tower i runs in name scope tower_<i> on
+    devices[i]; tower 0 creates the variables (on VARIABLE_DEVICE) and the others reuse them.
+    variables_to_train() lists what to differentiate (default: every trainable variable); it is
+    called once tower 0 has created the variables.
+    """
+    image_slices = tf.split(images, len(devices))
+    label_slices = tf.split(labels, len(devices))
+    tower_grads, tower_losses, var_list = [], [], None
+    for index, device in enumerate(devices):
+        with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), reuse=index > 0):
+            with tf.compat.v1.device(tower_device_function(device)), tf.name_scope(tower_scope(index)):
+                loss = tower_loss(image_slices[index], label_slices[index])
+                if var_list is None:
+                    var_list = (variables_to_train or tf.compat.v1.trainable_variables)()
+                tower_grads.append(optimizer.compute_gradients(loss, var_list=var_list))
+                tower_losses.append(loss)
+    return tower_grads, tower_losses
+
+
+def average_gradients(tower_grads):
+    """Returns [(gradient averaged over the towers, variable)] from one grads_and_vars list per tower."""
+    averaged = []
+    for grads_and_vars in zip(*tower_grads):
+        variable = grads_and_vars[0][1]
+        if any(var is not variable for _, var in grads_and_vars):
+            raise ValueError(f'the towers list different variables at {variable.op.name}')
+        grads = [grad for grad, _ in grads_and_vars if grad is not None]
+        if not grads:
+            averaged.append((None, variable))
+            continue
+        if len(grads) != len(grads_and_vars):
+            raise ValueError(f'only some towers have a gradient for {variable.op.name}')
+        total = tf.add_n([tf.convert_to_tensor(grad) for grad in grads])
+        averaged.append((total / len(grads), variable))
+    return averaged
+
+
+def _mean_over_towers(tower_tensors, name):
+    """Returns the mean of one scalar per tower, as an op called name."""
+    return tf.reduce_mean(tf.stack(tower_tensors), name=name)
+
+
+def _tower_averaged_losses(num_towers):
+    """Returns each LOSSES term of tower 0 averaged over the towers, named as in one-tower training."""
+    prefix = tower_scope(0) + '/'
+    per_tower = [tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.LOSSES, tower_scope(index) + '/')
+                 for index in range(num_towers)]
+    return [_mean_over_towers(list(terms), terms[0].op.name[len(prefix):])
+            for terms in zip(*per_tower)]
+
+
+def _keep_first_tower_summaries(num_towers):
+    """Drops the summaries towers 1.. added, so TensorBoard shows tower 0's once."""
+    others = tuple(tower_scope(index) + '/' for index in range(1, num_towers))
+    summaries = tf.compat.v1.get_collection_ref(tf.compat.v1.GraphKeys.SUMMARIES)
+    summaries[:] = [summary for summary in summaries if not summary.op.name.startswith(others)]
+
+
+def build_multi_gpu_graph(config, examples_per_step, replicas=None):
+    """Builds input, towers, averaged update and summaries; returns (train_op, total_loss, global_step, learning_rate).
+
+    examples_per_step: what one global step trains on (towers x batch, times the workers when
+    replicas, an onu_cluster.SyncReplicas, synchronises them), for the learning-rate schedule.
+    """
+    devices = tower_devices(FLAGS.num_gpus, len(tf.config.list_physical_devices('GPU')))
+    if devices[0] == VARIABLE_DEVICE:
+        print(f'{len(devices)} towers on the CPU (TensorFlow sees no GPU): this exercises the tower '
+              f'logic, it is not faster than onu_train.py.', flush=True)
+    else:
+        print(f'{len(devices)} towers on {", ".join(devices)}, variables on {VARIABLE_DEVICE}.', flush=True)
+    print(f'{FLAGS.batch_size} examples per tower, {FLAGS.batch_size * len(devices)} per step.', flush=True)
+    if FLAGS.seed is not None:
+        tf.compat.v1.set_random_seed(FLAGS.seed)
+    with tf.device(VARIABLE_DEVICE):
+        global_step = tf.compat.v1.train.get_or_create_global_step()
+        images, labels = onu_input.distorted_inputs(
+            FLAGS.data_dir, FLAGS.data_format, FLAGS.batch_size * len(devices), config['image_size'],
+            augment=onu_train.augment_options(), seed=FLAGS.seed)
+        optimizer = onu_train.make_optimizer(config, global_step, examples_per_step)
+        tower_outputs = []
+
+        def tower_loss(tower_images, tower_labels):
+            logits, end_points = onu_model.inference(
+                tower_images, config['num_classes'], config['model'], is_training=True,
+                weight_decay=FLAGS.weight_decay)
+            tower_outputs.append((logits, end_points))
+            return onu_model.loss(logits, tower_labels, end_points, FLAGS.label_smoothing)
+
+        tower_grads, tower_losses = tower_gradients(
+            optimizer, tower_loss, images, labels, devices,
+            lambda: onu_model.variables_to_train(FLAGS.trainable_scopes))
+        _keep_first_tower_summaries(len(devices))
+        update_ops = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS, tower_scope(0) + '/')
+        step_op = onu_train.apply_gradients(optimizer, average_gradients(tower_grads), global_step,
+                                            update_ops, replicas)
+        # The batch's losses (the towers' mean), named as in onu_train.py so that the checkpoints
+        # hold the same variables (the losses' moving averages among them).
+        total_loss = _mean_over_towers(tower_losses, 'total_loss')
+        logits = tf.concat([logits for logits, _ in tower_outputs], 0)
+        average_op = onu_train.add_training_summaries(logits, labels, tower_outputs[0][1], total_loss,
+                                                      _tower_averaged_losses(len(devices)))
+        train_op = tf.group(step_op, average_op)
+    return train_op, total_loss, global_step, onu_model.get_learning_rate()
+
+
+def train():
+    """Trains the model described by the flags on --num_gpus towers."""
+    onu_train.train_model(build_multi_gpu_graph, FLAGS.batch_size * FLAGS.num_gpus)
+
+
+def main(argv):
+    del argv  # Unused.
+    num_gpus_visible = len(tf.config.list_physical_devices('GPU'))
+    if 0 < num_gpus_visible < FLAGS.num_gpus:
+        print(f'error: --num_gpus={FLAGS.num_gpus} but TensorFlow sees {num_gpus_visible} GPU(s); '
+              f'use --num_gpus={num_gpus_visible} or fewer', file=sys.stderr)
+        return 2
+    return onu_train.run_main(train)
+
+
+if __name__ == '__main__':
+    app.run(main)

@@ -1,0 +1,232 @@
+"""Classifies photos with a trained ONU classifier: one line per image with its class and probability.
+
+    python onu_predict.py photo.jpg more_photos/ --model_dir=/tmp/onu_train/export
+    python onu_predict.py DATA/val --model_dir=/tmp/onu_train --json
+
+--model_dir is an exported SavedModel version folder, an export folder of versions (the newest is
+used), or a training run's train_dir (its latest checkpoint, with the moving averages of the weights,
+built in-process with onu_export's serving graph). Folders are searched recursively; hidden files are
+ignored. Each image is sent to the serving signature as the bytes an encoded TFRecord of it would
+hold: the file itself for an upright JPEG, else the upright image re-encoded (EXIF orientation
+applied, as convert_to_tfrecord.py does), so predictions match evaluation on the same photos.
+
+Output: `path<TAB>class name<TAB>probability` per image, or with --json one JSON object per line
+(path, class_id, class_name, probability, probabilities by class name). A file that cannot be
+classified prints `error: <path>: <reason>` to stderr (and, with --json, an object with `error`);
+the others still run. Exit code: 0 if at least one image was classified, 1 if none, 2 for a bad
+--model_dir or no paths.
+"""
+import json
+import os
+import sys
+
+from absl import app
+from absl import flags
+import tensorflow as tf
+
+import convert_to_tfrecord
+import onu_dataset
+import onu_export
+import onu_flags
+
+
+class Classifier:
+    """A session running the serving signature (encoded image bytes in, probabilities out)."""
+
+    def __init__(self, session, image_bytes, outputs, class_names, source):
+        self.session = session
+        self.image_bytes = image_bytes
+        self.outputs = outputs
+        self.class_names = list(class_names)
+        self.source = source
+
+    def classify(self, encoded_images):
+        """Returns {probabilities, classes, class_names} as numpy arrays for a list of encoded images."""
+        return self.session.run(self.outputs, {self.image_bytes: encoded_images})
+
+    def close(self):
+        """Releases the session."""
+        self.session.close()
+
+
+def _saved_model_classifier(version_dir):
+    """Returns a Classifier over the serving signature of the SavedModel in version_dir."""
+    graph = tf.Graph()
+    session = tf.compat.v1.Session(graph=graph)
+    meta_graph = tf.compat.v1.saved_model.load(session, onu_export.SAVED_MODEL_TAGS, version_dir)
+    signature = meta_graph.signature_def.get(onu_export.SERVING_SIGNATURE)
+    if signature is None or onu_export.BYTES_INPUT not in signature.inputs:
+        session.close()
+        raise onu_dataset.DataError(
+            f'{version_dir}: no {onu_export.SERVING_SIGNATURE} signature taking '
+            f'{onu_export.BYTES_INPUT}; export the model with python onu_export.py')
+    image_bytes = graph.get_tensor_by_name(signature.inputs[onu_export.BYTES_INPUT].name)
+    outputs = {key: graph.get_tensor_by_name(info.name) for key, info in signature.outputs.items()}
+    config = onu_export.load_export_config(version_dir) or {}
+    num_classes = outputs[onu_export.OUTPUT_PROBABILITIES].shape[-1]
+    class_names = config.get('class_names') or [str(index) for index in range(num_classes)]
+    return Classifier(session, image_bytes, outputs, class_names, f'SavedModel {version_dir}')
+
+
+def _checkpoint_classifier(train_dir, allow_raw_weights):
+    """Returns a Classifier over the serving graph with train_dir's latest checkpoint."""
+    run_config = onu_export.load_training_config(train_dir)
+    checkpoint_path = onu_export.find_checkpoint(train_dir)
+    graph = tf.Graph()
+    with graph.as_default():
+        inputs, outputs = onu_export.build_serving_graph(run_config)[onu_export.SERVING_SIGNATURE]
+    session = tf.compat.v1.Session(graph=graph)
+    try:
+        weights = onu_export.restore_weights(session, checkpoint_path, run_config, allow_raw_weights)
+    except BaseException:
+        session.close()
+        raise
+    return Classifier(session, inputs[onu_export.BYTES_INPUT], outputs, run_config['class_names'],
+                      f'checkpoint {checkpoint_path} ({weights} weights)')
+
+
+def load_classifier(model_dir, allow_raw_weights=False):
+    """Returns the Classifier of a SavedModel folder, the newest version in an export folder, or a train_dir."""
+    if onu_export.is_saved_model(model_dir):
+        return _saved_model_classifier(model_dir)
+    versions = onu_export.version_dirs(model_dir)
+    if versions:
+        return _saved_model_classifier(versions[-1][1])
+    if onu_flags.load_run_config(model_dir):
+        return _checkpoint_classifier(model_dir, allow_raw_weights)
+    raise onu_dataset.DataError(
+        f'{model_dir}: neither a SavedModel, nor a folder of exported versions, nor a training run; '
+        f'pass --model_dir=<train_dir>/export (after python onu_export.py) or the --train_dir of '
+        f'onu_train.py')
+
+
+def image_paths(paths):
+    """Returns (files, [(path, reason)]): the files given and those in the folders given, recursively."""
+    files, errors = [], []
+    for path in paths:
+        if os.path.isfile(path):
+            files.append(path)
+        elif os.path.isdir(path):
+            for folder, subfolders, names in os.walk(path):
+                subfolders[:] = sorted(name for name in subfolders if not onu_dataset.is_hidden(name))
+                files += [os.path.join(folder, name) for name in sorted(names)
+                          if not onu_dataset.is_hidden(name)]
+        else:
+            errors.append((path, 'no such file or folder'))
+    return files, errors
+
+
+def model_input_bytes(path):
+    """Returns the bytes to classify for the image at path; UnreadableImage(reason) if it is not usable."""
+    try:
+        info = onu_dataset.read_image_info(path)
+        payload, payload_format = convert_to_tfrecord._encoded_payload(info)  # pylint: disable=protected-access
+    except OSError as e:
+        raise onu_dataset.UnreadableImage(f'unreadable ({e.strerror or e})') from None
+    if payload is None:
+        raise onu_dataset.UnreadableImage(payload_format)  # the reason it could not be decoded
+    return payload
+
+
+def _prediction(path, class_names, probabilities):
+    """Returns the result of one image as a dict."""
+    class_id = int(probabilities.argmax())
+    return {'path': path, 'class_id': class_id, 'class_name': class_names[class_id],
+            'probability': float(probabilities[class_id]),
+            'probabilities': {name: float(p) for name, p in zip(class_names, probabilities)}}
+
+
+def _classify_batch(classifier, batch):
+    """Yields (path, prediction, None) or (path, None, reason) for a batch of (path, bytes)."""
+    try:
+        probabilities = classifier.classify([data for _, data in batch])[onu_export.OUTPUT_PROBABILITIES]
+    except tf.errors.InvalidArgumentError as e:
+        if len(batch) == 1:
+            yield batch[0][0], None, f'cannot be decoded ({onu_export.one_line(e)})'
+            return
+        for item in batch:  # find the image that broke the batch; classify the rest
+            yield from _classify_batch(classifier, [item])
+        return
+    for (path, _), row in zip(batch, probabilities):
+        yield path, _prediction(path, classifier.class_names, row), None
+
+
+def classify_files(classifier, paths, batch_size):
+    """Yields (path, prediction, None) or (path, None, reason) for each path, in order."""
+    batch = []
+    for path in paths:
+        try:
+            batch.append((path, model_input_bytes(path)))
+        except onu_dataset.UnreadableImage as e:
+            yield from _classify_batch(classifier, batch)
+            batch = []
+            yield path, None, str(e)
+            continue
+        if len(batch) == batch_size:
+            yield from _classify_batch(classifier, batch)
+            batch = []
+    yield from _classify_batch(classifier, batch) if batch else ()
+
+
+def predict(paths, model_dir, as_json=False, batch_size=32, allow_raw_weights=False, out=None, err=None):
+    """Classifies the images at paths (files or folders), printing one line each; returns the exit code."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    if not paths:
+        print('error: no images given; usage: python onu_predict.py PHOTO_OR_FOLDER... '
+              '--model_dir=<train_dir>/export', file=err)
+        return 2
+    try:
+        classifier = load_classifier(model_dir, allow_raw_weights)
+    except onu_dataset.DataError as e:
+        print(f'error: {e}', file=err)
+        return 2
+    files, missing = image_paths(paths)
+    classified = 0
+    try:
+        results = [(path, None, reason) for path, reason in missing]
+        for path, prediction, reason in results + list(classify_files(classifier, files, batch_size)):
+            if prediction is None:
+                print(f'error: {path}: {reason}', file=err, flush=True)
+                if as_json:
+                    print(json.dumps({'path': path, 'error': reason}, ensure_ascii=False), file=out)
+                continue
+            classified += 1
+            if as_json:
+                print(json.dumps(prediction, ensure_ascii=False), file=out, flush=True)
+            else:
+                print(f'{path}\t{prediction["class_name"]}\t{prediction["probability"]:.4f}', file=out,
+                      flush=True)
+    finally:
+        classifier.close()
+    if not classified:
+        print(f'error: none of the {len(files) + len(missing)} paths could be classified', file=err)
+        return 1
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Script.
+
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+    """Declares this script's flags (--batch_size is onu_flags')."""
+    flags.DEFINE_string('model_dir', onu_flags.DEFAULT_TRAIN_DIR,
+                        'SavedModel version folder, export folder (newest version), or train_dir '
+                        '(latest checkpoint).')
+    flags.DEFINE_boolean('json', False, 'Print one JSON object per image instead of text lines.')
+    flags.DEFINE_boolean('allow_raw_weights', False,
+                         'With a train_dir whose checkpoint has no moving averages: use the raw weights.')
+
+
+def main(argv):
+    if not FLAGS['verbosity'].present:
+        tf.get_logger().setLevel('ERROR')  # TensorFlow's INFO and deprecation lines hide the results
+    return predict(argv[1:], FLAGS.model_dir, FLAGS.json, FLAGS.batch_size, FLAGS.allow_raw_weights)
+
+
+if __name__ == '__main__':
+    define_flags()
+    app.run(main)

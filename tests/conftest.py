@@ -1,0 +1,156 @@
+"""Shared tiny-data fixtures: datasets of a few small images, made in pytest's temporary folders.
+
+  make_tiny_dataset(name='data', train_per_class=4, val_per_class=2, image_size=(64, 48)) -> data_dir
+      factory: a fresh sample dataset (classes F603, F663N) under tmp_path/name, yours to modify.
+  tiny_data_dir     session-wide, read-only: a sample dataset (4 train + 2 val JPEGs of 64x48 per class)
+                    already converted to both record kinds in tiny_data_dir/tfrecords (2 shards per split).
+  tiny_records_dir  session-wide, read-only: tiny_data_dir/tfrecords (shards, labels.txt, manifest.json).
+  messy_data_dir    session-wide, read-only: the bad input of real photo folders; train/F603 holds them all.
+  messy_files       MESSY_FILES: name in messy_data_dir/train/F603 -> None (usable) or a word of its skip reason.
+  pattern_image     the 48x32 RGB picture (four coloured quadrants) every messy image is made from.
+"""
+
+import io
+import os
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO_ROOT)
+
+import convert_to_tfrecord  # noqa: E402  (needs REPO_ROOT on sys.path)
+import make_sample_data  # noqa: E402
+
+TINY_IMAGE_SIZE = (64, 48)
+PATTERN_SIZE = (48, 32)
+QUADRANT_COLOURS = ((220, 30, 30), (30, 200, 40), (30, 40, 210), (240, 240, 240))  # TL, TR, BL, BR
+EXIF_ORIENTATION_TAG = 0x0112
+
+# File name in messy_data_dir/train/F603 -> None if it must be used, else a word of its skip reason.
+MESSY_FILES = {
+    'plain.jpg': None,
+    'gray.jpg': None,
+    'cmyk.jpg': None,
+    'exif_rotated.jpg': None,  # stored rotated 90 degrees, EXIF orientation 6: upright it is the pattern
+    'png_named.jpg': None,  # PNG content under a .jpg name
+    'rgba.png': None,
+    'bitmap.bmp': None,
+    'ünïcødé 照片.jpg': None,
+    'trailing_data.jpg': None,  # a JPEG followed by other bytes (as in phone "motion photos")
+    'truncated.jpg': 'damaged',
+    'empty.jpg': 'empty',
+    'notes.txt': 'not an image',
+    '.DS_Store': 'hidden',
+    'Thumbs.db': 'hidden',
+    'subfolder': 'subfolder',
+}
+
+
+def _pattern():
+    """Four coloured quadrants: any flip or rotation of it is visible."""
+    width, height = PATTERN_SIZE
+    pixels = np.zeros((height, width, 3), np.uint8)
+    for index, colour in enumerate(QUADRANT_COLOURS):
+        row, column = divmod(index, 2)
+        pixels[row * height // 2:(row + 1) * height // 2, column * width // 2:(column + 1) * width // 2] = colour
+    return Image.fromarray(pixels)
+
+
+def _encoded(image, image_format, **options):
+    """The bytes of image saved in image_format."""
+    buffer = io.BytesIO()
+    image.save(buffer, image_format, **options)
+    return buffer.getvalue()
+
+
+def _write(path, data):
+    """Writes bytes to path, creating its folder."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, 'wb') as f:
+        f.write(data)
+
+
+def _messy_file_bytes(pattern):
+    """The content of each usable or broken file of MESSY_FILES (all but the subfolder)."""
+    jpeg = _encoded(pattern, 'JPEG', quality=95)
+    noisy = Image.fromarray(np.random.default_rng(0).integers(0, 256, (120, 160, 3), dtype=np.uint8))
+    noisy_jpeg = _encoded(noisy, 'JPEG', quality=90)
+    rotated = pattern.transpose(Image.Transpose.ROTATE_90)  # EXIF orientation 6 turns it back upright
+    exif = Image.Exif()
+    exif[EXIF_ORIENTATION_TAG] = 6
+    rgba = pattern.convert('RGBA')
+    rgba.putalpha(128)
+    return {
+        'plain.jpg': jpeg,
+        'gray.jpg': _encoded(pattern.convert('L'), 'JPEG', quality=95),
+        'cmyk.jpg': _encoded(pattern.convert('CMYK'), 'JPEG', quality=95),
+        'exif_rotated.jpg': _encoded(rotated, 'JPEG', quality=95, exif=exif.tobytes()),
+        'png_named.jpg': _encoded(pattern, 'PNG'),
+        'rgba.png': _encoded(rgba, 'PNG'),
+        'bitmap.bmp': _encoded(pattern, 'BMP'),
+        'ünïcødé 照片.jpg': jpeg,
+        'trailing_data.jpg': jpeg + b'\x00\x00\x00\x18ftypmp42' + bytes(200),
+        'truncated.jpg': noisy_jpeg[:len(noisy_jpeg) * 2 // 3],  # header intact, image data cut short
+        'empty.jpg': b'',
+        'notes.txt': 'shot list: F603 front, back\n'.encode(),
+        '.DS_Store': b'\x00\x00\x00\x01Bud1' + bytes(60),
+        'Thumbs.db': bytes(range(256)),
+    }
+
+
+def write_messy_dataset(data_dir):
+    """Writes train/{F603,F663N} and val/{F603,F663N}; train/F603 holds every file of MESSY_FILES."""
+    pattern = _pattern()
+    class_dir = os.path.join(data_dir, 'train', 'F603')
+    for name, data in _messy_file_bytes(pattern).items():
+        _write(os.path.join(class_dir, name), data)
+    _write(os.path.join(class_dir, 'subfolder', 'more.jpg'), _encoded(pattern, 'JPEG'))
+    for split, class_name in (('train', 'F663N'), ('val', 'F603'), ('val', 'F663N')):
+        _write(os.path.join(data_dir, split, class_name, 'plain.jpg'), _encoded(pattern, 'JPEG', quality=90))
+    return data_dir
+
+
+@pytest.fixture
+def make_tiny_dataset(tmp_path):
+    """Factory: make_tiny_dataset(name, train_per_class, val_per_class, image_size) -> a fresh data_dir."""
+    def make(name='data', train_per_class=4, val_per_class=2, image_size=TINY_IMAGE_SIZE, seed=0):
+        data_dir = str(tmp_path / name)
+        make_sample_data.generate_dataset(data_dir, train_per_class, val_per_class, image_size, seed, processes=1)
+        return data_dir
+    return make
+
+
+@pytest.fixture(scope='session')
+def tiny_data_dir(tmp_path_factory):
+    """A read-only tiny sample dataset, already converted to both record kinds in <it>/tfrecords."""
+    data_dir = str(tmp_path_factory.mktemp('tiny') / 'data')
+    make_sample_data.generate_dataset(data_dir, 4, 2, TINY_IMAGE_SIZE, seed=0, processes=1)
+    convert_to_tfrecord.convert(data_dir, num_shards=2, processes=1)
+    return data_dir
+
+
+@pytest.fixture(scope='session')
+def tiny_records_dir(tiny_data_dir):
+    """The read-only records directory of tiny_data_dir."""
+    return os.path.join(tiny_data_dir, 'tfrecords')
+
+
+@pytest.fixture(scope='session')
+def messy_data_dir(tmp_path_factory):
+    """A read-only photo folder with every kind of bad input users' folders contain (see MESSY_FILES)."""
+    return write_messy_dataset(str(tmp_path_factory.mktemp('messy') / 'data'))
+
+
+@pytest.fixture(scope='session')
+def messy_files():
+    """MESSY_FILES: which files of messy_data_dir/train/F603 are usable, and why the others are skipped."""
+    return dict(MESSY_FILES)
+
+
+@pytest.fixture(scope='session')
+def pattern_image():
+    """The upright RGB image every usable file of messy_data_dir shows."""
+    return _pattern()

@@ -1,0 +1,193 @@
+"""Tests of onu_dataset: class discovery, header-only image listing, skip reasons, labels and manifest files."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+from PIL import ImageOps
+
+import onu_dataset
+
+
+def _one_line(error):
+    """The message of a DataError, checked to be one line."""
+    message = str(error.value)
+    assert '\n' not in message
+    return message
+
+
+def test_find_class_names_sorted_train_folders(make_tiny_dataset):
+    data_dir = make_tiny_dataset()
+    os.makedirs(os.path.join(data_dir, 'train', '.hidden_class'))
+    assert onu_dataset.find_class_names(data_dir) == ['F603', 'F663N']
+
+
+def test_find_class_names_missing_train_names_the_path(tmp_path):
+    with pytest.raises(onu_dataset.DataError) as error:
+        onu_dataset.find_class_names(str(tmp_path))
+    message = _one_line(error)
+    assert os.path.join(str(tmp_path), 'train') in message
+    assert 'make_sample_data.py' in message
+
+
+def test_find_class_names_class_missing_in_val(make_tiny_dataset):
+    data_dir = make_tiny_dataset()
+    shutil.rmtree(os.path.join(data_dir, 'val', 'F663N'))
+    with pytest.raises(onu_dataset.DataError) as error:
+        onu_dataset.find_class_names(data_dir)
+    assert "missing in val: ['F663N']" in _one_line(error)
+
+
+def test_find_class_names_extra_class_in_val(make_tiny_dataset):
+    data_dir = make_tiny_dataset()
+    shutil.copytree(os.path.join(data_dir, 'val', 'F663N'), os.path.join(data_dir, 'val', 'ZXHN'))
+    with pytest.raises(onu_dataset.DataError) as error:
+        onu_dataset.find_class_names(data_dir)
+    assert "only in val: ['ZXHN']" in _one_line(error)
+
+
+@pytest.mark.parametrize('content', [None, b'not a photo'])
+def test_find_class_names_class_without_readable_images(make_tiny_dataset, content):
+    data_dir = make_tiny_dataset()
+    class_dir = os.path.join(data_dir, 'val', 'F603')
+    shutil.rmtree(class_dir)
+    os.makedirs(class_dir)
+    if content is not None:
+        with open(os.path.join(class_dir, 'broken.jpg'), 'wb') as f:
+            f.write(content)
+    with pytest.raises(onu_dataset.DataError) as error:
+        onu_dataset.find_class_names(data_dir)
+    message = _one_line(error)
+    assert class_dir in message and 'no readable images' in message
+
+
+def test_list_split_images_sorted_with_labels(make_tiny_dataset):
+    data_dir = make_tiny_dataset(train_per_class=3, image_size=(80, 60))
+    images, skipped = onu_dataset.list_split_images(data_dir, 'train', ['F603', 'F663N'])
+    assert skipped == []
+    assert [(i.label, i.class_name, os.path.basename(i.path)) for i in images] == [
+        (0, 'F603', '00000.jpg'), (0, 'F603', '00001.jpg'), (0, 'F603', '00002.jpg'),
+        (1, 'F663N', '00000.jpg'), (1, 'F663N', '00001.jpg'), (1, 'F663N', '00002.jpg')]
+    for info in images:
+        assert (info.width, info.height, info.image_format, info.mode, info.orientation) == (80, 60, 'JPEG', 'RGB', 1)
+        assert info.num_bytes == os.path.getsize(info.path)
+        assert info.is_plain_jpeg
+
+
+def test_list_split_images_sniffs_content_and_reports_each_skip(messy_data_dir, messy_files):
+    images, skipped = onu_dataset.list_split_images(messy_data_dir, 'train', ['F603', 'F663N'])
+    class_dir = os.path.join(messy_data_dir, 'train', 'F603')
+    used = {os.path.basename(i.path): i for i in images if i.label == 0}
+    assert set(used) == {name for name, reason in messy_files.items() if reason is None}
+    reasons = {os.path.relpath(path, class_dir): reason for path, reason in skipped}
+    assert set(reasons) == {name for name, reason in messy_files.items() if reason is not None}
+    for name, word in messy_files.items():
+        if word is not None:
+            assert word in reasons[name], (name, reasons[name])
+    assert reasons['.DS_Store'] == reasons['Thumbs.db'] == onu_dataset.REASON_HIDDEN
+    assert 'truncated' in reasons['truncated.jpg']
+    expected = {  # name: (format, mode, orientation, plain JPEG)
+        'plain.jpg': ('JPEG', 'RGB', 1, True), 'gray.jpg': ('JPEG', 'L', 1, True),
+        'cmyk.jpg': ('JPEG', 'CMYK', 1, False), 'exif_rotated.jpg': ('JPEG', 'RGB', 6, False),
+        'png_named.jpg': ('PNG', 'RGB', 1, False), 'rgba.png': ('PNG', 'RGBA', 1, False),
+        'bitmap.bmp': ('BMP', 'RGB', 1, False), 'ünïcødé 照片.jpg': ('JPEG', 'RGB', 1, True),
+        'trailing_data.jpg': ('JPEG', 'RGB', 1, True)}
+    for name, (image_format, mode, orientation, plain) in expected.items():
+        info = used[name]
+        assert (info.image_format, info.mode, info.orientation, info.is_plain_jpeg) == (
+            image_format, mode, orientation, plain), name
+        assert (info.width, info.height) == (48, 32), name  # upright size, also for the rotated file
+    assert [i.path for i in images] == sorted(i.path for i in images)
+
+
+def test_upright_rgb_matches_pillow_exif_transpose(tmp_path, pattern_image):
+    for orientation in range(1, 9):
+        exif = Image.Exif()
+        exif[onu_dataset.EXIF_ORIENTATION_TAG] = orientation
+        path = str(tmp_path / f'o{orientation}.png')
+        pattern_image.save(path, exif=exif.tobytes())
+        info = onu_dataset.read_image_info(path)
+        assert info.orientation == orientation
+        with Image.open(path) as image:
+            expected = np.asarray(ImageOps.exif_transpose(image).convert('RGB'))
+        actual = np.asarray(onu_dataset.upright_rgb(path, info.orientation))
+        np.testing.assert_array_equal(actual, expected)
+        assert actual.shape == (info.height, info.width, 3)
+
+
+def test_read_image_info_ignores_invalid_orientation(tmp_path, pattern_image):
+    exif = Image.Exif()
+    exif[onu_dataset.EXIF_ORIENTATION_TAG] = 9
+    path = str(tmp_path / 'odd.jpg')
+    pattern_image.save(path, exif=exif.tobytes())
+    info = onu_dataset.read_image_info(path)
+    assert (info.orientation, info.width, info.height) == (1, 48, 32)
+
+
+def test_labels_round_trip_and_format(tmp_path):
+    path = str(tmp_path / onu_dataset.LABELS_FILENAME)
+    onu_dataset.write_labels(path, ['F603', 'F663N'])
+    with open(path, encoding='utf-8') as f:
+        assert f.read() == '0:F603\n1:F663N\n'
+    assert onu_dataset.read_labels(path) == ['F603', 'F663N']
+    assert os.listdir(tmp_path) == [onu_dataset.LABELS_FILENAME]  # no temporary file left
+
+
+@pytest.mark.parametrize('text, expected', [(None, 'not found'), ('0:F603\n2:F663N\n', 'line 2')])
+def test_read_labels_errors(tmp_path, text, expected):
+    path = str(tmp_path / 'labels.txt')
+    if text is not None:
+        with open(path, 'w', encoding='utf-8') as f:
+            f.write(text)
+    with pytest.raises(onu_dataset.DataError) as error:
+        onu_dataset.read_labels(path)
+    message = _one_line(error)
+    assert path in message and expected in message
+
+
+def test_read_manifest_missing_and_invalid(tmp_path):
+    records_dir = str(tmp_path)
+    with pytest.raises(onu_dataset.DataError) as error:
+        onu_dataset.read_manifest(records_dir)
+    assert 'convert_to_tfrecord.py' in _one_line(error)
+    with open(os.path.join(records_dir, onu_dataset.MANIFEST_FILENAME), 'w', encoding='utf-8') as f:
+        f.write('{"version": 1, ')
+    with pytest.raises(onu_dataset.DataError) as error:
+        onu_dataset.read_manifest(records_dir)
+    assert '--overwrite' in _one_line(error)
+
+
+def test_manifest_round_trip_and_shard_paths(tmp_path):
+    records_dir = str(tmp_path)
+    manifest = {'version': onu_dataset.MANIFEST_VERSION, 'compression': 'GZIP', 'splits': {'train': {'encoded': {
+        'shards': [{'file': onu_dataset.shard_filename('train', 'encoded', i, 2)} for i in range(2)]}}}}
+    onu_dataset.write_manifest(records_dir, manifest)
+    loaded = onu_dataset.read_manifest(records_dir)
+    assert loaded == json.loads(json.dumps(manifest))
+    assert onu_dataset.shard_paths(records_dir, loaded, 'train', 'encoded') == [
+        os.path.join(records_dir, 'train-encoded-00000-of-00002.tfrecord'),
+        os.path.join(records_dir, 'train-encoded-00001-of-00002.tfrecord')]
+    assert onu_dataset.tf_compression_type(loaded['compression']) == 'GZIP'
+    assert onu_dataset.tf_compression_type('NONE') == ''
+    with pytest.raises(onu_dataset.DataError) as error:
+        onu_dataset.shard_paths(records_dir, loaded, 'train', 'raw')
+    assert '--format=raw' in _one_line(error)
+
+
+def test_records_dir_for(tmp_path):
+    data_dir = str(tmp_path)
+    assert onu_dataset.records_dir_for(data_dir) == os.path.join(data_dir, onu_dataset.RECORDS_SUBDIR)
+    onu_dataset.write_manifest(data_dir, {'version': onu_dataset.MANIFEST_VERSION})
+    assert onu_dataset.records_dir_for(data_dir) == data_dir
+
+
+def test_importing_onu_dataset_does_not_import_tensorflow():
+    code = 'import sys, onu_dataset; print("tensorflow" in sys.modules)'
+    result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True,
+                            cwd=os.path.dirname(os.path.abspath(onu_dataset.__file__)))
+    assert result.stdout.strip() == 'False'

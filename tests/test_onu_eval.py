@@ -1,0 +1,365 @@
+"""Tests of onu_eval.py: real checkpoints of tiny runs, checked against an independent computation."""
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from PIL import Image
+
+from conftest import REPO_ROOT
+
+import make_sample_data
+import onu_dataset
+import onu_eval
+import onu_export
+import onu_input
+import onu_model
+
+TIMEOUT_SECS = 180
+IMAGE_SIZE = 32
+MAX_STEPS = 6
+CLASS_NAMES = ['F603', 'F663N']
+VAL_PER_CLASS = 5
+SUBPROCESS_ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+SHADOW_SUFFIX = '/ExponentialMovingAverage'
+
+# Runs onu_eval.main with the trainer deleting the checkpoint named by the first argument right
+# after the evaluator has read its global step, before the weights are restored.
+RACE_DRIVER = '''
+import sys
+from absl import app
+import tensorflow as tf
+import onu_eval, onu_export
+
+doomed = sys.argv.pop(1)
+read_step = onu_export.checkpoint_step
+
+def step_then_deleted_by_the_trainer(path):
+    step = read_step(path)
+    if path == doomed:
+        for name in tf.io.gfile.glob(path + '.*'):
+            tf.io.gfile.remove(name)
+    return step
+
+onu_export.checkpoint_step = step_then_deleted_by_the_trainer
+onu_eval.define_flags()
+app.run(onu_eval.main)
+'''
+
+
+def eval_command(*args):
+    """Returns the command line that runs onu_eval.py with args."""
+    return [sys.executable, os.path.join(REPO_ROOT, 'onu_eval.py'), *args]
+
+
+def run(command, timeout=TIMEOUT_SECS):
+    """Runs command in the repo; returns the CompletedProcess (text output)."""
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=SUBPROCESS_ENV,
+                          cwd=REPO_ROOT)
+
+
+def read_results(eval_dir):
+    """Returns the entries of eval_dir/results.jsonl."""
+    with open(os.path.join(eval_dir, onu_eval.RESULTS_FILENAME), encoding='utf-8') as f:
+        return [json.loads(line) for line in f]
+
+
+def checkpoint_steps(train_dir):
+    """Returns the global steps of the checkpoints train_dir's state file lists, oldest first."""
+    state = tf.train.get_checkpoint_state(train_dir)
+    return [int(tf.train.load_checkpoint(path).get_tensor('global_step'))
+            for path in state.all_model_checkpoint_paths]
+
+
+def event_summaries(eval_dir):
+    """Returns ({(tag, step): simple value or text}, {tag: plugin name}) from eval_dir's event files."""
+    found, plugins = {}, {}
+    for path in glob.glob(os.path.join(eval_dir, 'events.out.tfevents*')):
+        for record in tf.compat.v1.io.tf_record_iterator(path):
+            event = tf.compat.v1.Event.FromString(record)
+            for value in event.summary.value:
+                # FileWriter keeps a tag's plugin metadata on its first occurrence only.
+                plugins.setdefault(value.tag, value.metadata.plugin_data.plugin_name)
+                if value.WhichOneof('value') == 'simple_value':
+                    found[value.tag, event.step] = value.simple_value
+                else:
+                    found[value.tag, event.step] = value.tensor.string_val[0].decode()
+    return found, plugins
+
+
+# ----------------------------------------------------------------------------------------------
+# The independent computation: photos decoded with PIL, weights loaded by hand, metrics in numpy.
+
+def reference_logits(checkpoint_path, data_dir, image_size, shadows, split='val'):
+    """Returns (labels, logits) of the split's photos, each variable loaded from its shadow or raw value."""
+    reader = tf.train.load_checkpoint(checkpoint_path)
+    photos = [(label, path) for label, name in enumerate(CLASS_NAMES)
+              for path in sorted(glob.glob(os.path.join(data_dir, split, name, '*')))]
+    with tf.Graph().as_default():
+        image = tf.compat.v1.placeholder(tf.uint8, [None, None, 3])
+        model_input = onu_input.preprocess_for_eval(image, image_size)[tf.newaxis]
+        logits, _ = onu_model.inference(model_input, len(CLASS_NAMES), 'small', is_training=False)
+        with tf.compat.v1.Session() as session:
+            for var in tf.compat.v1.global_variables():
+                var.load(reader.get_tensor(var.op.name + (SHADOW_SUFFIX if shadows else '')), session)
+            outputs = [session.run(logits, {image: np.asarray(Image.open(path).convert('RGB'))})[0]
+                       for _, path in photos]
+    return np.array([label for label, _ in photos]), np.array(outputs, np.float64)
+
+
+def reference_metrics(labels, logits):
+    """Returns (precision at 1, mean cross-entropy, confusion matrix) computed in numpy."""
+    predictions = logits.argmax(axis=1)
+    confusion = np.zeros([len(CLASS_NAMES)] * 2, np.int64)
+    np.add.at(confusion, (labels, predictions), 1)
+    top = logits.max(axis=1, keepdims=True)
+    log_sum_exp = np.log(np.exp(logits - top).sum(axis=1)) + top[:, 0]
+    loss = np.mean(log_sum_exp - logits[np.arange(len(labels)), labels])
+    return float(np.mean(predictions == labels)), float(loss), confusion
+
+
+# ----------------------------------------------------------------------------------------------
+# Fixtures
+
+@pytest.fixture(scope='module')
+def polled_run(tmp_path_factory):
+    """The evaluator started on an empty train_dir, then a 6-step training run beside it.
+
+    Returns (data_dir, train_dir, eval_dir, the evaluator's CompletedProcess-like result).
+    """
+    root = tmp_path_factory.mktemp('polled')
+    data_dir, train_dir, eval_dir = (str(root / name) for name in ('data', 'train', 'eval'))
+    make_sample_data.generate_dataset(data_dir, 8, VAL_PER_CLASS, (96, 72), seed=0, processes=1)
+    evaluator = subprocess.Popen(
+        eval_command(f'--checkpoint_dir={train_dir}', f'--eval_dir={eval_dir}', '--batch_size=4',
+                     '--eval_interval_secs=0.2', '--timeout=120'),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=SUBPROCESS_ENV, cwd=REPO_ROOT)
+    try:
+        trainer = run([sys.executable, os.path.join(REPO_ROOT, 'onu_train.py'), f'--data_dir={data_dir}',
+                       f'--train_dir={train_dir}', f'--max_steps={MAX_STEPS}', '--save_checkpoint_steps=2',
+                       f'--image_size={IMAGE_SIZE}', '--batch_size=4', '--seed=0'])
+        assert trainer.returncode == 0, trainer.stderr
+        stdout, stderr = evaluator.communicate(timeout=TIMEOUT_SECS)
+    finally:
+        if evaluator.poll() is None:
+            evaluator.kill()
+            evaluator.wait()
+    return data_dir, train_dir, eval_dir, subprocess.CompletedProcess(
+        evaluator.args, evaluator.returncode, stdout, stderr)
+
+
+@pytest.fixture(scope='module')
+def handmade_checkpoints(tmp_path_factory):
+    """Two checkpoints (step 7) of the small model at 32x32 with the same raw weights.
+
+    Returns {'averaged': path whose moving averages differ clearly from the raw weights,
+             'raw_only': path without moving averages}.
+    """
+    root = tmp_path_factory.mktemp('handmade')
+    rng = np.random.default_rng(0)
+    with tf.Graph().as_default():
+        tf.compat.v1.set_random_seed(0)
+        onu_model.inference(tf.zeros([1, IMAGE_SIZE, IMAGE_SIZE, 3]), len(CLASS_NAMES), 'small',
+                            is_training=False)
+        global_step = tf.compat.v1.train.get_or_create_global_step()
+        model_variables = onu_model.averaged_variables()
+        moving_average = tf.compat.v1.train.ExponentialMovingAverage(0.999)
+        moving_average.apply(model_variables)
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            global_step.load(7, session)
+            for var in model_variables:
+                initial = session.run(var)
+                for target in (var, moving_average.average(var)):
+                    if 'moving_variance' in var.op.name:
+                        target.load(rng.uniform(0.5, 2.0, initial.shape), session)
+                    else:
+                        target.load(initial + rng.normal(0.0, 0.3, initial.shape), session)
+            paths = {'averaged': str(root / 'averaged' / 'model.ckpt-7'),
+                     'raw_only': str(root / 'raw_only' / 'model.ckpt-7')}
+            tf.compat.v1.train.Saver().save(session, paths['averaged'])
+            tf.compat.v1.train.Saver(model_variables + [global_step]).save(session, paths['raw_only'])
+    return paths
+
+
+def handmade_run_config(data_dir, data_format='encoded'):
+    """Returns the run configuration of the handmade checkpoints evaluated on data_dir."""
+    return {'model': 'small', 'image_size': IMAGE_SIZE, 'data_dir': data_dir, 'data_format': data_format,
+            'class_names': CLASS_NAMES, 'num_classes': len(CLASS_NAMES),
+            'moving_average_decay': onu_model.DEFAULT_MOVING_AVERAGE_DECAY}
+
+
+# ----------------------------------------------------------------------------------------------
+# Evaluating one checkpoint
+
+def test_eval_uses_the_moving_averages_not_the_raw_weights(handmade_checkpoints, tiny_data_dir):
+    path = handmade_checkpoints['averaged']
+    result = onu_eval.evaluate(path, handmade_run_config(tiny_data_dir), 'val', batch_size=3)
+    shadow_precision, shadow_loss, shadow_confusion = reference_metrics(
+        *reference_logits(path, tiny_data_dir, IMAGE_SIZE, shadows=True))
+    _, raw_loss, _ = reference_metrics(*reference_logits(path, tiny_data_dir, IMAGE_SIZE, shadows=False))
+    assert abs(raw_loss - shadow_loss) > 0.05  # the two weight sets really give different answers
+    assert result.step == 7
+    assert result.weights == onu_export.WEIGHTS_AVERAGED
+    np.testing.assert_array_equal(result.confusion, shadow_confusion)
+    assert result.precision_at_1 == shadow_precision
+    assert result.loss == pytest.approx(shadow_loss, rel=1e-4)
+
+
+def test_checkpoint_without_moving_averages_is_a_clear_error_unless_raw_weights_are_allowed(
+        handmade_checkpoints, tiny_data_dir):
+    path = handmade_checkpoints['raw_only']
+    config = handmade_run_config(tiny_data_dir)
+    with pytest.raises(onu_dataset.DataError) as error:
+        onu_eval.evaluate(path, config, 'val', batch_size=3)
+    message = str(error.value)
+    assert path in message and '--allow_raw_weights' in message
+    assert 'not found in checkpoint' not in message and '\n' not in message
+    result = onu_eval.evaluate(path, config, 'val', batch_size=3, allow_raw_weights=True)
+    precision, loss, confusion = reference_metrics(
+        *reference_logits(path, tiny_data_dir, IMAGE_SIZE, shadows=False))
+    assert result.weights == onu_export.WEIGHTS_RAW
+    np.testing.assert_array_equal(result.confusion, confusion)
+    assert result.precision_at_1 == precision
+    assert result.loss == pytest.approx(loss, rel=1e-4)
+
+
+@pytest.mark.parametrize('data_format', onu_dataset.DATA_FORMATS)
+def test_every_example_is_counted_once_including_the_partial_final_batch(
+        handmade_checkpoints, tiny_data_dir, data_format):
+    info = onu_input.dataset_info(tiny_data_dir, data_format, 'val')
+    per_class = [len(os.listdir(os.path.join(tiny_data_dir, 'val', name))) for name in CLASS_NAMES]
+    assert info.num_examples == sum(per_class) and info.num_examples % 3  # 3 does not divide it
+    config = handmade_run_config(tiny_data_dir, data_format)
+    path = handmade_checkpoints['averaged']
+    result = onu_eval.evaluate(path, config, 'val', batch_size=3)
+    assert result.confusion.sum(axis=1).tolist() == per_class
+
+
+def test_num_examples_evaluates_the_first_examples_and_at_most_the_split(handmade_checkpoints, tiny_data_dir):
+    config = handmade_run_config(tiny_data_dir)
+    path = handmade_checkpoints['averaged']
+    first_two = onu_eval.evaluate(path, config, 'val', batch_size=3, num_examples=2)
+    assert first_two.confusion.sum(axis=1).tolist() == [2, 0]  # val is read in class order
+    everything = onu_eval.evaluate(path, config, 'val', batch_size=3, num_examples=99)
+    assert everything.num_examples == onu_input.dataset_info(tiny_data_dir, 'encoded', 'val').num_examples
+
+
+def test_data_with_other_classes_than_the_training_run_is_a_clear_error(handmade_checkpoints, tiny_data_dir):
+    config = dict(handmade_run_config(tiny_data_dir), class_names=['F603', 'F670L'])
+    with pytest.raises(onu_dataset.DataError, match='trained on F603, F670L'):
+        onu_eval.evaluate(handmade_checkpoints['averaged'], config, 'val')
+
+
+# ----------------------------------------------------------------------------------------------
+# Polling beside a training run
+
+def test_polling_evaluates_each_checkpoint_once_and_stops_at_the_final_step(polled_run):
+    _, train_dir, eval_dir, evaluator = polled_run
+    assert evaluator.returncode == 0, evaluator.stderr
+    assert 'Waiting for the first checkpoint in ' + train_dir in evaluator.stdout
+    assert f"Step {MAX_STEPS} is the training run's final step" in evaluator.stdout
+    steps = [entry['step'] for entry in read_results(eval_dir)]
+    assert steps == checkpoint_steps(train_dir) == [0, 2, 4, 6]
+    printed = [line for line in evaluator.stdout.splitlines() if ', precision @ 1 = ' in line]
+    assert [int(line.split('step ')[1].split(',')[0]) for line in printed] == steps
+
+
+def test_results_file_has_a_line_per_checkpoint_counting_each_example_once(polled_run):
+    data_dir, train_dir, eval_dir, evaluator = polled_run
+    for entry in read_results(eval_dir):
+        confusion = np.array(entry['confusion_matrix'])
+        assert entry['num_examples'] == confusion.sum() == len(CLASS_NAMES) * VAL_PER_CLASS
+        assert confusion.sum(axis=1).tolist() == [VAL_PER_CLASS] * len(CLASS_NAMES)
+        assert entry['precision_at_1'] == pytest.approx(np.trace(confusion) / confusion.sum())
+        assert entry['per_class_recall'] == {
+            name: pytest.approx(confusion[i, i] / VAL_PER_CLASS) for i, name in enumerate(CLASS_NAMES)}
+        assert entry['checkpoint'] == os.path.join(train_dir, f'model.ckpt-{entry["step"]}')
+        assert (entry['eval_data'], entry['weights'], entry['model'], entry['image_size'], entry['data_dir']) == (
+            'val', onu_export.WEIGHTS_AVERAGED, 'small', IMAGE_SIZE, data_dir)
+        assert np.isfinite(entry['loss']) and entry['loss'] > 0
+        assert f'step {entry["step"]}, precision @ 1 = {entry["precision_at_1"]:.3f}' in evaluator.stdout
+
+
+def test_precision_equals_a_numpy_computation_with_the_shadow_values(polled_run):
+    data_dir, train_dir, eval_dir, _ = polled_run
+    final = read_results(eval_dir)[-1]
+    precision, loss, confusion = reference_metrics(
+        *reference_logits(final['checkpoint'], data_dir, IMAGE_SIZE, shadows=True))
+    assert final['precision_at_1'] == precision
+    assert final['confusion_matrix'] == confusion.tolist()
+    assert final['loss'] == pytest.approx(loss, rel=1e-4)
+
+
+def test_summaries_are_written_at_each_checkpoints_global_step(polled_run):
+    _, _, eval_dir, _ = polled_run
+    summaries, plugins = event_summaries(eval_dir)
+    assert plugins[onu_eval.CONFUSION_MATRIX_TAG] == 'text'
+    for entry in read_results(eval_dir):
+        step = entry['step']
+        assert summaries[onu_eval.PRECISION_TAG, step] == pytest.approx(entry['precision_at_1'])
+        assert summaries[onu_eval.LOSS_TAG, step] == pytest.approx(entry['loss'])
+        for name, recall in entry['per_class_recall'].items():
+            assert summaries[onu_eval.RECALL_TAG_PREFIX + name, step] == pytest.approx(recall)
+        table = summaries[onu_eval.CONFUSION_MATRIX_TAG, step]
+        for name, row in zip(CLASS_NAMES, entry['confusion_matrix']):
+            assert f'| **{name}** | {row[0]} | {row[1]} |' in table
+
+
+def test_checkpoint_deleted_while_read_is_skipped_for_the_newest(polled_run, tmp_path):
+    _, train_dir, _, _ = polled_run
+    copy_dir, eval_dir = str(tmp_path / 'train'), str(tmp_path / 'eval')
+    shutil.copytree(train_dir, copy_dir)
+    doomed = os.path.join(copy_dir, 'model.ckpt-0')
+    result = run([sys.executable, '-c', RACE_DRIVER, doomed, f'--checkpoint_dir={copy_dir}',
+                  f'--eval_dir={eval_dir}', '--eval_interval_secs=0.2', '--timeout=60'])
+    assert result.returncode == 0, result.stderr
+    assert 'Traceback' not in result.stderr
+    notes = [line for line in result.stdout.splitlines() if 'was deleted while being read' in line]
+    assert len(notes) == 1 and notes[0].startswith(doomed) and 'skipping to the newest' in notes[0]
+    assert [(entry['step'], entry['checkpoint']) for entry in read_results(eval_dir)] == [
+        (MAX_STEPS, os.path.join(copy_dir, f'model.ckpt-{MAX_STEPS}'))]
+
+
+# ----------------------------------------------------------------------------------------------
+# No checkpoint, no run configuration
+
+def test_no_checkpoint_waits_with_a_message_then_times_out(tmp_path):
+    checkpoint_dir = str(tmp_path / 'not_yet')
+    started = time.monotonic()
+    result = run(eval_command(f'--checkpoint_dir={checkpoint_dir}', f'--eval_dir={tmp_path / "eval"}',
+                              '--eval_interval_secs=0.2', '--timeout=1.5'))
+    assert time.monotonic() - started >= 1.5
+    assert result.returncode == 2
+    assert f'Waiting for the first checkpoint in {checkpoint_dir}' in result.stdout
+    assert result.stderr.strip().splitlines()[-1] == (
+        f'error: {checkpoint_dir}: no checkpoint after waiting 1.5 s; train first (python onu_train.py '
+        f'--train_dir={checkpoint_dir}) or point --checkpoint_dir at the training run')
+    assert not os.path.exists(checkpoint_dir)
+
+
+def test_without_run_config_the_model_flags_are_required_and_used(polled_run, tmp_path):
+    data_dir, train_dir, eval_dir, _ = polled_run
+    bare_dir = tmp_path / 'bare'
+    bare_dir.mkdir()
+    for path in glob.glob(os.path.join(train_dir, f'model.ckpt-{MAX_STEPS}.*')):
+        shutil.copy(path, bare_dir)
+    shutil.copy(os.path.join(train_dir, 'checkpoint'), bare_dir)
+    args = [f'--checkpoint_dir={bare_dir}', f'--eval_dir={tmp_path / "eval"}', '--run_once']
+    refused = run(eval_command(*args))
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines()[-1].startswith(
+        f'error: {bare_dir}/run_config.json not found, so the model is unknown')
+    assert '--model' in refused.stderr
+    evaluated = run(eval_command(*args, '--model=small', f'--image_size={IMAGE_SIZE}', f'--data_dir={data_dir}'))
+    assert evaluated.returncode == 0, evaluated.stderr
+    [entry] = read_results(str(tmp_path / 'eval'))
+    final = read_results(eval_dir)[-1]
+    assert (entry['step'], entry['precision_at_1'], entry['confusion_matrix']) == (
+        final['step'], final['precision_at_1'], final['confusion_matrix'])

@@ -1,0 +1,325 @@
+"""Tests of onu_export.py: a real tiny training run, exported and compared with the eval graph."""
+import json
+import os
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import REPO_ROOT
+
+import make_sample_data
+import onu_dataset
+import onu_export
+import onu_flags
+import onu_input
+import onu_model
+
+TIMEOUT_SECS = 240
+IMAGE_SIZE = 32
+BATCH_SIZE = 8
+TRAIN_PER_CLASS = 8  # 16 examples: an epoch is 2 steps of 8
+MAX_STEPS = 12
+
+
+def run_script(script, *args, timeout=TIMEOUT_SECS):
+    """Runs a repo script (or a tool on PATH) with args; returns the CompletedProcess (text output)."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+    command = [sys.executable, os.path.join(REPO_ROOT, script)] if script.endswith('.py') else [script]
+    return subprocess.run(command + list(args), capture_output=True, text=True, timeout=timeout,
+                          env=env, cwd=REPO_ROOT)
+
+
+def train_run(root, *extra_flags):
+    """Makes tiny data under root and trains the small model on it for MAX_STEPS; returns the run."""
+    data_dir, train_dir = os.path.join(root, 'data'), os.path.join(root, 'train')
+    make_sample_data.generate_dataset(data_dir, TRAIN_PER_CLASS, 4, (96, 72), seed=0, processes=1)
+    result = run_script('onu_train.py', f'--data_dir={data_dir}', f'--train_dir={train_dir}',
+                        f'--max_steps={MAX_STEPS}', f'--batch_size={BATCH_SIZE}',
+                        f'--image_size={IMAGE_SIZE}', '--data_format=images', '--model=small',
+                        '--seed=1', '--save_checkpoint_steps=2', '--keep_checkpoint_max=20',
+                        *extra_flags)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return types.SimpleNamespace(data_dir=data_dir, train_dir=train_dir, stdout=result.stdout,
+                                 stderr=result.stderr, config=onu_flags.load_run_config(train_dir),
+                                 export_dir=onu_export.default_export_dir(train_dir))
+
+
+def checkpoint(run, step):
+    """Returns the path of run's checkpoint at step."""
+    return os.path.join(run.train_dir, f'model.ckpt-{step}')
+
+
+def val_files(run):
+    """Returns the val image paths in the order the eval input reads them."""
+    return list(onu_input.dataset_info(run.data_dir, 'images', 'val').files)
+
+
+def read_bytes(paths):
+    """Returns the contents of the files at paths."""
+    contents = []
+    for path in paths:
+        with open(path, 'rb') as f:
+            contents.append(f.read())
+    return contents
+
+
+def eval_graph_softmax(run, checkpoint_path, moving_average_decay):
+    """Returns (softmax, images) of the eval input + model over the val split (weights as eval restores them)."""
+    with tf.Graph().as_default():
+        images, _ = onu_input.inputs('val', run.data_dir, 'images', 64, IMAGE_SIZE)
+        logits, _ = onu_model.inference(images, 2, 'small', is_training=False)
+        probabilities = tf.nn.softmax(logits)
+        saver = tf.compat.v1.train.Saver(
+            onu_model.variables_to_restore(moving_average_decay, checkpoint_path))
+        with tf.compat.v1.Session() as session:
+            saver.restore(session, checkpoint_path)
+            return session.run([probabilities, images])
+
+
+def serve(version_dir, signature, **inputs):
+    """Returns the outputs of a signature of the SavedModel loaded in TF2, as numpy arrays."""
+    outputs = tf.saved_model.load(version_dir).signatures[signature](
+        **{key: tf.constant(value) for key, value in inputs.items()})
+    return {key: value.numpy() for key, value in outputs.items()}
+
+
+def listing(directory):
+    """Returns the sorted names in directory."""
+    return sorted(os.listdir(directory))
+
+
+@pytest.fixture(scope='module')
+def run(tmp_path_factory):
+    """A 12-step run exporting every 2 epochs (4 steps) with a checkpoint every 2 steps."""
+    return train_run(str(tmp_path_factory.mktemp('export')), '--export_every_n_epochs=2')
+
+
+def test_training_exports_a_version_every_n_epochs(run):
+    assert listing(run.export_dir) == ['12', '4', '8', onu_export.EXPORT_LOG_FILENAME]
+    assert [step for step, _ in onu_export.version_dirs(run.export_dir)] == [4, 8, 12]
+    with open(os.path.join(run.export_dir, onu_export.EXPORT_LOG_FILENAME)) as f:
+        log = [json.loads(line) for line in f]
+    assert [(e['step'], e['epoch'], e['checkpoint_path']) for e in log] == [
+        (step, step / 2, checkpoint(run, step)) for step in (4, 8, 12)]
+    assert all('error' not in entry for entry in log)
+    for step, version_dir in onu_export.version_dirs(run.export_dir):
+        info = onu_export.load_export_config(version_dir)
+        assert info['export']['global_step'] == step
+        assert info['export']['checkpoint_path'] == checkpoint(run, step)
+        assert info['export']['weights'] == onu_export.WEIGHTS_AVERAGED
+        assert info['class_names'] == ['F603', 'F663N'] and info['image_size'] == IMAGE_SIZE
+        assert onu_dataset.read_labels(os.path.join(version_dir, 'assets.extra', 'labels.txt')) == [
+            'F603', 'F663N']
+    assert run.stdout.count('Exported ') == 3
+
+
+def test_saved_model_equals_eval_graph_softmax_with_moving_averages(run):
+    version_dir = os.path.join(run.export_dir, str(MAX_STEPS))
+    paths = val_files(run)
+    served = serve(version_dir, onu_export.SERVING_SIGNATURE, image_bytes=read_bytes(paths))
+    expected, eval_images = eval_graph_softmax(run, checkpoint(run, MAX_STEPS), run.config['moving_average_decay'])
+
+    assert served['probabilities'].shape == (len(paths), 2)
+    np.testing.assert_allclose(served['probabilities'], expected, atol=1e-5)
+    np.testing.assert_array_equal(served['classes'], expected.argmax(axis=1))
+    np.testing.assert_array_equal(served['class_names'],
+                                  [[b'F603', b'F663N'][i] for i in expected.argmax(axis=1)])
+    # The float signature takes what the eval input feeds the model.
+    from_images = serve(version_dir, onu_export.IMAGES_SIGNATURE, images=eval_images)
+    np.testing.assert_allclose(from_images['probabilities'], expected, atol=1e-5)
+    # The raw weights give other outputs: the comparison above would catch a wrong restore.
+    raw, _ = eval_graph_softmax(run, checkpoint(run, MAX_STEPS), moving_average_decay=0)
+    assert np.abs(raw - expected).max() > 1e-3
+
+
+def test_export_writes_a_temp_dir_then_renames_it_to_the_step(run, tmp_path, monkeypatch, capsys):
+    export_dir = str(tmp_path / 'serving')
+    renames = []
+    publish = onu_export._publish
+
+    def watch(temp_dir, version_dir):
+        renames.append((temp_dir, version_dir, listing(temp_dir), os.path.exists(version_dir)))
+        publish(temp_dir, version_dir)
+    monkeypatch.setattr(onu_export, '_publish', watch)
+
+    version_dir = onu_export.export_saved_model(checkpoint(run, 6), run.config, export_dir)
+
+    assert version_dir == os.path.join(export_dir, '6')
+    assert renames == [(os.path.join(export_dir, f'.tmp-6-{os.getpid()}'), version_dir,
+                        ['assets.extra', 'saved_model.pb', 'variables'], False)]
+    assert listing(export_dir) == ['6']
+    assert onu_export.is_saved_model(version_dir)
+    assert f'to {version_dir}' in capsys.readouterr().out
+
+
+def test_existing_version_is_left_unchanged(run, tmp_path, capsys):
+    export_dir = str(tmp_path / 'serving')
+    version_dir = onu_export.export_saved_model(checkpoint(run, 4), run.config, export_dir)
+    model_file = os.path.join(version_dir, 'saved_model.pb')
+    before = os.stat(model_file).st_mtime_ns, listing(version_dir)
+    capsys.readouterr()
+
+    assert onu_export.export_saved_model(checkpoint(run, 4), run.config, export_dir) == version_dir
+
+    assert (os.stat(model_file).st_mtime_ns, listing(version_dir)) == before
+    assert listing(export_dir) == ['4']
+    assert 'already exists: left unchanged' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize('stage, finishes, error', [
+    ('_write_saved_model', True, KeyboardInterrupt()),  # Ctrl-C once the model is written
+    ('_write_metadata', True, OSError('No space left on device')),
+    ('_publish', False, OSError('Read-only file system')),  # the rename itself fails
+])
+def test_interrupted_export_leaves_no_version_and_no_temp_dir(run, tmp_path, monkeypatch, stage, finishes,
+                                                               error):
+    export_dir = str(tmp_path / 'serving')
+    real_stage = getattr(onu_export, stage)
+
+    def fail(*args):
+        if finishes:
+            real_stage(*args)
+        raise error
+    monkeypatch.setattr(onu_export, stage, fail)
+    with pytest.raises(type(error)):
+        onu_export.export_saved_model(checkpoint(run, 8), run.config, export_dir)
+    assert listing(export_dir) == []
+
+    monkeypatch.setattr(onu_export, stage, real_stage)
+    version_dir = onu_export.export_saved_model(checkpoint(run, 8), run.config, export_dir)
+    assert listing(export_dir) == ['8'] and onu_export.is_saved_model(version_dir)
+
+
+def test_temp_dir_of_a_killed_export_is_removed_by_the_next(run, tmp_path):
+    export_dir = tmp_path / 'serving'
+    dead = subprocess.Popen(['true'])  # its process id no longer runs once it is waited for
+    dead.wait()
+    stale = export_dir / f'.tmp-2-{dead.pid}'
+    (stale / 'variables').mkdir(parents=True)
+    mine = export_dir / 'README'  # not the exporter's: kept
+    mine.write_text('models for the F603 line')
+
+    onu_export.export_saved_model(checkpoint(run, 2), run.config, str(export_dir))
+
+    assert listing(export_dir) == ['2', 'README']
+    assert mine.read_text() == 'models for the F603 line'
+
+
+def test_listener_exports_at_boundaries_and_a_failure_does_not_block_the_next(
+        run, tmp_path, monkeypatch, capsys):
+    checkpoint_dir, export_dir = str(tmp_path / 'train'), str(tmp_path / 'serving')
+    os.makedirs(checkpoint_dir)
+    listener = onu_export.PeriodicExportListener(checkpoint_dir, run.config, export_dir,
+                                                 every_n_epochs=1, examples_per_step=BATCH_SIZE)
+    failures = [OSError('No space left on device')]
+    publish = onu_export._publish
+
+    def publish_or_fail(temp_dir, version_dir):
+        if failures:
+            raise failures.pop()
+        publish(temp_dir, version_dir)
+    monkeypatch.setattr(onu_export, '_publish', publish_or_fail)
+
+    for step in (0, 2, 4, 10):  # as the saver would call it; an epoch is 2 steps
+        tf.train.update_checkpoint_state(checkpoint_dir, checkpoint(run, step))
+        assert listener.after_save(None, step) is None  # never asks training to stop
+
+    # step 2 failed; 4 exported; 10 is the first checkpoint after the boundaries at 6 and 8.
+    assert [step for step, _ in onu_export.version_dirs(export_dir)] == [4, 10]
+    assert listing(export_dir) == ['10', '4', onu_export.EXPORT_LOG_FILENAME]
+    with open(os.path.join(export_dir, onu_export.EXPORT_LOG_FILENAME)) as f:
+        log = [json.loads(line) for line in f]
+    assert [(e['step'], e['epoch'], 'error' in e) for e in log] == [(2, 1, True), (4, 2, False),
+                                                                     (10, 5, False)]
+    assert 'No space left on device' in log[0]['error']
+    warnings = [line for line in capsys.readouterr().err.splitlines() if 'warning:' in line]
+    assert len(warnings) == 1
+    assert 'export of step 2 failed' in warnings[0]
+    assert f'--checkpoint_path={checkpoint(run, 2)}' in warnings[0]
+
+
+def test_listener_does_not_export_the_checkpoint_training_resumes_from(run, tmp_path):
+    checkpoint_dir, export_dir = str(tmp_path / 'train'), str(tmp_path / 'serving')
+    os.makedirs(checkpoint_dir)
+    listener = onu_export.PeriodicExportListener(checkpoint_dir, run.config, export_dir,
+                                                 every_n_epochs=2, examples_per_step=BATCH_SIZE)
+    for step in (6, 8, 10):  # resumed at 6; boundaries every 4 steps
+        tf.train.update_checkpoint_state(checkpoint_dir, checkpoint(run, step))
+        listener.after_save(None, step)
+    assert [step for step, _ in onu_export.version_dirs(export_dir)] == [8]
+
+
+def write_checkpoint_without_moving_averages(directory):
+    """Saves a freshly initialised small model (no moving averages) at step 0; returns its path."""
+    with tf.Graph().as_default():
+        global_step = tf.compat.v1.train.get_or_create_global_step()
+        onu_model.inference(tf.zeros([1, IMAGE_SIZE, IMAGE_SIZE, 3]), 2, 'small', is_training=True)
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            return tf.compat.v1.train.Saver().save(session, os.path.join(directory, 'model.ckpt'),
+                                                   global_step=global_step)
+
+
+def test_checkpoint_without_moving_averages_needs_allow_raw_weights(run, tmp_path):
+    path = write_checkpoint_without_moving_averages(str(tmp_path))
+    export_dir = str(tmp_path / 'serving')
+    with pytest.raises(onu_dataset.DataError, match='no moving average of SmallNet/.*--allow_raw_weights'):
+        onu_export.export_saved_model(path, run.config, export_dir)
+    assert not os.path.exists(os.path.join(export_dir, '0'))
+
+    version_dir = onu_export.export_saved_model(path, run.config, export_dir, allow_raw_weights=True)
+    assert onu_export.load_export_config(version_dir)['export']['weights'] == onu_export.WEIGHTS_RAW
+
+
+def test_checkpoint_of_another_model_is_a_clear_error(run, tmp_path):
+    three_classes = dict(run.config, num_classes=3, class_names=['F603', 'F663N', 'HG8245'])
+    with pytest.raises(onu_dataset.DataError, match=r'model.ckpt-12: SmallNet/Logits/weights has shape '
+                                                    r'\[256, 2\] but the model needs \[256, 3\]'):
+        onu_export.export_saved_model(checkpoint(run, MAX_STEPS), three_classes, str(tmp_path))
+    assert listing(tmp_path) == []
+
+
+def test_saved_model_cli_shows_and_runs_both_signatures(run, tmp_path):
+    version_dir = os.path.join(run.export_dir, str(MAX_STEPS))
+    shown = run_script('saved_model_cli', 'show', '--all', '--dir', version_dir)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    for text in ("signature_def['serving_default']", "signature_def['predict_images']",
+                 "inputs['image_bytes']", "inputs['images']", "outputs['probabilities']",
+                 "outputs['classes']", "outputs['class_names']", 'shape: (-1, 32, 32, 3)'):
+        assert text in shown.stdout
+
+    paths = val_files(run)[:3]
+    inputs = str(tmp_path / 'image_bytes.npy')
+    np.save(inputs, np.array(read_bytes(paths), dtype=object), allow_pickle=True)
+    result = run_script('saved_model_cli', 'run', '--dir', version_dir, '--tag_set', 'serve',
+                        '--signature_def', 'serving_default', '--inputs', f'image_bytes={inputs}',
+                        '--outdir', str(tmp_path / 'out'))
+    assert result.returncode == 0, result.stderr[-2000:]
+    expected = serve(version_dir, onu_export.SERVING_SIGNATURE, image_bytes=read_bytes(paths))
+    np.testing.assert_allclose(np.load(tmp_path / 'out' / 'probabilities.npy'),
+                               expected['probabilities'], atol=1e-6)
+    np.testing.assert_array_equal(np.load(tmp_path / 'out' / 'class_names.npy', allow_pickle=True),
+                                  expected['class_names'])
+
+
+def test_export_script_exports_the_latest_checkpoint(run, tmp_path):
+    export_dir = str(tmp_path / 'serving')
+    result = run_script('onu_export.py', f'--checkpoint_dir={run.train_dir}', f'--export_dir={export_dir}')
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert listing(export_dir) == [str(MAX_STEPS)]
+    assert f'Exported {checkpoint(run, MAX_STEPS)} (small 32x32, moving_averages weights' in result.stdout
+
+
+
+def test_train_dir_without_run_config_is_a_clear_error(tmp_path):
+    with pytest.raises(onu_dataset.DataError) as error:
+        onu_export.load_training_config(str(tmp_path))
+    assert str(error.value) == (
+        f'{tmp_path}/run_config.json not found: pass the --checkpoint_dir (train_dir) that '
+        f'onu_train.py wrote, which holds the model, image size and class names')
+    with pytest.raises(onu_dataset.DataError, match=f'{tmp_path}: no checkpoint; train first'):
+        onu_export.find_checkpoint(str(tmp_path))

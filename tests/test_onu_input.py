@@ -1,0 +1,399 @@
+"""Tests of onu_input.py: shapes, pixel parity across the three formats, preprocessing, errors."""
+
+import io
+import logging
+import math
+import os
+import shutil
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from PIL import Image
+
+import convert_to_tfrecord
+import onu_dataset
+import onu_input
+
+IMAGE_SIZE = 32
+FORMATS = onu_dataset.DATA_FORMATS
+ROTATION_ONLY = onu_input.AugmentOptions(saturation=False, brightness=False, contrast=False, hue=False,
+                                         rotation=True)
+
+
+def _run_to_end(fetches):
+    """Runs fetches in a new session until OutOfRangeError; returns the list of results."""
+    results = []
+    with tf.compat.v1.Session() as sess:
+        while True:
+            try:
+                results.append(sess.run(fetches))
+            except tf.errors.OutOfRangeError:
+                return results
+
+
+def _eval_examples(split, data_dir, data_format, batch_size=3, image_size=IMAGE_SIZE):
+    """Returns (images, labels, batch sizes) of one full eval pass."""
+    with tf.Graph().as_default():
+        batches = _run_to_end(onu_input.inputs(split, data_dir, data_format, batch_size, image_size))
+    images = np.concatenate([images for images, _ in batches])
+    labels = np.concatenate([labels for _, labels in batches])
+    return images, labels, [len(labels) for _, labels in batches]
+
+
+def _evaluate(tensors):
+    """Returns the value of tensors (built in the current default graph)."""
+    with tf.compat.v1.Session() as sess:
+        return sess.run(tensors)
+
+
+def _write_jpeg_with_bad_scan(path, pattern_image):
+    """Writes a JPEG whose header (and end marker) are fine but whose scan data is noise."""
+    buffer = io.BytesIO()
+    pattern_image.save(buffer, 'JPEG', quality=90)
+    data = buffer.getvalue()
+    scan_start = data.index(b'\xff\xda') + 2
+    scan_start += int.from_bytes(data[scan_start:scan_start + 2], 'big')
+    noise = np.random.default_rng(0).integers(0, 256, 3000, dtype=np.uint8).tobytes()
+    with open(path, 'wb') as f:
+        f.write(data[:scan_start] + noise + b'\xff\xd9')
+
+
+@pytest.fixture(scope='module')
+def messy_records_dir(messy_data_dir, tmp_path_factory):
+    """A copy of messy_data_dir whose val/F603 also holds every messy file, converted to both kinds."""
+    data_dir = str(tmp_path_factory.mktemp('messy_records') / 'data')
+    shutil.copytree(messy_data_dir, data_dir)
+    train_dir = os.path.join(data_dir, 'train', 'F603')
+    for name in os.listdir(train_dir):
+        if os.path.isfile(os.path.join(train_dir, name)):
+            shutil.copy(os.path.join(train_dir, name), os.path.join(data_dir, 'val', 'F603', name))
+    convert_to_tfrecord.convert(data_dir, processes=1)
+    return data_dir
+
+
+# ---------------------------------------------------------------------------------------------
+# Shapes, dtypes, coverage.
+
+@pytest.mark.parametrize('data_format', FORMATS)
+def test_distorted_inputs_shapes_and_range(tiny_data_dir, data_format):
+    with tf.Graph().as_default():
+        images, labels = onu_input.distorted_inputs(tiny_data_dir, data_format, batch_size=5,
+                                                    image_size=IMAGE_SIZE, seed=1)
+        assert images.shape.as_list() == [5, IMAGE_SIZE, IMAGE_SIZE, 3]
+        assert labels.shape.as_list() == [5]
+        assert (images.dtype, labels.dtype) == (tf.float32, tf.int32)
+        images_value, labels_value = _evaluate((images, labels))
+    assert images_value.min() >= -1.0 and images_value.max() <= 1.0
+    assert images_value.max() - images_value.min() > 0.5
+    assert set(labels_value) <= {0, 1}
+
+
+@pytest.mark.parametrize('data_format', FORMATS)
+def test_inputs_shapes_and_each_example_once(tiny_data_dir, data_format):
+    info = onu_input.dataset_info(tiny_data_dir, data_format, 'train')
+    assert (info.num_examples, info.class_names) == (8, ('F603', 'F663N'))
+    with tf.Graph().as_default():
+        images, labels = onu_input.inputs('train', tiny_data_dir, data_format, 3, IMAGE_SIZE)
+        assert images.shape.as_list() == [None, IMAGE_SIZE, IMAGE_SIZE, 3]
+        assert (images.dtype, labels.dtype) == (tf.float32, tf.int32)
+    images, labels, batch_sizes = _eval_examples('train', tiny_data_dir, data_format)
+    assert batch_sizes == [3, 3, 2]  # the final partial batch is kept
+    assert np.bincount(labels).tolist() == [4, 4]
+    distinct = {tuple(np.round(image.mean(axis=(0, 1)), 4)) for image in images}
+    assert len(distinct) == 8  # eight different photos, none twice
+    assert images.min() >= -1.0 and images.max() <= 1.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Pixel parity: the same photo gives the same eval pixels in every format.
+
+def _differences_from_raw(data_dir):
+    """Returns {format: mean absolute difference per val photo from raw mode, on the [0, 1] scale}."""
+    results = {fmt: _eval_examples('val', data_dir, fmt) for fmt in FORMATS}
+    reference_images, reference_labels, _ = results['raw']
+    differences = {}
+    for fmt in ('images', 'encoded'):
+        images, labels, _ = results[fmt]
+        np.testing.assert_array_equal(labels, reference_labels)  # same photos, same order
+        differences[fmt] = np.abs(images - reference_images).mean(axis=(1, 2, 3)) / 2.0
+    return differences
+
+
+def test_pixel_parity_across_formats(tiny_data_dir):
+    for fmt, differences in _differences_from_raw(tiny_data_dir).items():
+        assert differences.max() < 1.0 / 255.0, (fmt, differences)
+
+
+def test_pixel_parity_across_formats_on_messy_files(messy_records_dir):
+    """EXIF-rotated, CMYK, PNG named .jpg, RGBA, BMP, grayscale: the same pixels in every format."""
+    differences = _differences_from_raw(messy_records_dir)
+    assert differences['images'].max() < 1.0 / 255.0, differences['images']
+    # The converter re-encodes EXIF-rotated and CMYK JPEGs as JPEG, which loses a little per photo.
+    assert differences['encoded'].mean() < 1.0 / 255.0, differences['encoded']
+
+
+def test_messy_files_decode_upright_rgb(messy_records_dir, pattern_image):
+    """EXIF-rotated, PNG named .jpg, RGBA, BMP, CMYK: all look like the upright pattern."""
+    width, height = pattern_image.size
+    expected = np.asarray(pattern_image, np.float32) / 255.0
+    info = onu_input.dataset_info(messy_records_dir, 'images', 'val')
+    names = [os.path.basename(path) for path in info.files]
+    assert 'exif_rotated.jpg' in names and 'png_named.jpg' in names and 'truncated.jpg' not in names
+    with tf.Graph().as_default():
+        path = tf.compat.v1.placeholder(tf.string, [])
+        orientation = tf.compat.v1.placeholder(tf.int32, [])
+        upright = onu_input.apply_exif_orientation(onu_input.decode_image_bytes(tf.io.read_file(path)),
+                                                   orientation)
+        with tf.compat.v1.Session() as sess:
+            for name, file_path, file_orientation in zip(names, info.files, info.orientations):
+                image = sess.run(upright, {path: file_path, orientation: file_orientation})
+                assert image.shape == (height, width, 3), name
+                if name != 'gray.jpg':
+                    assert np.abs(image / 255.0 - expected).mean() < 0.03, name
+
+
+@pytest.mark.parametrize('orientation', range(1, 9))
+def test_exif_orientation_matches_pillow(tmp_path, pattern_image, orientation):
+    exif = Image.Exif()
+    exif[onu_dataset.EXIF_ORIENTATION_TAG] = orientation
+    path = str(tmp_path / 'photo.png')
+    pattern_image.save(path, 'PNG', exif=exif.tobytes())
+    from PIL import ImageOps
+    with Image.open(path) as image:
+        expected = np.asarray(ImageOps.exif_transpose(image).convert('RGB'))
+    with tf.Graph().as_default():
+        upright = onu_input.apply_exif_orientation(
+            onu_input.decode_image_bytes(tf.io.read_file(path)), orientation)
+        np.testing.assert_array_equal(_evaluate(upright), expected)
+
+
+# ---------------------------------------------------------------------------------------------
+# Preprocessing stages and augmentation.
+
+def test_value_range_after_each_stage():
+    rng = np.random.default_rng(0)
+    photo = rng.integers(0, 256, (40, 60, 3), dtype=np.uint8)
+    white = np.full((40, 60, 3), 255, np.uint8)
+    with tf.Graph().as_default():
+        unit = onu_input.to_unit_range(photo, IMAGE_SIZE)
+        unit_white = onu_input.to_unit_range(white, IMAGE_SIZE)
+        # Extreme draws push colours out of range before the final clip.
+        distorted = [onu_input.distort_image(tf.clip_by_value(unit * 3.0 - 1.0, 0.0, 1.0), seed=[seed, 7])
+                     for seed in range(8)]
+        model = onu_input.to_model_range(unit)
+        train = onu_input.preprocess_for_train(photo, IMAGE_SIZE)
+        evaluation = onu_input.preprocess_for_eval(white, IMAGE_SIZE)
+        values = _evaluate({'unit': unit, 'white': unit_white, 'distorted': distorted, 'model': model,
+                            'train': train, 'eval': evaluation})
+    assert values['unit'].shape == (IMAGE_SIZE, IMAGE_SIZE, 3)
+    assert 0.0 <= values['unit'].min() and values['unit'].max() <= 1.0
+    np.testing.assert_allclose(values['white'], 1.0, rtol=0, atol=1e-6)  # not 255: scaled once, correctly
+    for image in values['distorted']:
+        assert 0.0 <= image.min() and image.max() <= 1.0
+    np.testing.assert_allclose(values['model'], values['unit'] * 2.0 - 1.0, atol=1e-6)
+    assert -1.0 <= values['train'].min() and values['train'].max() <= 1.0
+    np.testing.assert_allclose(values['eval'], 1.0, atol=1e-6)
+
+
+def test_random_distortions_stay_in_their_ranges():
+    with tf.Graph().as_default():
+        seeds = tf.stack([tf.range(2000, dtype=tf.int64), tf.fill([2000], tf.constant(3, tf.int64))], 1)
+        draws = _evaluate(tf.map_fn(onu_input.random_distortions, seeds,
+                                    fn_output_signature={k: tf.float32 for k in
+                                                         ('saturation', 'brightness', 'contrast', 'hue',
+                                                          'angle')}))
+    limits = {'saturation': onu_input.SATURATION_RANGE, 'contrast': onu_input.CONTRAST_RANGE,
+              'brightness': (-onu_input.BRIGHTNESS_MAX_DELTA, onu_input.BRIGHTNESS_MAX_DELTA),
+              'hue': (-onu_input.HUE_MAX_DELTA, onu_input.HUE_MAX_DELTA),
+              'angle': (-math.radians(10), math.radians(10))}
+    for key, (low, high) in limits.items():
+        assert low <= draws[key].min() and draws[key].max() <= high, key
+        spread = high - low
+        assert draws[key].min() < low + 0.05 * spread and draws[key].max() > high - 0.05 * spread, key
+
+
+def _bar_angle_degrees(image):
+    """The angle of the bright bar in a [-1, 1] image, from the principal axis of its pixels."""
+    rows, columns = np.nonzero(image.mean(axis=-1) > 0.5)
+    coordinates = np.stack([columns - columns.mean(), rows - rows.mean()])
+    eigenvalues, eigenvectors = np.linalg.eigh(np.cov(coordinates))
+    x, y = eigenvectors[:, np.argmax(eigenvalues)]
+    angle = math.degrees(math.atan2(y, x))
+    return (angle + 90.0) % 180.0 - 90.0
+
+
+def test_rotation_is_per_image_and_within_10_degrees():
+    bar = np.zeros((64, 64, 3), np.uint8)
+    bar[29:35, 6:58] = 255
+    with tf.Graph().as_default():
+        dataset = tf.data.Dataset.from_tensors(bar).repeat(300).map(
+            lambda image: onu_input.preprocess_for_train(image, 64, ROTATION_ONLY))
+        images = _evaluate(tf.compat.v1.data.make_one_shot_iterator(dataset.batch(300)).get_next())
+    angles = np.array([_bar_angle_degrees(image) for image in images])
+    assert np.abs(angles).max() <= 10.5
+    assert angles.min() < -8.0 and angles.max() > 8.0
+    assert 4.5 < angles.std() < 7.0  # uniform on [-10, 10] degrees: std 5.8
+    assert len(np.unique(np.round(angles, 1))) > 50  # drawn per image, not once per run
+
+
+def test_rotate_image_turns_by_radians():
+    image = np.zeros((65, 65, 1), np.float32)
+    image[32, 52] = 1.0  # 20 pixels right of the centre
+    with tf.Graph().as_default():
+        rotated = _evaluate(onu_input.rotate_image(image, math.radians(90.0)))
+    row, column = np.unravel_index(np.argmax(rotated[..., 0]), (65, 65))
+    assert (row, column) in ((12, 32), (52, 32))  # a quarter turn, either sense
+
+
+def test_augmentation_varies_per_image(make_tiny_dataset):
+    data_dir = make_tiny_dataset('one_each', train_per_class=1, val_per_class=1)
+    for augment, differ in ((True, True), (False, False)):
+        with tf.Graph().as_default():
+            images, labels = onu_input.distorted_inputs(data_dir, 'images', batch_size=8,
+                                                        image_size=IMAGE_SIZE, augment=augment)
+            images, labels = _evaluate((images, labels))
+        for label in (0, 1):
+            same_photo = images[labels == label]
+            assert len(same_photo) >= 2
+            difference = np.abs(same_photo[0] - same_photo[1]).mean()
+            assert (difference > 0.01) == differ, (augment, difference)
+
+
+def test_seed_makes_training_batches_reproducible(tiny_data_dir):
+    def first_batch(seed):
+        with tf.Graph().as_default():
+            return _evaluate(onu_input.distorted_inputs(tiny_data_dir, 'encoded', 4, IMAGE_SIZE, seed=seed))
+    first, again, other = first_batch(3), first_batch(3), first_batch(4)
+    np.testing.assert_array_equal(first[0], again[0])
+    np.testing.assert_array_equal(first[1], again[1])
+    assert np.abs(first[0] - other[0]).mean() > 0.01
+
+
+def test_distorted_inputs_adds_image_summary(tiny_data_dir):
+    with tf.Graph().as_default():
+        onu_input.distorted_inputs(tiny_data_dir, 'raw', 4, IMAGE_SIZE)
+        summaries = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SUMMARIES)
+        assert [s.op.name for s in summaries] == ['augmented_inputs']
+        summary = tf.compat.v1.Summary.FromString(_evaluate(summaries[0]))
+    assert len(summary.value) == onu_input.NUM_SUMMARY_IMAGES
+    assert summary.value[0].image.height == IMAGE_SIZE
+
+
+def test_serving_preprocessing_in_map_fn(pattern_image):
+    """Export decodes a batch of JPEG/PNG/BMP strings with tf.map_fn: same as one at a time."""
+    encoded = []
+    for image_format in ('JPEG', 'PNG', 'BMP'):
+        buffer = io.BytesIO()
+        pattern_image.save(buffer, image_format)
+        encoded.append(buffer.getvalue())
+
+    def preprocess(data):
+        return onu_input.preprocess_for_eval(onu_input.decode_image_bytes(data), IMAGE_SIZE)
+    with tf.Graph().as_default():
+        batch = tf.map_fn(preprocess, tf.constant(encoded), fn_output_signature=tf.float32)
+        batch, singles = _evaluate((batch, [preprocess(data) for data in encoded]))
+    assert batch.shape == (3, IMAGE_SIZE, IMAGE_SIZE, 3)
+    np.testing.assert_allclose(batch, np.stack(singles), atol=1e-6)
+    np.testing.assert_allclose(batch[1], batch[2], atol=1e-6)  # PNG and BMP: the same pixels
+
+
+def test_serial_cv2_baseline_matches_the_pipeline(tiny_data_dir):
+    reference, reference_labels, _ = _eval_examples('val', tiny_data_dir, 'images', batch_size=4)
+    with tf.Graph().as_default():
+        loader = onu_input.SerialCv2Loader(tiny_data_dir, 'val', batch_size=4, image_size=IMAGE_SIZE)
+        feeds = list(loader.feed_dicts(epochs=1))
+        with tf.compat.v1.Session() as sess:
+            images, labels = sess.run((loader.images, loader.labels), feeds[0])
+    assert len(feeds) == 1 and images.shape == (4, IMAGE_SIZE, IMAGE_SIZE, 3)
+    np.testing.assert_array_equal(labels, reference_labels)
+    assert np.abs(images - reference).mean() / 2.0 < 2.0 / 255.0  # RGB like the pipeline, not BGR
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors.
+
+def test_missing_data_dir_says_how_to_make_data(tmp_path):
+    missing = str(tmp_path / 'nowhere')
+    for data_format in FORMATS:
+        with pytest.raises(onu_dataset.DataError) as error:
+            onu_input.dataset_info(missing, data_format, 'train')
+        message = str(error.value)
+        assert missing in message and 'make_sample_data.py' in message and '\n' not in message
+
+
+def test_missing_records_say_how_to_convert(make_tiny_dataset):
+    data_dir = make_tiny_dataset()
+    assert not onu_input.has_records(data_dir, 'raw')
+    with pytest.raises(onu_dataset.DataError) as error:
+        onu_input.distorted_inputs(data_dir, 'raw', 2, IMAGE_SIZE)
+    message = str(error.value)
+    assert 'manifest.json' in message and f'--data_dir={data_dir} --format=raw' in message
+
+
+def test_records_of_the_other_kind(make_tiny_dataset):
+    data_dir = make_tiny_dataset()
+    convert_to_tfrecord.convert(data_dir, formats=('encoded',), processes=1)
+    assert onu_input.has_records(data_dir, 'encoded') and not onu_input.has_records(data_dir, 'raw')
+    with pytest.raises(onu_dataset.DataError) as error:
+        onu_input.inputs('val', data_dir, 'raw', 2, IMAGE_SIZE)
+    message = str(error.value)
+    assert 'only encoded records' in message and '--format=raw' in message
+    assert '--data_format=encoded' in message and '\n' not in message
+
+
+def _copy_records(tiny_data_dir, tmp_path):
+    """Returns a writable copy of tiny_data_dir's photos and records."""
+    data_dir = str(tmp_path / 'data')
+    shutil.copytree(tiny_data_dir, data_dir)
+    return data_dir
+
+
+def test_corrupted_record_names_the_shard(tiny_data_dir, tmp_path):
+    data_dir = _copy_records(tiny_data_dir, tmp_path)
+    info = onu_input.dataset_info(data_dir, 'encoded', 'train')
+    damaged = info.files[1]
+    with open(damaged, 'r+b') as f:
+        f.seek(os.path.getsize(damaged) // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with tf.Graph().as_default():
+        images, _ = onu_input.inputs('train', data_dir, 'encoded', 2, IMAGE_SIZE)
+        with pytest.raises(onu_dataset.DataError) as error:
+            with onu_input.damaged_records_as_data_error(data_dir, 'encoded', 'train'):
+                _run_to_end(images)
+    message = str(error.value)
+    assert message.startswith(damaged) and 'corrupted record' in message
+    assert '--overwrite' in message and '\n' not in message
+
+
+def test_truncated_record_file_names_the_shard(tiny_data_dir, tmp_path):
+    data_dir = _copy_records(tiny_data_dir, tmp_path)
+    shard = onu_input.dataset_info(data_dir, 'raw', 'val').files[0]
+    with open(shard, 'r+b') as f:
+        f.truncate(os.path.getsize(shard) - 100)
+    with pytest.raises(onu_dataset.DataError) as error:
+        onu_input.inputs('val', data_dir, 'raw', 2, IMAGE_SIZE)
+    message = str(error.value)
+    assert message.startswith(shard) and 'truncated' in message and '--format=raw' in message
+
+
+def test_undecodable_image_is_skipped_warned_once_and_counted(make_tiny_dataset, pattern_image, caplog):
+    data_dir = make_tiny_dataset()
+    bad = os.path.join(data_dir, 'val', 'F603', 'bad_scan.jpg')
+    _write_jpeg_with_bad_scan(bad, pattern_image)
+    info = onu_input.dataset_info(data_dir, 'images', 'val')
+    assert bad in info.files  # its header is fine: only decoding finds the problem
+    with caplog.at_level(logging.WARNING):
+        images, labels, _ = _eval_examples('val', data_dir, 'images', batch_size=2)
+        assert len(labels) == info.num_examples - 1 and bad in onu_input.decode_failures()
+        with tf.Graph().as_default():  # two more epochs of training: no crash, no second warning
+            train_info = onu_input.dataset_info(data_dir, 'images', 'val')
+            dataset = onu_input.make_dataset(train_info, 2, IMAGE_SIZE, training=True, seed=0)
+            batch = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+            with tf.compat.v1.Session() as sess:
+                for _ in range(train_info.num_examples):
+                    sess.run(batch)
+    warnings = [r.getMessage() for r in caplog.records if bad in r.getMessage()]
+    assert len(warnings) == 1 and 'cannot be decoded' in warnings[0]

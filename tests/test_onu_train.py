@@ -1,0 +1,207 @@
+"""Tests of onu_train.py: runs the real script on tiny generated data in a temp dir."""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import REPO_ROOT
+
+import onu_flags
+
+TIMEOUT_SECS = 240
+TINY_FLAGS = ['--image_size=32', '--batch_size=4', '--log_frequency=1', '--save_summaries_steps=1',
+              '--save_checkpoint_secs=600']
+
+
+def run_train(*args, timeout=TIMEOUT_SECS):
+    """Runs onu_train.py with args; returns the CompletedProcess (text output)."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+    return subprocess.run([sys.executable, os.path.join(REPO_ROOT, 'onu_train.py'), *TINY_FLAGS, *args],
+                          capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO_ROOT)
+
+
+def logged_steps(stdout):
+    """Returns the global steps of the 'step N, loss = X' lines."""
+    return [int(line.split('step ')[1].split(',')[0]) for line in stdout.splitlines() if ', loss = ' in line]
+
+
+def checkpoint_step(train_dir):
+    """Returns the global step stored in train_dir's latest checkpoint."""
+    return int(tf.train.load_checkpoint(tf.train.latest_checkpoint(train_dir)).get_tensor('global_step'))
+
+
+def event_tags(train_dir):
+    """Returns {tag: [values]} of the scalar and image summaries in train_dir's event files."""
+    tags = {}
+    for name in os.listdir(train_dir):
+        if not name.startswith('events.out.tfevents'):
+            continue
+        for record in tf.compat.v1.io.tf_record_iterator(os.path.join(train_dir, name)):
+            event = tf.compat.v1.Event.FromString(record)
+            for value in event.summary.value:
+                kind = value.WhichOneof('value')
+                tags.setdefault(value.tag, []).append(value.simple_value if kind == 'simple_value' else kind)
+    return tags
+
+
+@pytest.fixture(scope='module')
+def trained(tmp_path_factory):
+    """A tiny dataset and a 6-step training run on it: (data_dir, train_dir, completed process)."""
+    root = tmp_path_factory.mktemp('train')
+    data_dir = str(root / 'data')
+    import make_sample_data
+    make_sample_data.generate_dataset(data_dir, 4, 2, (64, 48), seed=0, processes=1)
+    train_dir = str(root / 'train')
+    os.makedirs(train_dir)
+    with open(os.path.join(train_dir, 'notes.txt'), 'w') as f:
+        f.write('mine')
+    result = run_train(f'--data_dir={data_dir}', f'--train_dir={train_dir}', '--max_steps=6', '--seed=1')
+    return data_dir, train_dir, result
+
+
+def test_training_writes_checkpoint_events_and_config(trained):
+    data_dir, train_dir, result = trained
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert 'no encoded records: converting them now' in result.stdout
+    assert os.path.isfile(os.path.join(data_dir, 'tfrecords', 'manifest.json'))
+    assert '--model not given: using small (no GPU visible)' in result.stdout
+    assert logged_steps(result.stdout) == [2, 3, 4, 5, 6]
+    assert checkpoint_step(train_dir) == 6
+    tags = event_tags(train_dir)
+    for tag in ('losses/total', 'losses/cross_entropy', 'losses/regularization', 'learning_rate',
+                'training_batch/precision_at_1', 'examples/sec'):
+        assert tag in tags, sorted(tags)
+    assert all(0.0 <= v <= 1.0 for v in tags['training_batch/precision_at_1'])
+    assert all(v > 0 for v in tags['examples/sec'])
+    assert any(tag.startswith('losses_averaged/') for tag in tags)
+    assert any(tag.startswith('augmented_inputs') for tag in tags)
+    config = onu_flags.load_run_config(train_dir)
+    assert config['model'] == 'small'
+    assert config['image_size'] == 32
+    assert config['class_names'] == ['F603', 'F663N']
+    assert config['num_classes'] == 2
+    assert config['num_examples_per_epoch'] == 8
+    assert config['data_format'] == 'encoded'
+    assert config['flags']['batch_size'] == 4
+    assert config['flags']['max_steps'] == 6
+    with open(os.path.join(train_dir, 'notes.txt')) as f:
+        assert f.read() == 'mine'  # training never clears the user's train_dir
+
+
+def test_restart_resumes_from_saved_global_step(trained, tmp_path):
+    data_dir, train_dir, _ = trained
+    resumed_dir = str(tmp_path / 'train')
+    shutil.copytree(train_dir, resumed_dir)
+    result = run_train(f'--data_dir={data_dir}', f'--train_dir={resumed_dir}', '--max_steps=9')
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert logged_steps(result.stdout) == [8, 9]
+    assert checkpoint_step(resumed_dir) == 9
+
+
+def test_restart_after_kill_resumes_from_last_checkpoint(trained, tmp_path):
+    data_dir, _, _ = trained
+    train_dir = str(tmp_path / 'train')
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+    process = subprocess.Popen(
+        [sys.executable, os.path.join(REPO_ROOT, 'onu_train.py'), *TINY_FLAGS, f'--data_dir={data_dir}',
+         f'--train_dir={train_dir}', '--max_steps=100000', '--save_checkpoint_steps=5'],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=REPO_ROOT)
+    try:
+        deadline = time.time() + TIMEOUT_SECS
+        while time.time() < deadline:
+            latest = tf.train.latest_checkpoint(train_dir)
+            if latest and int(latest.rsplit('-', 1)[1]) >= 5:
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail('no checkpoint after step 5 appeared')
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=60)
+    saved = checkpoint_step(train_dir)
+    assert saved >= 5
+    result = run_train(f'--data_dir={data_dir}', f'--train_dir={train_dir}', f'--max_steps={saved + 3}')
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert logged_steps(result.stdout) == [saved + 2, saved + 3]
+
+
+def test_resuming_with_other_image_size_is_a_clear_error(trained):
+    data_dir, train_dir, _ = trained
+    result = run_train(f'--data_dir={data_dir}', f'--train_dir={train_dir}', '--max_steps=8',
+                       '--image_size=48')
+    assert result.returncode == 2
+    message = result.stderr.strip().splitlines()[-1]
+    assert message.startswith(f'error: {train_dir} holds a run with image_size=32, not 48')
+    assert '--train_dir' in message
+    assert checkpoint_step(train_dir) == 6
+    assert 'Traceback' not in result.stderr
+
+
+def test_fine_tune_with_other_class_count_uses_exclude_scopes(trained, tmp_path):
+    data_dir, train_dir, _ = trained
+    three_class_dir = str(tmp_path / 'three')
+    shutil.copytree(data_dir, three_class_dir, ignore=shutil.ignore_patterns('tfrecords'))
+    for split in ('train', 'val'):
+        shutil.copytree(os.path.join(three_class_dir, split, 'F603'), os.path.join(three_class_dir, split, 'F680'))
+
+    mismatch = run_train(f'--data_dir={three_class_dir}', f'--train_dir={tmp_path / "no_exclude"}',
+                         '--max_steps=1', f'--checkpoint_path={train_dir}')
+    assert mismatch.returncode == 2
+    message = mismatch.stderr.strip().splitlines()[-1]
+    assert 'SmallNet/Logits/' in message and '--checkpoint_exclude_scopes' in message
+    assert 'Traceback' not in mismatch.stderr
+
+    tuned_dir = str(tmp_path / 'tuned')
+    result = run_train(f'--data_dir={three_class_dir}', f'--train_dir={tuned_dir}', '--max_steps=1',
+                       f'--checkpoint_path={train_dir}', '--checkpoint_exclude_scopes=SmallNet/Logits')
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert 'excluded (freshly initialised): SmallNet/Logits/weights' in result.stdout
+    assert onu_flags.load_run_config(tuned_dir)['num_classes'] == 3
+    source = tf.train.load_checkpoint(tf.train.latest_checkpoint(train_dir))
+    start = tf.train.load_checkpoint(os.path.join(tuned_dir, 'model.ckpt-0'))
+    np.testing.assert_array_equal(start.get_tensor('SmallNet/conv2/weights'),
+                                  source.get_tensor('SmallNet/conv2/weights'))
+    assert start.get_tensor('SmallNet/Logits/weights').shape[-1] == 3
+
+
+def test_nan_loss_stops_with_step_and_learning_rate(trained, tmp_path):
+    data_dir, _, _ = trained
+    train_dir = str(tmp_path / 'nan')
+    result = run_train(f'--data_dir={data_dir}', f'--train_dir={train_dir}', '--max_steps=50',
+                       '--optimizer=sgd', '--learning_rate=1e30', '--learning_rate_schedule=fixed')
+    assert result.returncode == 1
+    message = result.stderr.strip().splitlines()[-1]
+    assert message.startswith('error: loss is ')
+    assert 'at step' in message and 'learning rate 1e+30' in message
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(train_dir))
+    for name in reader.get_variable_to_shape_map():
+        value = reader.get_tensor(name)
+        if np.issubdtype(np.asarray(value).dtype, np.floating):
+            assert np.all(np.isfinite(value)), name
+
+
+def test_missing_data_dir_is_a_one_line_error(tmp_path):
+    missing = str(tmp_path / 'nowhere')
+    result = run_train(f'--data_dir={missing}', f'--train_dir={tmp_path / "train"}', '--max_steps=1')
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        f'error: {missing}: no train/ folder; put photos in {missing}/train/<class>/ and '
+        f'{missing}/val/<class>/, or run python make_sample_data.py --output_dir={missing}')
+    assert not os.path.exists(missing)
+
+
+def test_run_config_round_trips(tmp_path):
+    config = {'model': 'small', 'image_size': 64, 'class_names': ['F603', 'F663N', 'Ü'], 'flags': {'seed': None}}
+    onu_flags.save_run_config(str(tmp_path), config)
+    assert onu_flags.load_run_config(str(tmp_path)) == config
+    assert onu_flags.load_run_config(str(tmp_path / 'none')) is None
+    with open(onu_flags.run_config_path(str(tmp_path)), 'w') as f:
+        f.write('{not json')
+    with pytest.raises(onu_flags.onu_dataset.DataError, match='unreadable run configuration'):
+        onu_flags.load_run_config(str(tmp_path))
