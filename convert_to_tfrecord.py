@@ -12,14 +12,17 @@ sizes, skipped files) sit next to the shards. Unchanged inputs make a re-run a n
     python convert_to_tfrecord.py --data_dir=DATA --format=both
 """
 
+import contextlib
 import hashlib
 import io
+import itertools
 import math
 import os
 import random
 import re
 import sys
 import time
+from multiprocessing import shared_memory
 
 from absl import app
 from absl import flags
@@ -29,6 +32,7 @@ import onu_dataset
 from onu_dataset import DataError
 
 TARGET_SHARD_BYTES = 100 << 20  # automatic --num_shards: about this many bytes per shard
+RAW_TASK_BYTES = 8 << 20  # pixels decoded per worker task: fewer, larger tasks cost the writing process less
 REENCODE_JPEG_QUALITY = 95
 _TEMP_SHARD = re.compile(r'^(?:train|val)-(?:raw|encoded)-\d{5}-of-\d{5}\.tfrecord\.tmp-\d+$')
 
@@ -71,7 +75,60 @@ def _encoded_payload(info):
     return buffer.getvalue(), onu_dataset.PAYLOAD_PNG
 
 
-_PAYLOADS = {'raw': (_raw_payload, onu_dataset.KEY_RAW), 'encoded': (_encoded_payload, onu_dataset.KEY_ENCODED)}
+_PAYLOAD_KEYS = {'raw': onu_dataset.KEY_RAW, 'encoded': onu_dataset.KEY_ENCODED}
+_attached_slots = {}  # in a worker process: the shared-memory slots it has attached, by name
+
+
+def _raw_into_slots(tasks):
+    """Worker: decodes (image, shared-memory slot name) pairs into the slots; (byte count, 'raw') or (None, reason)."""
+    results = []
+    for info, slot_name in tasks:
+        payload, detail = _raw_payload(info)
+        slot = _attached_slots.get(slot_name)
+        if slot is None:
+            slot = _attached_slots[slot_name] = shared_memory.SharedMemory(slot_name)
+        if payload is not None and len(payload) > slot.size:
+            payload, detail = None, 'decode failed: the file changed during conversion'
+        if payload is not None:
+            slot.buf[:len(payload)] = payload
+        results.append((None if payload is None else len(payload), detail))
+    return results
+
+
+@contextlib.contextmanager
+def _shared_slots(count, size):
+    """count shared-memory buffers of size bytes each, released on exit."""
+    slots = [shared_memory.SharedMemory(create=True, size=max(1, size)) for _ in range(count)]
+    try:
+        yield slots
+    finally:
+        for slot in slots:
+            slot.close()
+            slot.unlink()
+
+
+def _payloads(order, record_format, pool, window):
+    """Yields (payload, payload format) or (None, skip reason) for each image of order, made by pool's workers.
+
+    Raw pixels (megabytes per image) come back through shared memory instead of being pickled through a
+    pipe, which would cost the writing process as much time again as the decoding saves it.
+    """
+    if record_format == 'encoded':
+        needs_decoding = not all(info.is_plain_jpeg for info in order)
+        yield from onu_dataset.parallel_map(_encoded_payload, order, pool if needs_decoding else None, window)
+    elif pool is None:
+        yield from map(_raw_payload, order)
+    else:
+        slot_bytes = max(info.height * info.width * onu_dataset.CHANNELS for info in order)
+        batch = max(1, min(len(order), RAW_TASK_BYTES // slot_bytes))
+        # Slots for one batch more than are in flight: parallel_map submits the next batch before the
+        # slots of the batch just returned have been copied out.
+        with _shared_slots((window + 1) * batch, slot_bytes) as slots:
+            pairs = ((info, slots[n % len(slots)].name) for n, info in enumerate(order))
+            batches = iter(lambda: tuple(itertools.islice(pairs, batch)), ())
+            results = itertools.chain.from_iterable(onu_dataset.parallel_map(_raw_into_slots, batches, pool, window))
+            for n, (size, detail) in enumerate(results):
+                yield (None, detail) if size is None else (bytes(slots[n % len(slots)].buf[:size]), detail)
 
 
 def _serialized_example(info, payload, payload_key, payload_format, filename):
@@ -141,12 +198,10 @@ def _write_verified_shard(path, examples, compression):
 def _convert_split(data_dir, output_dir, split, record_format, images, options, pool, skipped):
     """Writes the shards of one split in one record format; returns its manifest entry."""
     started = time.time()
-    make_payload, payload_key = _PAYLOADS[record_format]
+    payload_key = _PAYLOAD_KEYS[record_format]
     order = _split_order(images, split, options['seed'])
     num_shards = _num_shards(options['num_shards'], order, record_format)
-    use_pool = record_format == 'raw' or not all(info.is_plain_jpeg for info in order)
-    payloads = onu_dataset.parallel_map(make_payload, order, pool if use_pool else None,
-                                        window=4 * onu_dataset.worker_count(options['processes']))
+    payloads = _payloads(order, record_format, pool, window=2 * options['processes'])
     entry = {'shards': [], 'records': 0, 'records_per_class': {}, 'record_bytes': 0, 'source_bytes': 0,
              'pixel_bytes': 0}
     progress = tqdm(total=len(order), desc=f'{split} {record_format}', unit='img', disable=None, leave=False)
@@ -171,13 +226,15 @@ def _convert_split(data_dir, output_dir, split, record_format, images, options, 
             yield _serialized_example(info, payload, payload_key, payload_format, filename)
 
     bounds = [round(i * len(order) / num_shards) for i in range(num_shards + 1)]
-    for index in range(num_shards):
-        name = onu_dataset.shard_filename(split, record_format, index, num_shards)
-        path = os.path.join(output_dir, name)
-        records = _write_verified_shard(path, examples(order[bounds[index]:bounds[index + 1]]), options['compression'])
-        entry['shards'].append({'file': name, 'records': records, 'bytes': os.path.getsize(path)})
-        entry['records'] += records
-        entry['record_bytes'] += entry['shards'][-1]['bytes']
+    with contextlib.closing(payloads):
+        for index in range(num_shards):
+            name = onu_dataset.shard_filename(split, record_format, index, num_shards)
+            path = os.path.join(output_dir, name)
+            records = _write_verified_shard(path, examples(order[bounds[index]:bounds[index + 1]]),
+                                            options['compression'])
+            entry['shards'].append({'file': name, 'records': records, 'bytes': os.path.getsize(path)})
+            entry['records'] += records
+            entry['record_bytes'] += entry['shards'][-1]['bytes']
     progress.close()
     entry['records_per_class'] = {name: entry['records_per_class'].get(name, 0) for name in options['class_names']}
     entry['seconds'] = round(time.time() - started, 3)
@@ -259,14 +316,57 @@ def convert(data_dir, output_dir=None, formats=onu_dataset.RECORD_FORMATS, num_s
     Records already built from the same inputs with the same settings are kept (a re-run is a no-op);
     overwrite rebuilds the requested formats anyway. Records of other formats are kept while they match
     the inputs and compression, else removed. strict turns every skipped file (except hidden/system files)
-    into a DataError.
+    into a DataError. Workers are spawned processes: a script calling this needs the usual
+    `if __name__ == '__main__':` guard.
     """
-    formats = tuple(f for f in onu_dataset.RECORD_FORMATS if f in formats)
-    if not formats or compression not in onu_dataset.COMPRESSIONS:
+    known_formats = bool(formats) and set(formats) <= set(onu_dataset.RECORD_FORMATS)
+    if not known_formats or compression not in onu_dataset.COMPRESSIONS:
         raise ValueError(f'formats must be among {onu_dataset.RECORD_FORMATS} and compression among '
                          f'{onu_dataset.COMPRESSIONS}, got {formats} and {compression!r}')
+    formats = tuple(f for f in onu_dataset.RECORD_FORMATS if f in formats)
     output_dir = output_dir or os.path.join(data_dir, onu_dataset.RECORDS_SUBDIR)
     _check_output_dir(data_dir, output_dir)
+    workers = onu_dataset.worker_count(processes)
+    with contextlib.ExitStack() as stack:
+        # Raw records need the workers: start them first, so their start-up overlaps the listing below.
+        pool = stack.enter_context(onu_dataset.process_pool(workers)) if 'raw' in formats else None
+        class_names, listings, skipped = _list_inputs(data_dir, strict)
+        build = {'inputs': _inputs_digest(data_dir, class_names, listings), 'compression': compression,
+                 'num_shards': num_shards or None, 'seed': seed}
+        os.makedirs(output_dir, exist_ok=True)
+        old = _existing_manifest(output_dir)
+        reusable = _reusable_formats(old, output_dir, build, list(listings))
+        to_build = [f for f in formats if overwrite or f not in reusable or old['build'][f] != build]
+        kept = [f for f in onu_dataset.RECORD_FORMATS if f in reusable and f not in to_build]
+        if not to_build and set(kept) == set(old['build']):
+            print(f'{output_dir}: {", ".join(formats)} records are up to date with {data_dir}; nothing to do '
+                  f'(--overwrite rebuilds them)')
+            return old
+        if pool is None and not all(info.is_plain_jpeg for images, _ in listings.values() for info in images):
+            pool = stack.enter_context(onu_dataset.process_pool(workers))  # to re-encode those images
+
+        manifest = {'version': onu_dataset.MANIFEST_VERSION, 'compression': compression, 'class_names': class_names,
+                    'splits': {split: {f: old['splits'][split][f] for f in kept} for split in listings},
+                    'build': {f: old['build'][f] for f in kept},
+                    'skipped': skipped + [s for s in (old or {}).get('skipped', []) if s.get('format') in kept],
+                    'image_size_stats': {split: _image_size_stats(images) for split, (images, _) in listings.items()}}
+        onu_dataset.write_manifest(output_dir, manifest)  # readers never see records that are being replaced
+        onu_dataset.write_labels(os.path.join(output_dir, onu_dataset.LABELS_FILENAME), class_names)
+        _remove_stale_temp_shards(output_dir)
+        options = {'seed': seed, 'num_shards': num_shards, 'processes': workers, 'compression': compression,
+                   'strict': strict, 'class_names': class_names}
+        for record_format in to_build:
+            for split, (images, _) in listings.items():
+                manifest['splits'][split][record_format] = _convert_split(
+                    data_dir, output_dir, split, record_format, images, options, pool, manifest['skipped'])
+            manifest['build'][record_format] = build
+    onu_dataset.write_manifest(output_dir, manifest)
+    _remove_replaced_shards(output_dir, old, manifest)
+    return manifest
+
+
+def _list_inputs(data_dir, strict):
+    """(class names, {split: (images, skipped)}, skipped as manifest entries); DataError on any skip if strict."""
     class_names = onu_dataset.find_class_names(data_dir)
     splits = [s for s in onu_dataset.SPLITS if os.path.isdir(os.path.join(data_dir, s))]
     listings = {split: onu_dataset.list_split_images(data_dir, split, class_names) for split in splits}
@@ -276,39 +376,7 @@ def convert(data_dir, output_dir=None, formats=onu_dataset.RECORD_FORMATS, num_s
     if strict and unreadable:
         raise DataError(f'{os.path.join(data_dir, unreadable[0]["path"])}: {unreadable[0]["reason"]} '
                         f'({len(unreadable)} unreadable files; --strict): fix or remove them, or drop --strict')
-    build = {'inputs': _inputs_digest(data_dir, class_names, listings), 'compression': compression,
-             'num_shards': num_shards or None, 'seed': seed}
-    os.makedirs(output_dir, exist_ok=True)
-    old = _existing_manifest(output_dir)
-    reusable = _reusable_formats(old, output_dir, build, splits)
-    to_build = [f for f in formats if overwrite or f not in reusable or old['build'][f] != build]
-    kept = [f for f in onu_dataset.RECORD_FORMATS if f in reusable and f not in to_build]
-    if not to_build and set(kept) == set(old['build']):
-        print(f'{output_dir}: {", ".join(formats)} records are up to date with {data_dir}; nothing to do '
-              f'(--overwrite rebuilds them)')
-        return old
-
-    manifest = {'version': onu_dataset.MANIFEST_VERSION, 'compression': compression, 'class_names': class_names,
-                'splits': {split: {f: old['splits'][split][f] for f in kept} for split in splits},
-                'build': {f: old['build'][f] for f in kept},
-                'skipped': skipped + [s for s in (old or {}).get('skipped', []) if s.get('format') in kept],
-                'image_size_stats': {split: _image_size_stats(listings[split][0]) for split in splits}}
-    onu_dataset.write_manifest(output_dir, manifest)  # readers never see records that are being replaced
-    onu_dataset.write_labels(os.path.join(output_dir, onu_dataset.LABELS_FILENAME), class_names)
-    _remove_stale_temp_shards(output_dir)
-    options = {'seed': seed, 'num_shards': num_shards, 'processes': processes, 'compression': compression,
-               'strict': strict, 'class_names': class_names}
-    needs_workers = 'raw' in to_build or not all(i.is_plain_jpeg for images, _ in listings.values() for i in images)
-    with onu_dataset.process_pool(onu_dataset.worker_count(processes) if needs_workers else 1) as pool:
-        for record_format in to_build:
-            for split in splits:
-                entry = _convert_split(data_dir, output_dir, split, record_format, listings[split][0], options,
-                                       pool, manifest['skipped'])
-                manifest['splits'][split][record_format] = entry
-            manifest['build'][record_format] = build
-    onu_dataset.write_manifest(output_dir, manifest)
-    _remove_replaced_shards(output_dir, old, manifest)
-    return manifest
+    return class_names, listings, skipped
 
 
 def _remove_replaced_shards(output_dir, old, manifest):

@@ -325,7 +325,8 @@ def generate_dataset(output_dir, train_per_class=DEFAULT_TRAIN_PER_CLASS, val_pe
     """Writes output_dir/{train,val}/{F603,F663N}/NNNNN.jpg; returns the settings and totals as a dict.
 
     image_size is (width, height). A no-op if output_dir already holds sample data of the same settings;
-    DataError if it holds anything else, which is never touched.
+    DataError if it holds anything else, which is never touched. Workers are spawned processes: a script
+    calling this with processes != 1 needs the usual `if __name__ == '__main__':` guard.
     """
     width, height = image_size
     settings = {'class_names': list(SAMPLE_CLASS_NAMES), 'seed': seed, 'image_size': [width, height],

@@ -98,18 +98,19 @@ flags.DEFINE_boolean('quick', False,
                      '(flags given explicitly still win).')
 
 
-def _is_per_model_list(values):
-    """True if every item is model:positive-int with a known model name."""
+def _is_per_model_list(values, lowest):
+    """True if every item is model:N with a known model name and an integer N >= lowest."""
     try:
-        return all(name in onu_model.MODEL_NAMES and int(number) > 0
+        return all(name in onu_model.MODEL_NAMES and int(number) >= lowest
                    for name, number in (value.split(':') for value in values))
     except ValueError:
         return False
 
 
-for _name in ('train_steps', 'train_warmup_steps', 'train_batch_size'):
-    flags.register_validator(_name, _is_per_model_list,
-                             message=f'--{_name} takes model:N items, e.g. small:20,inception_resnet_v2:2')
+for _name, _lowest in (('train_steps', 1), ('train_warmup_steps', 0), ('train_batch_size', 1)):
+    flags.register_validator(_name, lambda values, lowest=_lowest: _is_per_model_list(values, lowest),
+                             message=f'--{_name} takes model:N items with N >= {_lowest}, '
+                                     f'e.g. small:20,inception_resnet_v2:2')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -411,19 +412,19 @@ def measure_training(model_name, way, info_of, batch_size, image_size, warmup, s
                                    learning_rate=onu_model.DEFAULT_LEARNING_RATE[model_name])
         with _session() as sess:
             sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
+            step = [train_op, total_loss]  # one fetch list throughout: a new one sets up a new executor
             for _ in range(warmup):
-                sess.run(train_op, next(feeds) if feeds else None)
+                sess.run(step, next(feeds) if feeds else None)
             windows = []
             for _ in range(repeats):
                 started = time.perf_counter()
                 for _ in range(steps):
-                    sess.run(train_op, next(feeds) if feeds else None)
+                    _, final_loss = sess.run(step, next(feeds) if feeds else None)
                 windows.append((time.perf_counter() - started) / steps)
-            final_loss = float(sess.run(total_loss, next(feeds) if feeds else None))
     sec_per_batch = statistics.median(windows)
     return {'sec_per_batch': sec_per_batch, 'examples_per_sec': batch_size / sec_per_batch,
             'sec_per_batch_repeats': windows, 'batch_size': batch_size, 'image_size': image_size,
-            'final_loss': final_loss}
+            'final_loss': float(final_loss)}
 
 
 # ----------------------------------------------------------------------------------------------

@@ -42,6 +42,7 @@ TF_CONFIG_EXAMPLE = ('{"cluster": {"ps": ["host:port"], "worker": ["host:port", 
                      '"task": {"type": "worker", "index": 0}}')
 
 CHIEF_POLL_SECS = 0.5
+CHIEF_WAIT_SECS = 7200  # as long as MonitoredTrainingSession lets a worker wait
 STOP_GRACE_PERIOD_SECS = 3
 DONE_QUEUE_NAME = 'onu_workers_done'
 DONE_SIGNAL_TIMEOUT_SECS = 60
@@ -232,20 +233,28 @@ def signal_worker_done(task, target, config, timeout_secs=DONE_SIGNAL_TIMEOUT_SE
                             'stop them yourself', task.name, e.message.strip().splitlines()[0])
 
 
-def wait_for_chief(target, config, poll_secs=CHIEF_POLL_SECS):
-    """Returns once the chief has initialised or restored the variables of the default graph."""
+def wait_for_chief(target, config, poll_secs=CHIEF_POLL_SECS, timeout_secs=CHIEF_WAIT_SECS):
+    """Returns once the chief has initialised or restored the shared variables of the default graph.
+
+    Raises ClusterConfigError after timeout_secs without them.
+    """
     with tf.name_scope('wait_for_chief'):
-        uninitialized = tf.compat.v1.report_uninitialized_variables()
-    waiting_since = None
+        # Global variables only: local ones (e.g. a synchronous worker's step) are each worker's own.
+        uninitialized = tf.compat.v1.report_uninitialized_variables(tf.compat.v1.global_variables())
+    started, announced = time.time(), False
     with tf.compat.v1.Session(target, config=config) as sess:
         while sess.run(uninitialized).size:
-            if waiting_since is None:
-                waiting_since = time.time()
+            if time.time() - started > timeout_secs:
+                raise ClusterConfigError(
+                    f'the chief (worker {CHIEF_INDEX}) did not initialise the variables within '
+                    f'{timeout_secs:g} s; check that it runs, with the same --model and --image_size')
+            if not announced:
                 print(f'Waiting for the chief (worker {CHIEF_INDEX}) to initialise the variables...',
                       flush=True)
+                announced = True
             time.sleep(poll_secs)
-    if waiting_since is not None:
-        print(f'The chief is ready (waited {time.time() - waiting_since:.1f} s).', flush=True)
+    if announced:
+        print(f'The chief is ready (waited {time.time() - started:.1f} s).', flush=True)
 
 
 class SyncReplicas:
@@ -258,7 +267,6 @@ class SyncReplicas:
     def __init__(self, task):
         self._task = task
         self._optimizer = None
-        self._release_op = None
 
     @property
     def num_replicas(self):
@@ -277,28 +285,45 @@ class SyncReplicas:
             optimizer, replicas_to_aggregate=self.num_replicas, total_num_replicas=self.num_replicas,
             variable_averages=averages,
             variables_to_average=onu_model.averaged_variables() if averages else None)
-        train_op = onu_model.apply_gradients(self._optimizer, grads_and_vars, global_step,
-                                             moving_average_decay=None, update_ops=update_ops)
-        if self._task.is_chief:
-            self._release_op = self._optimizer.get_init_tokens_op(
-                RELEASE_TOKENS_PER_WORKER * self.num_replicas)
-        return train_op
+        return onu_model.apply_gradients(self._optimizer, grads_and_vars, global_step,
+                                         moving_average_decay=None, update_ops=update_ops)
 
     def hooks(self):
-        """Returns the session hooks: SyncReplicasOptimizer's, and the chief's release of the workers."""
+        """Returns the session hooks that initialise and drive the synchronous updates."""
         if self._optimizer is None:
             raise ValueError('SyncReplicas.hooks() needs apply_gradients() first')
-        hooks = [self._optimizer.make_session_run_hook(self._task.is_chief)]
-        if self._release_op is not None:
-            hooks.append(_ReleaseWorkersHook(self._release_op))
-        return hooks
+        if self._task.is_chief:
+            return [_SyncChiefHook(self._optimizer, RELEASE_TOKENS_PER_WORKER * self.num_replicas)]
+        return [self._optimizer.make_session_run_hook(is_chief=False)]
 
 
-class _ReleaseWorkersHook(tf.compat.v1.train.SessionRunHook):
-    """When the chief stops, hands out spare tokens so that no worker waits for another step."""
+class _SyncChiefHook(tf.compat.v1.train.SessionRunHook):
+    """The chief's side of SyncReplicasOptimizer, ending cleanly.
 
-    def __init__(self, release_op):
-        self._release_op = release_op
+    As SyncReplicasOptimizer's own chief hook, it initialises the step and the tokens and runs the
+    thread that applies each step's averaged gradients. At the end it hands out spare tokens so no
+    worker waits for a step that will not come, and its thread, cancelled while waiting for
+    gradients that will not come either, stops quietly instead of with a traceback.
+    """
+
+    def __init__(self, optimizer, num_release_tokens):
+        runner = optimizer.get_chief_queue_runner()
+        self._runner = tf.compat.v1.train.QueueRunner(
+            runner.queue, runner.enqueue_ops,
+            queue_closed_exception_types=(tf.errors.OutOfRangeError, tf.errors.CancelledError))
+        self._uninitialized = optimizer.ready_for_local_init_op  # the global variables not ready
+        self._init_op = optimizer.chief_init_op
+        self._init_tokens_op = optimizer.get_init_tokens_op()
+        self._release_op = optimizer.get_init_tokens_op(num_release_tokens)
+
+    def after_create_session(self, session, coord):
+        uninitialized = session.run(self._uninitialized)
+        if uninitialized.size:
+            raise RuntimeError(f'the chief\'s session left variables uninitialised: '
+                               f'{", ".join(name.decode() for name in uninitialized[:5])}')
+        session.run(self._init_op)
+        session.run(self._init_tokens_op)
+        self._runner.create_threads(session, coord=coord, daemon=True, start=True)
 
     def end(self, session):
         session.run(self._release_op)

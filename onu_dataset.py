@@ -3,7 +3,8 @@
 Photos:  DATA/train/<class>/*, DATA/val/<class>/*  (class ids = sorted train class-folder names, 0-based)
 Records: DATA/tfrecords/ holding the shards, labels.txt and manifest.json (see convert_to_tfrecord.py).
 
-Pure Python + Pillow, no TensorFlow: every script and worker process can import it cheaply.
+Also the image reading every tool shares (format sniffing, EXIF orientation) and the worker-process helpers
+of the data tools. Pure Python + Pillow, no TensorFlow: every script and worker process imports it cheaply.
 """
 
 import collections
@@ -328,16 +329,15 @@ def process_pool(processes, initializer=None):
     pool = multiprocessing.get_context('spawn').Pool(processes, initializer=initializer)
     try:
         yield pool
-        pool.close()
-        pool.join()
     finally:
-        pool.terminate()
+        pool.terminate()  # callers collect every result first; this also stops workers still starting up
 
 
 def parallel_map(fn, items, pool, window=8):
     """Yields fn(item) for items in order, computed by pool's workers (in this process if pool is None).
 
-    At most `window` results wait in memory, so a slow consumer never makes the workers fill the RAM.
+    When a result is yielded, the next `window` items are already submitted, and no more: a slow consumer
+    never makes the workers fill the RAM.
     """
     if pool is None:
         yield from map(fn, items)

@@ -6,8 +6,9 @@
 
 Each checkpoint is evaluated once, with the moving averages of the weights that training kept, on
 every example of the split exactly once. For each it prints `<time>: step N, precision @ 1 = 0.xxx`,
-writes TensorBoard summaries at the checkpoint's global step (Precision @ 1, eval/loss,
-eval/recall/<class>, eval/confusion_matrix) and appends a JSON line to eval_dir/results.jsonl.
+writes TensorBoard summaries at the checkpoint's global step (Precision @ 1, eval/loss: the mean
+cross-entropy, eval/recall/<class>, eval/confusion_matrix as a text table) and appends a JSON line
+to eval_dir/results.jsonl.
 It stops by itself once the training run's final step (onu_train.py --max_steps) is evaluated,
 after --timeout seconds without a new checkpoint, or after one evaluation with --run_once.
 Model, image size, data and class names come from the training run's run_config.json; flags given
@@ -22,7 +23,6 @@ from datetime import datetime
 
 from absl import app
 from absl import flags
-from absl import logging
 import numpy as np
 import tensorflow as tf
 
@@ -365,44 +365,41 @@ def define_flags():
     flags.DEFINE_string('eval_dir', DEFAULT_EVAL_DIR,
                         f'Where TensorBoard event files and {RESULTS_FILENAME} (a JSON line per '
                         f'evaluated checkpoint) go.')
-    flags.DEFINE_string('checkpoint_dir', onu_flags.DEFAULT_TRAIN_DIR,
-                        'The training run to evaluate (onu_train.py --train_dir): checkpoints and '
-                        'run_config.json.')
+    onu_flags.define_checkpoint_dir_flag(
+        'The training run to evaluate (onu_train.py --train_dir): checkpoints and run_config.json.')
     flags.DEFINE_enum('eval_data', 'val', onu_dataset.SPLITS, 'Split to evaluate.')
     flags.DEFINE_float('eval_interval_secs', 300, 'How often to look for a new checkpoint, in seconds.',
-                       lower_bound=0)
+                       lower_bound=0.1)
     flags.DEFINE_integer('num_examples', None,
-                         'Evaluate only the first N examples of the split (default: all of them).',
+                         'Evaluate only the first N examples of the split (default: all of them); '
+                         'val is read in class order, so a few give a quick check, not a fair sample.',
                          lower_bound=1)
     flags.DEFINE_boolean('run_once', False, 'Evaluate the latest checkpoint once, then exit.')
     flags.DEFINE_float('timeout', None, 'Stop after this many seconds without a new checkpoint '
                        '(default: wait until the training run\'s final step).', lower_bound=0)
-    flags.DEFINE_boolean('allow_raw_weights', False,
-                         'Evaluate the raw weights when a checkpoint has no moving averages of them.')
+    onu_flags.define_allow_raw_weights_flag(
+        'Evaluate the raw weights when a checkpoint has no moving averages of them.')
     flags.DEFINE_enum('device', 'cpu', DEVICES,
                       'cpu leaves the GPU to a trainer running beside; gpu takes GPU memory as needed.')
 
 
-def main(argv):
-    if len(argv) > 1:
-        print(f'error: unexpected arguments {argv[1:]}; see --help', file=sys.stderr)
-        return 2
-    if not FLAGS['verbosity'].present:
-        logging.set_verbosity(logging.WARNING)  # TensorFlow's INFO lines drown the precision lines
+def evaluate_from_flags():
+    """Evaluates the checkpoints the flags name, writing summaries and results to --eval_dir."""
     use_device(FLAGS.device)
     os.makedirs(FLAGS.eval_dir, exist_ok=True)
     writer = summary_writer(FLAGS.eval_dir)
     try:
         evaluate_checkpoints(writer)
-    except onu_dataset.DataError as e:
-        print(f'error: {e}', file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print('Stopped.', file=sys.stderr)
         return 130
     finally:
         writer.close()
     return 0
+
+
+def main(argv):
+    return onu_flags.run_script(evaluate_from_flags, argv)
 
 
 if __name__ == '__main__':

@@ -126,7 +126,7 @@ def build_serving_graph(run_config):
 
 
 def weights_to_restore(checkpoint_path, moving_average_decay, allow_raw_weights=False):
-    """Returns ({checkpoint name: variable} for the model in the default graph, WEIGHTS_AVERAGED or WEIGHTS_RAW).
+    """Returns ({checkpoint name: model variable of the default graph}, WEIGHTS_AVERAGED or WEIGHTS_RAW).
 
     DataError when the checkpoint lacks a model variable, has another shape, or (unless
     allow_raw_weights) lacks the moving averages training kept.
@@ -140,7 +140,7 @@ def weights_to_restore(checkpoint_path, moving_average_decay, allow_raw_weights=
                 f'run configuration; export with the --checkpoint_dir that trained it')
         if list(shapes[name]) != var.shape.as_list():
             raise onu_dataset.DataError(
-                f'{checkpoint_path}: {name} has shape {shapes[name]} but the model needs '
+                f'{checkpoint_path}: {var.op.name} has shape {shapes[name]} but the model needs '
                 f'{var.shape.as_list()}; export with the --checkpoint_dir that trained it')
     if not moving_average_decay:
         return restore, WEIGHTS_RAW
@@ -155,9 +155,10 @@ def weights_to_restore(checkpoint_path, moving_average_decay, allow_raw_weights=
 
 def restore_weights(session, checkpoint_path, run_config, allow_raw_weights=False):
     """Restores the model of the session's graph from checkpoint_path; returns which weights it used."""
-    restore, weights = weights_to_restore(checkpoint_path, run_config.get('moving_average_decay'),
-                                          allow_raw_weights)
-    tf.compat.v1.train.Saver(restore).restore(session, checkpoint_path)
+    with session.graph.as_default():
+        restore, weights = weights_to_restore(checkpoint_path, run_config.get('moving_average_decay'),
+                                              allow_raw_weights)
+        tf.compat.v1.train.Saver(restore).restore(session, checkpoint_path)
     return weights
 
 
@@ -331,14 +332,14 @@ FLAGS = flags.FLAGS
 
 def define_flags():
     """Declares this script's flags."""
-    flags.DEFINE_string('checkpoint_dir', onu_flags.DEFAULT_TRAIN_DIR,
-                        'The training run (onu_train.py --train_dir): run_config.json and checkpoints.')
+    onu_flags.define_checkpoint_dir_flag(
+        'The training run (onu_train.py --train_dir): run_config.json and checkpoints.')
     flags.DEFINE_string('checkpoint_path', None,
                         'Checkpoint to export (default: the latest in --checkpoint_dir).')
     flags.DEFINE_string('export_dir', None,
                         'Where version folders <global_step>/ go; default: <checkpoint_dir>/export.')
-    flags.DEFINE_boolean('allow_raw_weights', False,
-                         'Export the raw weights when the checkpoint has no moving averages.')
+    onu_flags.define_allow_raw_weights_flag(
+        'Export the raw weights when the checkpoint has no moving averages.')
 
 
 def export_from_flags():
@@ -353,17 +354,7 @@ def export_from_flags():
 
 
 def main(argv):
-    if not FLAGS['verbosity'].present:
-        tf.get_logger().setLevel('ERROR')  # TensorFlow's INFO and deprecation lines hide the result
-    if len(argv) > 1:
-        print(f'error: unexpected arguments {argv[1:]}; see --help', file=sys.stderr)
-        return 2
-    try:
-        export_from_flags()
-    except onu_dataset.DataError as e:
-        print(f'error: {e}', file=sys.stderr)
-        return 2
-    return 0
+    return onu_flags.run_script(lambda: export_from_flags() and None, argv)
 
 
 if __name__ == '__main__':

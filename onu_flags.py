@@ -6,8 +6,11 @@ everything after it: eval, export and predict rebuild the same model from it.
 """
 import json
 import os
+import sys
 
 from absl import flags
+from absl import logging
+import tensorflow as tf
 
 import onu_dataset
 import onu_model
@@ -29,6 +32,31 @@ flags.DEFINE_integer('image_size', None, 'Side of the square model input; defaul
 flags.DEFINE_integer('batch_size', 32, 'Images per batch.', lower_bound=1)
 
 FLAGS = flags.FLAGS
+
+
+def define_checkpoint_dir_flag(help_text):
+    """Declares --checkpoint_dir, the training run a script after training reads."""
+    flags.DEFINE_string('checkpoint_dir', DEFAULT_TRAIN_DIR, help_text)
+
+
+def define_allow_raw_weights_flag(help_text):
+    """Declares --allow_raw_weights, the way out when a checkpoint has no moving averages."""
+    flags.DEFINE_boolean('allow_raw_weights', False, help_text)
+
+
+def run_script(body, argv, takes_arguments=False, user_errors=()):
+    """Runs body() for a script's main; a DataError (or user_errors) becomes `error: <message>`, exit 2."""
+    if len(argv) > 1 and not takes_arguments:
+        print(f'error: unexpected arguments {argv[1:]}; see --help', file=sys.stderr)
+        return 2
+    if not FLAGS['verbosity'].present:  # TensorFlow's INFO and deprecation lines drown the script's own
+        logging.set_verbosity(logging.WARNING)
+        tf.get_logger().setLevel('ERROR')
+    try:
+        return body() or 0
+    except (onu_dataset.DataError,) + tuple(user_errors) as e:
+        print(f'error: {e}', file=sys.stderr)
+        return 2
 
 
 def project_flag_values():

@@ -329,9 +329,10 @@ def preprocess_for_train(image, image_size, augment=True, seed=None):
 
 
 # ----------------------------------------------------------------------------------------------
-# Images mode. Element `position` of the stream reads file _file_index(position): in order for
-# eval, a fresh permutation each epoch for training. A file that fails to decode is dropped; the
-# gap it leaves in the positions names it, so it is reported (once) and counted, never silently.
+# Images mode. Each epoch is a stream of positions 0..n-1; position p of epoch e reads the file
+# _file_order(...)(e, p): the listing's order for eval, a fresh permutation each epoch for training.
+# A file that fails to decode is dropped; the gap it leaves in the positions names it, so it is
+# reported (once) and counted, never silently.
 
 _decode_failures = {}
 _decode_failures_lock = threading.Lock()
@@ -369,14 +370,14 @@ def _note_decode_failure(path):
 
 
 def _file_order(num_files, training, seed):
-    """Returns position -> file index: the identity for eval, for training a permutation per epoch."""
+    """Returns (epoch, position) -> file index: the listing's order, or a permutation per epoch."""
     if not training:
-        return lambda position: position
+        return lambda epoch, position: position
     order_seed = seed if seed is not None else int(np.random.SeedSequence().generate_state(1)[0])
 
-    def file_index(position):
-        epoch_seed = tf.stack([tf.constant(order_seed, tf.int64), position // num_files])
-        return tf.random.experimental.index_shuffle(position % num_files, epoch_seed, num_files - 1)
+    def file_index(epoch, position):
+        epoch_seed = tf.stack([tf.constant(order_seed, tf.int64), tf.cast(epoch, tf.int64)])
+        return tf.random.experimental.index_shuffle(position, epoch_seed, num_files - 1)
     return file_index
 
 
@@ -388,14 +389,10 @@ def _decoded_files(info, training, seed):
     orientations = tf.constant(info.orientations, tf.int32)
     file_index = _file_order(num_files, training, seed)
 
-    def read(position):
-        index = file_index(position)
-        image = decode_image_bytes(tf.io.read_file(paths[index]))
-        return position, apply_exif_orientation(image, orientations[index]), labels[index]
-
-    def report_skipped(first, end):
+    def report_skipped(epoch, first, end):
         for position in range(int(first), int(end)):
-            _note_decode_failure(info.files[int(file_index(tf.constant(position, tf.int64)))])
+            index = file_index(epoch, tf.constant(position, tf.int64))
+            _note_decode_failure(info.files[int(index)])
         failures = decode_failures()
         if training and all(path in failures for path in info.files):  # else it would spin forever
             raise onu_dataset.DataError(
@@ -403,22 +400,32 @@ def _decoded_files(info, training, seed):
                 f'replace them with JPEG/PNG/GIF/BMP photos')
         return end
 
-    def skip_gap(expected, example):
-        position, image, label = example
-        position = tf.cond(position > expected,
-                           lambda: tf.py_function(report_skipped, [expected, position], tf.int64),
-                           lambda: position)
-        return position + 1, (image, label)
+    def one_epoch(epoch):
+        def read(position):
+            index = file_index(epoch, position)
+            image = decode_image_bytes(tf.io.read_file(paths[index]))
+            return position, apply_exif_orientation(image, orientations[index]), labels[index]
 
-    positions = tf.data.Dataset.counter() if training else tf.data.Dataset.range(num_files)
-    # deterministic: the positions must stay in order for the gaps to name skipped files.
-    examples = positions.map(read, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    examples = examples.ignore_errors()  # not silent: skip_gap reports each dropped file
-    if not training:  # an end marker, so that failures among the last files leave a gap too
+        def skip_gap(expected, example):
+            position, image, label = example
+            position = tf.cond(
+                position > expected,
+                lambda: tf.py_function(report_skipped, [epoch, expected, position], tf.int64),
+                lambda: position)
+            return position + 1, (image, label)
+
+        # deterministic: the positions must stay in order for the gaps to name skipped files.
+        examples = tf.data.Dataset.range(num_files).map(
+            read, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        examples = examples.ignore_errors()  # not silent: skip_gap reports each dropped file
+        # An end marker, so that failures among the last files leave a gap too.
         examples = examples.concatenate(tf.data.Dataset.from_tensors(
             (np.int64(num_files), tf.zeros([0, 0, 3], tf.uint8), np.int32(-1))))
-    examples = examples.scan(np.int64(0), skip_gap)
-    return examples if training else examples.filter(lambda image, label: label >= 0)
+        return examples.scan(np.int64(0), skip_gap).filter(lambda image, label: label >= 0)
+
+    if not training:
+        return one_epoch(np.int64(0))
+    return tf.data.Dataset.counter().flat_map(one_epoch)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -562,11 +569,22 @@ def find_damaged_shards(info):
     return damaged
 
 
+def _raised_data_error(error):
+    """Returns the message of a DataError raised inside the pipeline (by a py_function), or None."""
+    prefix = f'{onu_dataset.DataError.__name__}: '
+    for line in str(error.message).splitlines():
+        if line.startswith(prefix):
+            return line[len(prefix):]
+    return None
+
+
 @contextlib.contextmanager
 def damaged_records_as_data_error(data_dir, data_format, split):
-    """Re-raises a DataLossError from the records of split as a one-line DataError naming the shard.
+    """Re-raises data errors of the input pipeline of split as one-line DataErrors.
 
-    Wrap the loop that runs the graph built from distorted_inputs/inputs of that split.
+    A DataLossError (damaged record) becomes a message naming the shard; a DataError raised in the
+    pipeline (every image of a split undecodable) loses TensorFlow's traceback. Wrap the loop that
+    runs the graph built from distorted_inputs/inputs of that split.
     """
     try:
         yield
@@ -579,6 +597,11 @@ def damaged_records_as_data_error(data_dir, data_format, split):
         raise onu_dataset.DataError(
             f'{where}: damaged {data_format} record file ({problem}); re-create the records with '
             f'{_convert_command(data_dir, data_format)} --overwrite') from None
+    except tf.errors.UnknownError as e:
+        message = _raised_data_error(e)
+        if message is None:
+            raise
+        raise onu_dataset.DataError(message) from None
 
 
 # ----------------------------------------------------------------------------------------------

@@ -28,11 +28,12 @@ MODEL_NAMES = ('inception_resnet_v2', 'small')
 DEFAULT_IMAGE_SIZE = {'inception_resnet_v2': 299, 'small': 64}
 DEFAULT_WEIGHT_DECAY = {'inception_resnet_v2': 0.00004, 'small': 0.0005}
 DEFAULT_DROPOUT_KEEP_PROB = {'inception_resnet_v2': 0.8, 'small': 0.5}
-DEFAULT_LEARNING_RATE = {'inception_resnet_v2': 0.01, 'small': 0.05}
+DEFAULT_LEARNING_RATE = {'inception_resnet_v2': 0.01, 'small': 0.02}
 OPTIMIZER_NAMES = ('momentum', 'sgd', 'rmsprop', 'adam')
 LR_SCHEDULES = ('exponential', 'fixed')
 DEFAULT_MOVING_AVERAGE_DECAY = 0.9999
 AUX_LOSS_WEIGHT = 0.4
+MOVING_AVERAGE_NAME = 'ExponentialMovingAverage'  # tf.train.ExponentialMovingAverage's default
 LEARNING_RATE_COLLECTION = 'learning_rate'
 
 IRV2_SCOPE = 'InceptionResnetV2'
@@ -290,7 +291,8 @@ def _classifier_head(net, num_classes, dropout_keep_prob, is_training, end_point
 
 
 @_fast_graph_building
-def inception_resnet_v2(inputs, num_classes=1001, is_training=True, dropout_keep_prob=0.8, reuse=None,
+def inception_resnet_v2(inputs, num_classes=1001, is_training=True,
+                        dropout_keep_prob=DEFAULT_DROPOUT_KEEP_PROB['inception_resnet_v2'], reuse=None,
                         scope=IRV2_SCOPE, create_aux_logits=True, activation_fn=tf.nn.relu):
     """Builds Inception-ResNet-v2 with its classifier; returns (logits, end_points).
 
@@ -334,8 +336,8 @@ def _conv_bn_arg_scope(weight_decay, batch_norm_decay, batch_norm_epsilon, activ
             return scope
 
 
-def inception_resnet_v2_arg_scope(weight_decay=0.00004, batch_norm_decay=0.9997,
-                                  batch_norm_epsilon=0.001, activation_fn=tf.nn.relu,
+def inception_resnet_v2_arg_scope(weight_decay=DEFAULT_WEIGHT_DECAY['inception_resnet_v2'],
+                                  batch_norm_decay=0.9997, batch_norm_epsilon=0.001, activation_fn=tf.nn.relu,
                                   batch_norm_scale=False):
     """Returns the arg_scope Inception-ResNet-v2 is built (and its checkpoint was trained) with."""
     return _conv_bn_arg_scope(weight_decay, batch_norm_decay, batch_norm_epsilon, activation_fn,
@@ -350,8 +352,8 @@ SMALL_DEPTHS = (32, 64, 128, 256)
 
 
 @_fast_graph_building
-def small_net(inputs, num_classes, is_training=True, dropout_keep_prob=0.5, reuse=None,
-              scope=SMALL_SCOPE):
+def small_net(inputs, num_classes, is_training=True, dropout_keep_prob=DEFAULT_DROPOUT_KEEP_PROB['small'],
+              reuse=None, scope=SMALL_SCOPE):
     """Builds the small CNN (four 3x3 conv+BN layers, 2x2 pooling between, global pool, dropout, linear).
 
     Works at any input size; returns (logits, end_points). Use it inside small_net_arg_scope().
@@ -373,7 +375,8 @@ def small_net(inputs, num_classes, is_training=True, dropout_keep_prob=0.5, reus
 small_net.default_image_size = DEFAULT_IMAGE_SIZE['small']
 
 
-def small_net_arg_scope(weight_decay=0.0005, batch_norm_decay=0.99, batch_norm_epsilon=0.001):
+def small_net_arg_scope(weight_decay=DEFAULT_WEIGHT_DECAY['small'], batch_norm_decay=0.99,
+                        batch_norm_epsilon=0.001):
     """Returns the small model's arg_scope; its batch-norm statistics adapt within a short run."""
     return _conv_bn_arg_scope(weight_decay, batch_norm_decay, batch_norm_epsilon, tf.nn.relu,
                               batch_norm_scale=True)
@@ -454,7 +457,9 @@ def make_learning_rate(global_step, initial_learning_rate, schedule='exponential
                          f'{", ".join(LR_SCHEDULES)}')
     rate = tf.identity(rate, name='learning_rate')
     tf.compat.v1.add_to_collection(LEARNING_RATE_COLLECTION, rate)
-    tf.compat.v1.summary.scalar('learning_rate', rate)
+    # An explicit tag: summary.scalar would take its tag from a fresh op name, 'learning_rate_1'.
+    tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SUMMARIES, tf.raw_ops.ScalarSummary(
+        tags='learning_rate', values=rate, name='learning_rate_summary'))
     return rate
 
 
@@ -513,15 +518,12 @@ def averaged_variables():
     return trainable + [v for v in tf.compat.v1.model_variables() if v.op.name not in names]
 
 
-def _moving_average(moving_average_decay, global_step=None):
-    """Returns the ExponentialMovingAverage whose shadow variables are <var>/ExponentialMovingAverage."""
-    return tf.compat.v1.train.ExponentialMovingAverage(moving_average_decay, num_updates=global_step)
-
-
 @_fast_graph_building
 def _apply_moving_average(moving_average_decay, global_step, variables):
-    """Creates the shadow variables of variables; returns the op that updates them."""
-    return _moving_average(moving_average_decay, global_step).apply(variables)
+    """Creates the shadow variables of variables (see moving_average_name); returns their update op."""
+    ema = tf.compat.v1.train.ExponentialMovingAverage(moving_average_decay, num_updates=global_step,
+                                                      name=MOVING_AVERAGE_NAME)
+    return ema.apply(variables)
 
 
 def apply_gradients(optimizer, grads_and_vars, global_step, moving_average_decay=DEFAULT_MOVING_AVERAGE_DECAY,
@@ -553,22 +555,30 @@ def train(total_loss, global_step, num_examples_per_epoch, batch_size, optimizer
     return apply_gradients(opt, grads_and_vars, global_step, moving_average_decay)
 
 
+def moving_average_name(var):
+    """Returns the checkpoint name of var's moving average: <var>/ExponentialMovingAverage."""
+    # ExponentialMovingAverage.average_name would uniquify the name in a graph that already holds it.
+    return f'{var.op.name}/{MOVING_AVERAGE_NAME}'
+
+
 def variables_to_restore(moving_average_decay=DEFAULT_MOVING_AVERAGE_DECAY, checkpoint_path=None):
     """Returns {checkpoint name: variable} for a Saver that loads moving averages into the model.
 
-    Averaged variables (averaged_variables()) load from their <var>/ExponentialMovingAverage
-    shadow; with checkpoint_path, a variable whose shadow the checkpoint lacks loads its own value.
-    moving_average_decay 0 or None restores plain values.
+    Averaged variables (averaged_variables()) load from their moving_average_name(); with
+    checkpoint_path, a variable whose average the checkpoint lacks loads its own value.
+    moving_average_decay 0 or None restores plain values. Shadow variables in the graph itself
+    (a training graph) are left out: their variables load from them.
     """
-    averaged = {v.op.name for v in averaged_variables()} if moving_average_decay else set()
-    ema = _moving_average(moving_average_decay or DEFAULT_MOVING_AVERAGE_DECAY)
-    names = None
+    averaged = averaged_variables() if moving_average_decay else []
+    shadow_names = {moving_average_name(v) for v in averaged}
+    in_checkpoint = None
     if checkpoint_path:
-        names = set(tf.train.load_checkpoint(checkpoint_path).get_variable_to_shape_map())
+        in_checkpoint = set(tf.train.load_checkpoint(checkpoint_path).get_variable_to_shape_map())
     restore = {}
     for var in tf.compat.v1.global_variables():
-        name = var.op.name
-        if name in averaged and (names is None or ema.average_name(var) in names):
-            name = ema.average_name(var)
-        restore[name] = var
+        if var.op.name in shadow_names:
+            continue
+        shadow = moving_average_name(var)
+        use_shadow = shadow in shadow_names and (in_checkpoint is None or shadow in in_checkpoint)
+        restore[shadow if use_shadow else var.op.name] = var
     return restore

@@ -59,7 +59,7 @@ def tower_scope(index):
 
 
 def tower_gradients(optimizer, tower_loss, images, labels, devices, variables_to_train=None):
-    """Builds tower_loss on each device's slice of the batch; returns ([grads_and_vars], [loss]), one per tower.
+    """Builds tower_loss on each device's slice of the batch; returns ([grads_and_vars], [loss]) by tower.
 
     tower_loss(images, labels) returns a scalar loss. Tower i runs in name scope tower_<i> on
     devices[i]; tower 0 creates the variables (on VARIABLE_DEVICE) and the others reuse them.
@@ -120,7 +120,7 @@ def _keep_first_tower_summaries(num_towers):
 
 
 def build_multi_gpu_graph(config, examples_per_step, replicas=None):
-    """Builds input, towers, averaged update and summaries; returns (train_op, total_loss, global_step, learning_rate).
+    """Builds input, towers, averaged update, summaries; returns (train_op, total_loss, global_step, lr).
 
     examples_per_step: what one global step trains on (towers x batch, times the workers when
     replicas, an onu_cluster.SyncReplicas, synchronises them), for the learning-rate schedule.
@@ -172,13 +172,12 @@ def train():
 
 
 def main(argv):
-    del argv  # Unused.
     num_gpus_visible = len(tf.config.list_physical_devices('GPU'))
     if 0 < num_gpus_visible < FLAGS.num_gpus:
         print(f'error: --num_gpus={FLAGS.num_gpus} but TensorFlow sees {num_gpus_visible} GPU(s); '
               f'use --num_gpus={num_gpus_visible} or fewer', file=sys.stderr)
         return 2
-    return onu_train.run_main(train)
+    return onu_train.run_main(train, argv)
 
 
 if __name__ == '__main__':

@@ -8,14 +8,15 @@ used), or a training run's train_dir (its latest checkpoint, with the moving ave
 built in-process with onu_export's serving graph). Folders are searched recursively; hidden files are
 ignored. Each image is sent to the serving signature as the bytes an encoded TFRecord of it would
 hold: the file itself for an upright JPEG, else the upright image re-encoded (EXIF orientation
-applied, as convert_to_tfrecord.py does), so predictions match evaluation on the same photos.
+applied, as convert_to_tfrecord.py does), so predictions equal evaluation on encoded records.
 
 Output: `path<TAB>class name<TAB>probability` per image, or with --json one JSON object per line
-(path, class_id, class_name, probability, probabilities by class name). A file that cannot be
-classified prints `error: <path>: <reason>` to stderr (and, with --json, an object with `error`);
-the others still run. Exit code: 0 if at least one image was classified, 1 if none, 2 for a bad
---model_dir or no paths.
+(path, class_id, class_name, probability, probabilities by class name); stderr names the model
+used. A file that cannot be classified prints `error: <path>: <reason>` to stderr (and, with
+--json, an object with `error`); the others still run. Exit code: 0 if at least one image was
+classified, 1 if none, 2 for a bad --model_dir or no paths.
 """
+import itertools
 import json
 import os
 import sys
@@ -53,7 +54,11 @@ def _saved_model_classifier(version_dir):
     """Returns a Classifier over the serving signature of the SavedModel in version_dir."""
     graph = tf.Graph()
     session = tf.compat.v1.Session(graph=graph)
-    meta_graph = tf.compat.v1.saved_model.load(session, onu_export.SAVED_MODEL_TAGS, version_dir)
+    try:
+        meta_graph = tf.compat.v1.saved_model.load(session, onu_export.SAVED_MODEL_TAGS, version_dir)
+    except BaseException:
+        session.close()
+        raise
     signature = meta_graph.signature_def.get(onu_export.SERVING_SIGNATURE)
     if signature is None or onu_export.BYTES_INPUT not in signature.inputs:
         session.close()
@@ -86,14 +91,19 @@ def _checkpoint_classifier(train_dir, allow_raw_weights):
 
 
 def load_classifier(model_dir, allow_raw_weights=False):
-    """Returns the Classifier of a SavedModel folder, the newest version in an export folder, or a train_dir."""
-    if onu_export.is_saved_model(model_dir):
-        return _saved_model_classifier(model_dir)
+    """Returns the Classifier of a SavedModel, the newest version in an export folder, or a train_dir."""
     versions = onu_export.version_dirs(model_dir)
-    if versions:
-        return _saved_model_classifier(versions[-1][1])
-    if onu_flags.load_run_config(model_dir):
-        return _checkpoint_classifier(model_dir, allow_raw_weights)
+    try:
+        if onu_export.is_saved_model(model_dir):
+            return _saved_model_classifier(model_dir)
+        if versions:
+            return _saved_model_classifier(versions[-1][1])
+        if onu_flags.load_run_config(model_dir):
+            return _checkpoint_classifier(model_dir, allow_raw_weights)
+    except (tf.errors.OpError, OSError, RuntimeError) as e:
+        raise onu_dataset.DataError(
+            f'{model_dir}: cannot load the model ({onu_export.one_line(e)}); export it again with '
+            f'python onu_export.py, or pass another --model_dir') from None
     raise onu_dataset.DataError(
         f'{model_dir}: neither a SavedModel, nor a folder of exported versions, nor a training run; '
         f'pass --model_dir=<train_dir>/export (after python onu_export.py) or the --train_dir of '
@@ -120,7 +130,8 @@ def model_input_bytes(path):
     """Returns the bytes to classify for the image at path; UnreadableImage(reason) if it is not usable."""
     try:
         info = onu_dataset.read_image_info(path)
-        payload, payload_format = convert_to_tfrecord._encoded_payload(info)  # pylint: disable=protected-access
+        # The bytes an encoded record holds (see the module docstring); pylint: disable=protected-access
+        payload, payload_format = convert_to_tfrecord._encoded_payload(info)
     except OSError as e:
         raise onu_dataset.UnreadableImage(f'unreadable ({e.strerror or e})') from None
     if payload is None:
@@ -168,6 +179,18 @@ def classify_files(classifier, paths, batch_size):
     yield from _classify_batch(classifier, batch) if batch else ()
 
 
+def print_result(path, prediction, reason, as_json, out, err):
+    """Prints one image's prediction to out, or its error to err (and with as_json to out too)."""
+    if prediction is None:
+        print(f'error: {path}: {reason}', file=err, flush=True)
+        if as_json:
+            print(json.dumps({'path': path, 'error': reason}, ensure_ascii=False), file=out, flush=True)
+    elif as_json:
+        print(json.dumps(prediction, ensure_ascii=False), file=out, flush=True)
+    else:
+        print(f'{path}\t{prediction["class_name"]}\t{prediction["probability"]:.4f}', file=out, flush=True)
+
+
 def predict(paths, model_dir, as_json=False, batch_size=32, allow_raw_weights=False, out=None, err=None):
     """Classifies the images at paths (files or folders), printing one line each; returns the exit code."""
     out = out or sys.stdout
@@ -181,22 +204,15 @@ def predict(paths, model_dir, as_json=False, batch_size=32, allow_raw_weights=Fa
     except onu_dataset.DataError as e:
         print(f'error: {e}', file=err)
         return 2
+    print(f'Classifying with the {classifier.source}', file=err, flush=True)
     files, missing = image_paths(paths)
+    not_found = [(path, None, reason) for path, reason in missing]
     classified = 0
     try:
-        results = [(path, None, reason) for path, reason in missing]
-        for path, prediction, reason in results + list(classify_files(classifier, files, batch_size)):
-            if prediction is None:
-                print(f'error: {path}: {reason}', file=err, flush=True)
-                if as_json:
-                    print(json.dumps({'path': path, 'error': reason}, ensure_ascii=False), file=out)
-                continue
-            classified += 1
-            if as_json:
-                print(json.dumps(prediction, ensure_ascii=False), file=out, flush=True)
-            else:
-                print(f'{path}\t{prediction["class_name"]}\t{prediction["probability"]:.4f}', file=out,
-                      flush=True)
+        for path, prediction, reason in itertools.chain(not_found,
+                                                        classify_files(classifier, files, batch_size)):
+            print_result(path, prediction, reason, as_json, out, err)
+            classified += prediction is not None
     finally:
         classifier.close()
     if not classified:
@@ -217,14 +233,14 @@ def define_flags():
                         'SavedModel version folder, export folder (newest version), or train_dir '
                         '(latest checkpoint).')
     flags.DEFINE_boolean('json', False, 'Print one JSON object per image instead of text lines.')
-    flags.DEFINE_boolean('allow_raw_weights', False,
-                         'With a train_dir whose checkpoint has no moving averages: use the raw weights.')
+    onu_flags.define_allow_raw_weights_flag(
+        'With a train_dir whose checkpoint has no moving averages: use the raw weights.')
 
 
 def main(argv):
-    if not FLAGS['verbosity'].present:
-        tf.get_logger().setLevel('ERROR')  # TensorFlow's INFO and deprecation lines hide the results
-    return predict(argv[1:], FLAGS.model_dir, FLAGS.json, FLAGS.batch_size, FLAGS.allow_raw_weights)
+    return onu_flags.run_script(
+        lambda: predict(argv[1:], FLAGS.model_dir, FLAGS.json, FLAGS.batch_size, FLAGS.allow_raw_weights),
+        argv, takes_arguments=True)
 
 
 if __name__ == '__main__':

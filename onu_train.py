@@ -1,4 +1,4 @@
-"""Trains an ONU photo classifier on one machine (the CIFAR-10 tutorial's cifar10_train.py role).
+"""Trains an ONU photo classifier (the CIFAR-10 tutorial's cifar10_train.py role).
 
     python onu_train.py                  # built-in sample data, encoded records, resumes if it can
     python onu_train.py --data_dir=DATA --data_format=raw --model=inception_resnet_v2
@@ -10,9 +10,13 @@ same model without repeating flags.
 Across machines, every machine runs this script as one task of a cluster (TensorFlow's
 between-graph replication, see onu_cluster.py), described by TF_CONFIG or the cluster flags:
 
-    python onu_train.py --ps_hosts=h0:2222 --worker_hosts=h1:2222,h2:2222 --job_name=worker \
-        --task_index=0 --model=small          # worker 0 is the chief; --sync_replicas: synchronous
-    python run_local_cluster.py --num_workers=2 --model=small    # 1 ps + 2 workers on this machine
+    CLUSTER="--ps_hosts=h0:2222 --worker_hosts=h1:2222,h2:2222 --model=small"
+    python onu_train.py $CLUSTER --job_name=ps --task_index=0       # on h0: holds the variables
+    python onu_train.py $CLUSTER --job_name=worker --task_index=0   # on h1: the chief
+    python onu_train.py $CLUSTER --job_name=worker --task_index=1   # on h2
+    python run_local_cluster.py --num_workers=2    # or all of them on this machine, to try it
+
+Updates are asynchronous; --sync_replicas averages one batch of every worker per step.
 """
 import contextlib
 import dataclasses
@@ -24,7 +28,6 @@ from datetime import datetime
 
 from absl import app
 from absl import flags
-from absl import logging
 import tensorflow as tf
 
 import convert_to_tfrecord
@@ -48,8 +51,9 @@ flags.DEFINE_integer('save_checkpoint_steps', None,
                      'Save a checkpoint every this many steps (replaces --save_checkpoint_secs).')
 flags.DEFINE_integer('keep_checkpoint_max', 5, 'How many recent checkpoints to keep.', lower_bound=1)
 flags.DEFINE_integer('export_every_n_epochs', 0,
-                     'Export a SavedModel to <train_dir>/export/<step>/ from the first checkpoint at or '
-                     'after every this many epochs (0: never); see onu_export.py.', lower_bound=0)
+                     'Every this many epochs, export a SavedModel to <train_dir>/export/<step>/ from the '
+                     'first checkpoint at or after the boundary (0: never; see onu_export.py).',
+                     lower_bound=0)
 flags.DEFINE_integer('save_summaries_steps', 100, 'Write TensorBoard summaries every this many steps.')
 flags.DEFINE_boolean('histograms', False, 'Also write weight and activation histograms.')
 flags.DEFINE_integer('seed', None, 'Seed for shuffling, augmentation and initialisation.')
@@ -167,6 +171,8 @@ class LoggerHook(tf.compat.v1.train.SessionRunHook):
             self._last_step, self._last_time = step, now
             return
         steps = step - self._last_step
+        if steps <= 0:  # on a cluster, the global step moved on without this run (synchronous)
+            return
         if step % self._log_frequency and steps < self._log_frequency:
             return
         sec_per_batch = (now - self._last_time) / max(steps, 1)
@@ -328,7 +334,7 @@ def make_optimizer(config, global_step, examples_per_step):
 
 
 def apply_gradients(optimizer, grads_and_vars, global_step, update_ops=None, replicas=None):
-    """Returns the op that applies grads_and_vars and updates the moving averages (synchronised by replicas)."""
+    """Returns the op applying grads_and_vars, then the moving averages (synchronised by replicas)."""
     if replicas:
         return replicas.apply_gradients(optimizer, grads_and_vars, global_step,
                                         FLAGS.moving_average_decay, update_ops)
@@ -462,24 +468,19 @@ def train():
     train_model(build_training_graph, FLAGS.batch_size)
 
 
-def run_main(train_fn):
-    """Runs train_fn, turning data problems and a NaN loss into a one-line error and exit code."""
-    if not FLAGS['verbosity'].present:
-        logging.set_verbosity(logging.WARNING)  # TensorFlow's INFO lines drown the step lines
-    try:
-        train_fn()
-    except (onu_dataset.DataError, onu_cluster.ClusterConfigError) as e:
-        print(f'error: {e}', file=sys.stderr)
-        return 2
-    except NanLossError as e:
-        print(f'error: {e}', file=sys.stderr)
-        return 1
-    return 0
+def run_main(train_fn, argv=('',)):
+    """Runs train_fn for a script's main: a user error or a NaN loss becomes one `error:` line."""
+    def body():
+        try:
+            train_fn()
+        except NanLossError as e:
+            print(f'error: {e}', file=sys.stderr)
+            return 1
+    return onu_flags.run_script(body, argv, user_errors=(onu_cluster.ClusterConfigError,))
 
 
 def main(argv):
-    del argv  # Unused.
-    return run_main(train)
+    return run_main(train, argv)
 
 
 if __name__ == '__main__':

@@ -164,7 +164,7 @@ def test_bad_inputs_are_skipped_with_reasons_and_the_rest_decode_upright(messy_d
                                                                          pattern_image):
     before = _tree_digest(messy_data_dir)
     records_dir = str(tmp_path / 'records')
-    manifest = convert_to_tfrecord.convert(messy_data_dir, records_dir, processes=1)
+    manifest = convert_to_tfrecord.convert(messy_data_dir, records_dir, processes=2)  # decoded by workers
     assert _tree_digest(messy_data_dir) == before  # sources untouched, nothing written next to them
     skipped = {s['path']: s['reason'] for s in manifest['skipped']}
     expected_skips = {f'train/F603/{name}': word for name, word in messy_files.items() if word is not None}
@@ -218,6 +218,32 @@ def test_strict_fails_on_unreadable_files_but_not_on_hidden_ones(messy_data_dir,
             f.write(b'\x00' * 10)
     manifest = convert_to_tfrecord.convert(data_dir, records_dir, formats=('encoded',), strict=True, processes=1)
     assert [s['reason'] for s in manifest['skipped']] == [onu_dataset.REASON_HIDDEN] * 2
+
+
+def test_a_file_failing_to_decode_is_skipped_in_raw_or_fails_strict(make_tiny_dataset, monkeypatch):
+    data_dir = make_tiny_dataset()
+    broken = os.path.join(data_dir, 'train', 'F663N', '00002.jpg')
+    real_upright_rgb = onu_dataset.upright_rgb
+
+    def failing_upright_rgb(path, orientation):
+        if path == broken:
+            raise OSError('broken data\nstream')
+        return real_upright_rgb(path, orientation)
+
+    monkeypatch.setattr(onu_dataset, 'upright_rgb', failing_upright_rgb)
+    records_dir = os.path.join(data_dir, 'tfrecords')
+    with pytest.raises(onu_dataset.DataError) as error:
+        convert_to_tfrecord.convert(data_dir, formats=('raw',), strict=True, processes=1)
+    assert str(error.value) == f'{broken}: decode failed: broken data stream (--strict): fix or remove the file'
+    assert not any(name.endswith('.tfrecord') or '.tmp-' in name for name in os.listdir(records_dir))
+    manifest = convert_to_tfrecord.convert(data_dir, processes=1)
+    assert manifest['skipped'] == [
+        {'path': 'train/F663N/00002.jpg', 'reason': 'decode failed: broken data stream', 'format': 'raw'}]
+    assert manifest['splits']['train']['raw']['records_per_class'] == {'F603': 4, 'F663N': 3}
+    assert manifest['splits']['train']['encoded']['records_per_class'] == {'F603': 4, 'F663N': 4}
+    assert len(_read_records(records_dir, 'train', 'raw')) == 7
+    table = convert_to_tfrecord.summary_table(manifest)
+    assert 'skipped train/F663N/00002.jpg: decode failed: broken data stream' in table
 
 
 def test_class_set_mismatch_and_output_inside_photos_are_errors(make_tiny_dataset):

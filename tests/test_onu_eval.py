@@ -124,6 +124,14 @@ def reference_metrics(labels, logits):
     return float(np.mean(predictions == labels)), float(loss), confusion
 
 
+def assert_matches(result, reference):
+    """Asserts an EvalResult has the (precision, loss, confusion) of a reference computation."""
+    precision, loss, confusion = reference
+    np.testing.assert_array_equal(result.confusion, confusion)
+    assert result.precision_at_1 == precision
+    assert result.loss == pytest.approx(loss, rel=1e-4)
+
+
 # ----------------------------------------------------------------------------------------------
 # Fixtures
 
@@ -201,15 +209,12 @@ def handmade_run_config(data_dir, data_format='encoded'):
 def test_eval_uses_the_moving_averages_not_the_raw_weights(handmade_checkpoints, tiny_data_dir):
     path = handmade_checkpoints['averaged']
     result = onu_eval.evaluate(path, handmade_run_config(tiny_data_dir), 'val', batch_size=3)
-    shadow_precision, shadow_loss, shadow_confusion = reference_metrics(
-        *reference_logits(path, tiny_data_dir, IMAGE_SIZE, shadows=True))
-    _, raw_loss, _ = reference_metrics(*reference_logits(path, tiny_data_dir, IMAGE_SIZE, shadows=False))
-    assert abs(raw_loss - shadow_loss) > 0.05  # the two weight sets really give different answers
+    with_shadows = reference_metrics(*reference_logits(path, tiny_data_dir, IMAGE_SIZE, shadows=True))
+    with_raw = reference_metrics(*reference_logits(path, tiny_data_dir, IMAGE_SIZE, shadows=False))
+    assert abs(with_raw[1] - with_shadows[1]) > 0.05  # the two weight sets really give different losses
     assert result.step == 7
     assert result.weights == onu_export.WEIGHTS_AVERAGED
-    np.testing.assert_array_equal(result.confusion, shadow_confusion)
-    assert result.precision_at_1 == shadow_precision
-    assert result.loss == pytest.approx(shadow_loss, rel=1e-4)
+    assert_matches(result, with_shadows)
 
 
 def test_checkpoint_without_moving_averages_is_a_clear_error_unless_raw_weights_are_allowed(
@@ -222,12 +227,8 @@ def test_checkpoint_without_moving_averages_is_a_clear_error_unless_raw_weights_
     assert path in message and '--allow_raw_weights' in message
     assert 'not found in checkpoint' not in message and '\n' not in message
     result = onu_eval.evaluate(path, config, 'val', batch_size=3, allow_raw_weights=True)
-    precision, loss, confusion = reference_metrics(
-        *reference_logits(path, tiny_data_dir, IMAGE_SIZE, shadows=False))
     assert result.weights == onu_export.WEIGHTS_RAW
-    np.testing.assert_array_equal(result.confusion, confusion)
-    assert result.precision_at_1 == precision
-    assert result.loss == pytest.approx(loss, rel=1e-4)
+    assert_matches(result, reference_metrics(*reference_logits(path, tiny_data_dir, IMAGE_SIZE, shadows=False)))
 
 
 @pytest.mark.parametrize('data_format', onu_dataset.DATA_FORMATS)

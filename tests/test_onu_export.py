@@ -67,10 +67,11 @@ def read_bytes(paths):
     return contents
 
 
-def eval_graph_softmax(run, checkpoint_path, moving_average_decay):
-    """Returns (softmax, images) of the eval input + model over the val split (weights as eval restores them)."""
+def eval_graph_softmax(checkpoint_path, moving_average_decay, data_dir, data_format='images',
+                       split='val'):
+    """Returns (softmax, images) of the eval input and small model on a split, restored as eval does."""
     with tf.Graph().as_default():
-        images, _ = onu_input.inputs('val', run.data_dir, 'images', 64, IMAGE_SIZE)
+        images, _ = onu_input.inputs(split, data_dir, data_format, 64, IMAGE_SIZE)
         logits, _ = onu_model.inference(images, 2, 'small', is_training=False)
         probabilities = tf.nn.softmax(logits)
         saver = tf.compat.v1.train.Saver(
@@ -121,7 +122,8 @@ def test_saved_model_equals_eval_graph_softmax_with_moving_averages(run):
     version_dir = os.path.join(run.export_dir, str(MAX_STEPS))
     paths = val_files(run)
     served = serve(version_dir, onu_export.SERVING_SIGNATURE, image_bytes=read_bytes(paths))
-    expected, eval_images = eval_graph_softmax(run, checkpoint(run, MAX_STEPS), run.config['moving_average_decay'])
+    expected, eval_images = eval_graph_softmax(checkpoint(run, MAX_STEPS),
+                                               run.config['moving_average_decay'], run.data_dir)
 
     assert served['probabilities'].shape == (len(paths), 2)
     np.testing.assert_allclose(served['probabilities'], expected, atol=1e-5)
@@ -132,7 +134,7 @@ def test_saved_model_equals_eval_graph_softmax_with_moving_averages(run):
     from_images = serve(version_dir, onu_export.IMAGES_SIGNATURE, images=eval_images)
     np.testing.assert_allclose(from_images['probabilities'], expected, atol=1e-5)
     # The raw weights give other outputs: the comparison above would catch a wrong restore.
-    raw, _ = eval_graph_softmax(run, checkpoint(run, MAX_STEPS), moving_average_decay=0)
+    raw, _ = eval_graph_softmax(checkpoint(run, MAX_STEPS), 0, run.data_dir)
     assert np.abs(raw - expected).max() > 1e-3
 
 
@@ -225,7 +227,7 @@ def test_listener_exports_at_boundaries_and_a_failure_does_not_block_the_next(
     monkeypatch.setattr(onu_export, '_publish', publish_or_fail)
 
     for step in (0, 2, 4, 10):  # as the saver would call it; an epoch is 2 steps
-        tf.train.update_checkpoint_state(checkpoint_dir, checkpoint(run, step))
+        tf.compat.v1.train.update_checkpoint_state(checkpoint_dir, checkpoint(run, step))
         assert listener.after_save(None, step) is None  # never asks training to stop
 
     # step 2 failed; 4 exported; 10 is the first checkpoint after the boundaries at 6 and 8.
@@ -248,7 +250,7 @@ def test_listener_does_not_export_the_checkpoint_training_resumes_from(run, tmp_
     listener = onu_export.PeriodicExportListener(checkpoint_dir, run.config, export_dir,
                                                  every_n_epochs=2, examples_per_step=BATCH_SIZE)
     for step in (6, 8, 10):  # resumed at 6; boundaries every 4 steps
-        tf.train.update_checkpoint_state(checkpoint_dir, checkpoint(run, step))
+        tf.compat.v1.train.update_checkpoint_state(checkpoint_dir, checkpoint(run, step))
         listener.after_save(None, step)
     assert [step for step, _ in onu_export.version_dirs(export_dir)] == [8]
 

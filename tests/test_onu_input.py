@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from PIL import Image
+from PIL import ImageOps
 
 import convert_to_tfrecord
 import onu_dataset
@@ -159,7 +160,6 @@ def test_exif_orientation_matches_pillow(tmp_path, pattern_image, orientation):
     exif[onu_dataset.EXIF_ORIENTATION_TAG] = orientation
     path = str(tmp_path / 'photo.png')
     pattern_image.save(path, 'PNG', exif=exif.tobytes())
-    from PIL import ImageOps
     with Image.open(path) as image:
         expected = np.asarray(ImageOps.exif_transpose(image).convert('RGB'))
     with tf.Graph().as_default():
@@ -397,3 +397,18 @@ def test_undecodable_image_is_skipped_warned_once_and_counted(make_tiny_dataset,
                     sess.run(batch)
     warnings = [r.getMessage() for r in caplog.records if bad in r.getMessage()]
     assert len(warnings) == 1 and 'cannot be decoded' in warnings[0]
+
+
+def test_no_decodable_image_stops_training_with_a_data_error(tmp_path, pattern_image):
+    data_dir = str(tmp_path / 'data')
+    for class_name in ('F603', 'F663N'):
+        os.makedirs(os.path.join(data_dir, 'train', class_name))
+        _write_jpeg_with_bad_scan(os.path.join(data_dir, 'train', class_name, 'bad.jpg'), pattern_image)
+    with tf.Graph().as_default():
+        images, _ = onu_input.distorted_inputs(data_dir, 'images', 2, IMAGE_SIZE)
+        with pytest.raises(onu_dataset.DataError) as error:
+            with onu_input.damaged_records_as_data_error(data_dir, 'images', 'train'):
+                _evaluate(images)  # without the check this would wait forever
+    message = str(error.value)
+    assert message.startswith(os.path.join(data_dir, 'train')) and 'none of the 2 images' in message
+    assert '\n' not in message

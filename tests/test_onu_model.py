@@ -184,6 +184,8 @@ def test_irv2_trainable_parameter_count_matches_the_published_network(irv2_299):
     trainable_in_table = sum(int(np.prod(shape)) for name, shape in table.items() if 'moving_' not in name)
     assert trainable_in_table == IRV2_1001_TRAINABLE == 59182258
     assert parameter_count(graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)) == 59182258
+    decayed = [name for name in table if name.endswith(('/weights', '/biases'))]  # weight decay on these only
+    assert len(graph.get_collection(tf.compat.v1.GraphKeys.REGULARIZATION_LOSSES)) == len(decayed) == 290
 
 
 def test_irv2_variables_have_the_published_checkpoint_names_and_shapes(irv2_299):
@@ -477,3 +479,13 @@ def test_variables_to_restore_loads_the_moving_averages_a_checkpoint_holds(tmp_p
         onu_model.inference(tf.zeros([1, 32, 32, 3]), 2, 'small', is_training=False)
         assert 'SmallNet/Logits/biases/ExponentialMovingAverage' in onu_model.variables_to_restore(0.9999)
         assert 'SmallNet/Logits/biases' in onu_model.variables_to_restore(None)
+
+
+def test_variables_to_restore_in_a_training_graph_maps_each_variable_once():
+    with tf.Graph().as_default():
+        build_small_training()
+        restore = onu_model.variables_to_restore(0.9999)
+        conv1 = small_variables('conv1/weights')[0]
+    assert restore['SmallNet/conv1/weights/ExponentialMovingAverage'] is conv1
+    assert len(set(map(id, restore.values()))) == len(restore)
+    assert not [name for name, var in restore.items() if var.op.name.endswith('ExponentialMovingAverage')]

@@ -1,0 +1,198 @@
+"""Starts a training cluster on this machine, to try multi-machine training: parameter servers and workers.
+
+    python run_local_cluster.py --num_workers=2 --model=small --max_steps=200
+    python run_local_cluster.py --num_workers=2 --sync_replicas --train_dir=/tmp/onu_cluster
+    python run_local_cluster.py --num_workers=2 --num_gpus=2      # each worker: onu_multi_gpu_train.py
+
+Every other flag is a training flag (see python onu_train.py --help): it is passed on to each task.
+The launcher checks the flags and prepares the data once, picks free ports on --host, starts
+--num_ps parameter servers and --num_workers workers of onu_train.py (onu_multi_gpu_train.py when
+--num_gpus is given) with --ps_hosts, --worker_hosts, --job_name and --task_index, prints their
+output prefixed with [ps 0], [worker 1], ..., and waits for the workers. The parameter servers
+stop by themselves once every worker has finished; one still running --ps_grace_secs later, or
+when a worker fails, the --timeout_secs run out or Ctrl-C is pressed, is stopped by the launcher.
+Exit status: 0 when every worker succeeded, else the first failing worker's (1 on a timeout).
+
+On a real cluster run the printed command lines on the machines instead, with their host names
+(see the README).
+"""
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from absl import app
+from absl import flags
+
+import onu_cluster
+import onu_dataset
+import onu_multi_gpu_train  # noqa: F401  pylint: disable=unused-import  (defines --num_gpus)
+import onu_train
+
+FLAGS = flags.FLAGS
+
+flags.DEFINE_integer('num_workers', 2, 'How many workers to start (worker 0 is the chief).', lower_bound=1)
+flags.DEFINE_integer('num_ps', 1, 'How many parameter servers to start.', lower_bound=1)
+flags.DEFINE_string('host', '127.0.0.1', 'Address the tasks serve on.')
+flags.DEFINE_float('ps_grace_secs', 30, 'After the workers finish, how long the parameter servers may '
+                   'take to stop by themselves before they are stopped.', lower_bound=0)
+flags.DEFINE_float('timeout_secs', None, 'Stop every task after this many seconds (default: no limit).',
+                   lower_bound=0)
+
+REPO_DIR = os.path.dirname(os.path.abspath(__file__))
+LAUNCHER_FLAGS = ('num_workers', 'num_ps', 'host', 'ps_grace_secs', 'timeout_secs')
+CLUSTER_FLAGS = ('ps_hosts', 'worker_hosts', 'job_name', 'task_index')
+POLL_SECS = 0.2
+TERMINATE_WAIT_SECS = 10
+
+
+def free_ports(host, count):
+    """Returns count distinct ports on host that are free now (the OS picks them)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind((host, 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def training_script():
+    """Returns the script each worker runs: onu_multi_gpu_train.py when --num_gpus is given."""
+    return 'onu_multi_gpu_train.py' if FLAGS['num_gpus'].present else 'onu_train.py'
+
+
+def training_args():
+    """Returns the training flags given to the launcher, as command-line arguments for every task."""
+    args = [FLAGS[name].serialize() for name in sorted(FLAGS)
+            if FLAGS[name].present and name not in LAUNCHER_FLAGS + CLUSTER_FLAGS]
+    if not FLAGS.model:  # every task must build the same model, whatever GPUs it sees
+        args.append(f'--model={onu_train.default_model_name()}')
+    return args
+
+
+def task_commands(ps_hosts, worker_hosts):
+    """Returns [(task name, command line)]: the parameter servers first, then the workers."""
+    base = [sys.executable, os.path.join(REPO_DIR, training_script())] + training_args() + [
+        f'--ps_hosts={",".join(ps_hosts)}', f'--worker_hosts={",".join(worker_hosts)}']
+    commands = [(f'ps {index}', base + [f'--job_name={onu_cluster.PS_JOB}', f'--task_index={index}'])
+                for index in range(len(ps_hosts))]
+    commands += [(f'worker {index}', base + [f'--job_name={onu_cluster.WORKER_JOB}', f'--task_index={index}'])
+                 for index in range(len(worker_hosts))]
+    return commands
+
+
+def _copy_output(name, stream):
+    """Prints each line of stream prefixed with [name]."""
+    for line in stream:
+        print(f'[{name}] {line}', end='', flush=True)
+
+
+def start_task(name, command):
+    """Starts one task; returns (process, the thread printing its output)."""
+    env = dict(os.environ)
+    env.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # TensorFlow's C++ INFO and WARNING lines
+    env.pop('TF_CONFIG', None)  # the cluster flags describe this cluster
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               errors='replace', bufsize=1, env=env, cwd=REPO_DIR)
+    printer = threading.Thread(target=_copy_output, args=(name, process.stdout), daemon=True)
+    printer.start()
+    print(f'started {name} (pid {process.pid}): {" ".join(command)}', flush=True)
+    return process, printer
+
+
+def wait_for_workers(workers, deadline):
+    """Waits until every worker has exited, one fails or the deadline passes; returns the exit status."""
+    while True:
+        codes = {name: process.poll() for name, process in workers}
+        failed = [(name, code) for name, code in codes.items() if code not in (None, 0)]
+        if failed:
+            print(f'{failed[0][0]} failed with exit status {failed[0][1]}: stopping the cluster.', flush=True)
+            return failed[0][1]
+        if all(code == 0 for code in codes.values()):
+            return 0
+        if deadline is not None and time.time() > deadline:
+            print(f'--timeout_secs={FLAGS.timeout_secs:g} ran out: stopping the cluster.', flush=True)
+            return 1
+        time.sleep(POLL_SECS)
+
+
+def wait_for_ps(parameter_servers, grace_secs):
+    """Gives the parameter servers grace_secs to stop by themselves; reports each one's end."""
+    deadline = time.time() + grace_secs
+    while any(process.poll() is None for _, process in parameter_servers) and time.time() < deadline:
+        time.sleep(POLL_SECS)
+    for name, process in parameter_servers:
+        code = process.poll()
+        if code is None:
+            print(f'{name} still running {grace_secs:g} s after the workers: stopping it.', flush=True)
+        else:
+            print(f'{name} stopped by itself (exit status {code}).', flush=True)
+
+
+def stop(processes):
+    """Terminates the processes still running, then kills those that do not exit."""
+    for _, process in processes:
+        if process.poll() is None:
+            process.terminate()
+    deadline = time.time() + TERMINATE_WAIT_SECS
+    for _, process in processes:
+        try:
+            process.wait(timeout=max(0.1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def run_cluster():
+    """Starts the cluster, waits for the workers and stops what is left; returns the exit status."""
+    given = [name for name in CLUSTER_FLAGS if FLAGS[name].present]
+    if given:
+        raise onu_cluster.ClusterConfigError(
+            f'--{given[0]} is the launcher\'s to set; give --num_workers and --num_ps instead')
+    onu_train.prepare_data(FLAGS.data_dir, FLAGS.data_format)
+    ports = free_ports(FLAGS.host, FLAGS.num_ps + FLAGS.num_workers)
+    ps_hosts = [f'{FLAGS.host}:{port}' for port in ports[:FLAGS.num_ps]]
+    worker_hosts = [f'{FLAGS.host}:{port}' for port in ports[FLAGS.num_ps:]]
+    deadline = time.time() + FLAGS.timeout_secs if FLAGS.timeout_secs is not None else None
+    processes, printers = [], []
+    try:
+        for name, command in task_commands(ps_hosts, worker_hosts):
+            process, printer = start_task(name, command)
+            processes.append((name, process))
+            printers.append(printer)
+        parameter_servers, workers = processes[:FLAGS.num_ps], processes[FLAGS.num_ps:]
+        status = wait_for_workers(workers, deadline)
+        if status == 0:
+            wait_for_ps(parameter_servers, FLAGS.ps_grace_secs)
+    except KeyboardInterrupt:
+        print('interrupted: stopping the cluster.', flush=True)
+        status = 130
+    finally:
+        stop(processes)
+        for printer in printers:
+            printer.join(timeout=TERMINATE_WAIT_SECS)
+    for name, process in processes:
+        print(f'{name} (pid {process.pid}): exit status {process.returncode}', flush=True)
+    return status
+
+
+def main(argv):
+    if len(argv) > 1:
+        print(f'error: unexpected arguments {" ".join(argv[1:])}; give flags as --name=value',
+              file=sys.stderr)
+        return 2
+    try:
+        return run_cluster()
+    except (onu_dataset.DataError, onu_cluster.ClusterConfigError) as e:
+        print(f'error: {e}', file=sys.stderr)
+        return 2
+
+
+if __name__ == '__main__':
+    app.run(main)

@@ -1,0 +1,267 @@
+"""Tests of multi-machine training (onu_cluster.py, the cluster path of onu_train.py, run_local_cluster.py).
+
+Loopback only: cluster descriptions in-process, an in-process cluster for the done queue and the
+chief wait, then 1 ps + 2 workers as real processes on 127.0.0.1, asynchronous (through the
+launcher) and synchronous (configured by TF_CONFIG). Every process has a timeout and is killed
+in a finally block.
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from absl import flags
+from absl.testing import flagsaver
+
+from conftest import REPO_ROOT
+from test_onu_train import checkpoint_step
+
+import make_sample_data
+import onu_cluster
+import onu_flags
+import onu_train
+import run_local_cluster
+
+FLAGS = flags.FLAGS
+PROCESS_TIMEOUT_SECS = 300
+CLUSTER_FLAGS = ['--model=small', '--image_size=32', '--batch_size=2', '--log_frequency=1',
+                 '--save_checkpoint_secs=600']
+
+
+# ---------------------------------------------------------------------------------------------
+# Cluster descriptions
+
+def test_flags_describe_the_task_and_worker_0_is_the_chief():
+    task = onu_cluster.resolve_task(['h0:2222'], ['h1:2222', 'h2:2222'], 'worker', 1)
+    assert task == onu_cluster.ClusterTask(('h0:2222',), ('h1:2222', 'h2:2222'), 'worker', 1)
+    assert (task.is_chief, task.num_workers, task.num_ps, task.device) == (False, 2, 1, '/job:worker/task:1')
+    assert task.cluster_spec().as_dict() == {'ps': ['h0:2222'], 'worker': ['h1:2222', 'h2:2222']}
+    assert onu_cluster.resolve_task(['h0:1'], ['h1:1'], 'worker', 0).is_chief
+    assert not onu_cluster.resolve_task(['h0:1'], ['h1:1'], 'ps', 0).is_chief
+    assert onu_cluster.resolve_task([], [], None, 0) is None  # one machine
+
+
+def test_tf_config_describes_the_task_a_separate_chief_becomes_worker_0():
+    cluster = {'ps': ['p:1'], 'worker': ['w0:1', 'w1:1']}
+    as_json = lambda task: json.dumps({'cluster': cluster, 'task': task})  # noqa: E731
+    task = onu_cluster.resolve_task([], [], None, 0, as_json({'type': 'worker', 'index': 1}))
+    assert (task.worker_hosts, task.job_name, task.task_index) == (('w0:1', 'w1:1'), 'worker', 1)
+    assert onu_cluster.resolve_task([], [], None, 0, as_json({'type': 'ps', 'index': 0})).job_name == 'ps'
+    cluster['chief'] = ['c:1']
+    chief = onu_cluster.resolve_task([], [], None, 0, as_json({'type': 'chief', 'index': 0}))
+    assert chief.worker_hosts == ('c:1', 'w0:1', 'w1:1') and chief.is_chief
+    worker = onu_cluster.resolve_task([], [], None, 0, as_json({'type': 'worker', 'index': 0}))
+    assert worker.task_index == 1 and not worker.is_chief
+    # The flags win over TF_CONFIG; a one-task TF_CONFIG (as some platforms set) means one machine.
+    assert onu_cluster.resolve_task(['x:1'], ['y:1'], 'ps', 0, as_json({'type': 'chief'})).ps_hosts == ('x:1',)
+    single = json.dumps({'cluster': {'chief': ['c:1']}, 'task': {'type': 'chief', 'index': 0}})
+    assert onu_cluster.resolve_task([], [], None, 0, single) is None
+
+
+@pytest.mark.parametrize('args, message', [
+    ((['p:1'], ['w:1'], 'worker', 1), 'task index 1 but the worker job has 1 task(s)'),
+    (([], ['w:1'], 'worker', 0), 'no parameter servers'),
+    ((['p:1'], [], 'ps', 0), 'no workers'),
+    ((['p:1'], ['w:1'], None, 0), 'set --job_name=ps or --job_name=worker'),
+    ((['p:1'], ['w'], 'worker', 0), "'w' is not host:port"),
+    ((['p:1'], ['p:1'], 'worker', 0), 'p:1 listed twice'),
+    (([], [], None, 0, '{"cluster": '), 'TF_CONFIG is not a cluster description'),
+    (([], [], None, 0, '{"cluster": {"ps": ["p:1"], "worker": ["w:1"]}, "task": {"type": "evaluator"}}'),
+     'run onu_eval.py'),
+])
+def test_unusable_cluster_descriptions_are_one_line_errors(args, message):
+    with pytest.raises(onu_cluster.ClusterConfigError) as error:
+        onu_cluster.resolve_task(*args)
+    assert message in str(error.value) and '\n' not in str(error.value)
+
+
+def test_session_config_filters_devices_and_keeps_the_base_config():
+    base = onu_train.session_config()
+    worker = onu_cluster.ClusterTask(('p:1', 'p:2'), ('w:1', 'w:2'), 'worker', 1)
+    config = onu_cluster.session_config(base, worker)
+    assert list(config.device_filters) == ['/job:ps', '/job:worker/task:1']
+    assert config.allow_soft_placement and not base.device_filters
+    ps = onu_cluster.ClusterTask(('p:1', 'p:2'), ('w:1', 'w:2'), 'ps', 1)
+    assert list(onu_cluster.session_config(base, ps).device_filters) == ['/job:ps/task:1']
+
+
+@pytest.fixture
+def parsed_flags(monkeypatch):
+    """The training flags, parsed with their defaults for one test and restored afterwards."""
+    monkeypatch.delenv('TF_CONFIG', raising=False)
+    if not FLAGS.is_parsed():
+        FLAGS.mark_as_parsed()
+    with flagsaver.flagsaver():
+        yield FLAGS
+
+
+def test_training_flags_refuse_sync_without_a_cluster_and_a_worker_without_model(parsed_flags):
+    parsed_flags.sync_replicas = True
+    with pytest.raises(onu_cluster.ClusterConfigError, match='--sync_replicas needs a cluster'):
+        onu_train.cluster_task()
+    parsed_flags.sync_replicas = False
+    parsed_flags.ps_hosts, parsed_flags.worker_hosts, parsed_flags.job_name = ['p:1'], ['w:1'], 'worker'
+    parsed_flags.model = None
+    with pytest.raises(onu_cluster.ClusterConfigError, match='give --model on a cluster'):
+        onu_train.cluster_task()
+    parsed_flags.model = 'small'
+    assert onu_train.cluster_task().is_chief
+
+
+# ---------------------------------------------------------------------------------------------
+# An in-process cluster: the done queue and the chief wait
+
+def test_ps_stops_once_every_worker_signalled_and_a_worker_starts_soon_after_the_chief(capsys):
+    hosts = [f'127.0.0.1:{port}' for port in run_local_cluster.free_ports('127.0.0.1', 3)]
+    task = lambda job, index: onu_cluster.ClusterTask(hosts[:1], hosts[1:], job, index)  # noqa: E731
+    config = lambda t: onu_cluster.session_config(tf.compat.v1.ConfigProto(), t)  # noqa: E731
+    parameter_servers = [onu_cluster.start_server(task('ps', 0), config(task('ps', 0)))]
+    workers = [onu_cluster.start_server(task('worker', index), config(task('worker', index)))
+               for index in range(2)]
+
+    # A worker waits for the chief by polling, not by TensorFlow's 30 s sleeps.
+    with tf.Graph().as_default() as graph:
+        with tf.compat.v1.device(onu_cluster.device_setter(task('worker', 1))):
+            variable = tf.compat.v1.get_variable('shared', [3])
+        chief_delay_secs = 1.5
+
+        def chief_initialises():
+            time.sleep(chief_delay_secs)
+            with tf.compat.v1.Session(workers[0].target, graph=graph,
+                                      config=config(task('worker', 0))) as sess:
+                sess.run(variable.initializer)
+        chief = threading.Thread(target=chief_initialises, daemon=True)
+        started = time.time()
+        chief.start()
+        onu_cluster.wait_for_chief(workers[1].target, config(task('worker', 1)), timeout_secs=60)
+        waited = time.time() - started
+        chief.join(timeout=60)
+    assert chief_delay_secs <= waited < 20, waited
+    assert 'Waiting for the chief (worker 0) to initialise the variables...' in capsys.readouterr().out
+
+    ps_task = task('ps', 0)
+    serving = threading.Thread(target=onu_cluster.serve_until_workers_done,
+                               args=(ps_task, parameter_servers[0].target, config(ps_task)), daemon=True)
+    serving.start()
+    onu_cluster.signal_worker_done(task('worker', 1), workers[1].target, config(task('worker', 1)))
+    time.sleep(0.5)
+    assert serving.is_alive()  # worker 0 has not finished yet
+    onu_cluster.signal_worker_done(task('worker', 0), workers[0].target, config(task('worker', 0)))
+    serving.join(timeout=60)
+    assert not serving.is_alive()
+    out = capsys.readouterr().out
+    assert 'ps 0: worker 1 finished (1 of 2).' in out and 'ps 0: every worker finished; stopping.' in out
+
+
+# ---------------------------------------------------------------------------------------------
+# 1 ps + 2 workers as processes on 127.0.0.1
+
+@pytest.fixture(scope='module')
+def cluster_data_dir(tmp_path_factory):
+    """16 tiny training photos (8 per class) and 4 validation ones."""
+    data_dir = str(tmp_path_factory.mktemp('cluster') / 'data')
+    make_sample_data.generate_dataset(data_dir, 8, 2, (96, 72), seed=0, processes=1)
+    return data_dir
+
+
+def steps_run_by_workers(output):
+    """Returns {worker index: training steps it ran} from the workers' closing lines."""
+    return {int(index): int(steps) for index, steps in re.findall(r'worker (\d+) ran (\d+) training steps', output)}
+
+
+def assert_all_exited(pids):
+    """Asserts that none of the processes is running any more."""
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_launcher_trains_asynchronously_and_the_chief_checkpoint_evaluates(cluster_data_dir, tmp_path):
+    train_dir = str(tmp_path / 'train')
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+    launcher = subprocess.Popen(
+        [sys.executable, os.path.join(REPO_ROOT, 'run_local_cluster.py'), '--num_workers=2', *CLUSTER_FLAGS,
+         f'--data_dir={cluster_data_dir}', f'--train_dir={train_dir}', '--max_steps=30', '--timeout_secs=240'],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO_ROOT,
+        start_new_session=True)
+    try:
+        output, _ = launcher.communicate(timeout=PROCESS_TIMEOUT_SECS)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+    assert launcher.returncode == 0, output[-4000:]
+    steps = steps_run_by_workers(output)
+    assert set(steps) == {0, 1} and min(steps.values()) >= 1, steps  # both advanced the global step
+    assert sum(steps.values()) >= 30  # asynchronous: each worker step is one global step
+    assert 'ps 0: every worker finished; stopping.' in output
+    assert 'ps 0 stopped by itself (exit status 0).' in output
+    assert_all_exited(int(pid) for pid in re.findall(r'started \w+ \d+ \(pid (\d+)\)', output))
+    assert checkpoint_step(train_dir) >= 30
+    # The chief alone writes summaries and the run configuration.
+    assert len([name for name in os.listdir(train_dir) if name.startswith('events.out.tfevents')]) == 1
+    config = onu_flags.load_run_config(train_dir)
+    assert (config['flags']['job_name'], config['flags']['task_index']) == ('worker', 0)
+
+    eval_dir = str(tmp_path / 'eval')
+    evaluated = subprocess.run(
+        [sys.executable, os.path.join(REPO_ROOT, 'onu_eval.py'), f'--checkpoint_dir={train_dir}', '--run_once',
+         f'--eval_dir={eval_dir}'], capture_output=True, text=True, timeout=PROCESS_TIMEOUT_SECS, env=env,
+        cwd=REPO_ROOT)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert f'step {checkpoint_step(train_dir)}, precision @ 1 = ' in evaluated.stdout
+
+
+def test_synchronous_workers_configured_by_tf_config_all_exit_promptly(cluster_data_dir, tmp_path):
+    train_dir = str(tmp_path / 'train')
+    ps_port, *worker_ports = run_local_cluster.free_ports('127.0.0.1', 3)
+    cluster = {'ps': [f'127.0.0.1:{ps_port}'], 'worker': [f'127.0.0.1:{port}' for port in worker_ports]}
+    tasks = [('ps', 0), ('worker', 0), ('worker', 1)]
+    processes, logs = [], []
+    try:
+        for job, index in tasks:
+            env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2',
+                       TF_CONFIG=json.dumps({'cluster': cluster, 'task': {'type': job, 'index': index}}))
+            log = open(tmp_path / f'{job}{index}.log', 'w+')
+            logs.append(log)
+            processes.append(subprocess.Popen(
+                [sys.executable, os.path.join(REPO_ROOT, 'onu_train.py'), *CLUSTER_FLAGS, '--sync_replicas',
+                 f'--data_dir={cluster_data_dir}', f'--train_dir={train_dir}', '--max_steps=12'],
+                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT, start_new_session=True))
+        deadline = time.time() + PROCESS_TIMEOUT_SECS
+        exit_times = {}
+        while len(exit_times) < len(processes) and time.time() < deadline:
+            for task, process in zip(tasks, processes):
+                if task not in exit_times and process.poll() is not None:
+                    exit_times[task] = time.time()
+            time.sleep(0.2)
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+    outputs = {}
+    for task, log in zip(tasks, logs):
+        log.seek(0)
+        outputs[task] = log.read()
+        log.close()
+    for task, process in zip(tasks, processes):
+        assert process.returncode == 0, f'{task}: {outputs[task][-3000:]}'
+    steps = steps_run_by_workers(outputs[('worker', 0)] + outputs[('worker', 1)])
+    assert set(steps) == {0, 1} and min(steps.values()) >= 1, steps
+    assert 'ps 0: every worker finished; stopping.' in outputs[('ps', 0)]
+    # The chief's end-of-run wait is short (TensorFlow's default stop grace period is 120 s).
+    last_checkpoint = os.path.getmtime(tf.train.latest_checkpoint(train_dir) + '.index')
+    assert exit_times[('worker', 0)] - last_checkpoint < 60
+    assert checkpoint_step(train_dir) >= 12
+    # The moving averages of the weights were kept (by the chief, after each averaged update).
+    reader = tf.train.load_checkpoint(train_dir)
+    shadow = reader.get_tensor('SmallNet/Logits/biases/ExponentialMovingAverage')
+    assert np.any(shadow != 0)  # the biases start at 0: the averages moved

@@ -1,0 +1,179 @@
+"""Tests of onu_predict.py: a small model trained in-process, exported, run on good and bad photos."""
+import io
+import json
+import os
+import shutil
+
+import numpy as np
+from PIL import Image
+import pytest
+import tensorflow as tf
+
+from test_onu_export import IMAGE_SIZE, eval_graph_softmax, run_script
+
+import convert_to_tfrecord
+import onu_dataset
+import onu_export
+import onu_flags
+import onu_input
+import onu_model
+import onu_predict
+
+CLASS_NAMES = ['F603', 'F663N']
+MOVING_AVERAGE_DECAY = 0.9999
+
+
+def train_small_model(train_dir, steps=4, save_every=2):
+    """Trains the small model a few steps on random images; saves checkpoints and the run configuration."""
+    with tf.Graph().as_default():
+        tf.compat.v1.set_random_seed(0)
+        global_step = tf.compat.v1.train.get_or_create_global_step()
+        images = tf.random.uniform([8, IMAGE_SIZE, IMAGE_SIZE, 3], -1.0, 1.0)
+        labels = tf.random.uniform([8], 0, len(CLASS_NAMES), tf.int32)
+        logits, end_points = onu_model.inference(images, len(CLASS_NAMES), 'small', is_training=True)
+        train_op = onu_model.train(onu_model.loss(logits, labels, end_points), global_step, 16, 8,
+                                   learning_rate=0.1, moving_average_decay=MOVING_AVERAGE_DECAY)
+        saver = tf.compat.v1.train.Saver(max_to_keep=None)
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            for step in range(1, steps + 1):
+                session.run(train_op)
+                if step % save_every == 0:
+                    saver.save(session, os.path.join(train_dir, 'model.ckpt'), global_step=global_step)
+    onu_flags.save_run_config(train_dir, {
+        'model': 'small', 'image_size': IMAGE_SIZE, 'class_names': CLASS_NAMES,
+        'num_classes': len(CLASS_NAMES), 'num_examples_per_epoch': 16,
+        'moving_average_decay': MOVING_AVERAGE_DECAY})
+
+
+@pytest.fixture(scope='module')
+def model(tmp_path_factory):
+    """A train_dir with checkpoints at steps 2 and 4, both exported to train_dir/export."""
+    train_dir = str(tmp_path_factory.mktemp('predict') / 'train')
+    train_small_model(train_dir)
+    config = onu_flags.load_run_config(train_dir)
+    export_dir = onu_export.default_export_dir(train_dir)
+    for step in (2, 4):
+        onu_export.export_saved_model(os.path.join(train_dir, f'model.ckpt-{step}'), config, export_dir)
+    return train_dir
+
+
+def version(model, step):
+    """Returns the exported version folder of step."""
+    return os.path.join(onu_export.default_export_dir(model), str(step))
+
+
+def predict(paths, model_dir, **options):
+    """Runs onu_predict.predict in-process; returns (exit code, stdout lines, stderr lines)."""
+    out, err = io.StringIO(), io.StringIO()
+    code = onu_predict.predict(list(paths), model_dir, out=out, err=err, **options)
+    return code, out.getvalue().splitlines(), err.getvalue().splitlines()
+
+
+def predicted_probabilities(paths, model_dir):
+    """Returns {path: [probability per class]} of the images at paths, from --json output."""
+    code, lines, _ = predict(paths, model_dir, as_json=True)
+    assert code == 0
+    results = [json.loads(line) for line in lines]
+    return {result['path']: [result['probabilities'][name] for name in CLASS_NAMES]
+            for result in results if 'error' not in result}
+
+
+def write_undecodable_jpeg(path):
+    """Writes a JPEG whose header Pillow accepts but whose scan TensorFlow cannot decode."""
+    buffer = io.BytesIO()
+    image = np.random.default_rng(0).integers(0, 256, (48, 64, 3), dtype=np.uint8)
+    Image.fromarray(image).save(buffer, 'JPEG', quality=90)
+    data = buffer.getvalue()
+    scan = data.find(b'\xff\xda')
+    with open(path, 'wb') as f:
+        f.write(data[:scan + 2] + b'\x00\x02' + bytes(50) + b'\xff\xd9')  # a bogus scan header length
+
+
+@pytest.fixture
+def photo_folder(messy_data_dir, tmp_path):
+    """A copy of the messy photos plus a JPEG that only TensorFlow's decoder rejects."""
+    folder = str(tmp_path / 'photos')
+    shutil.copytree(os.path.join(messy_data_dir, 'train', 'F603'), folder)
+    write_undecodable_jpeg(os.path.join(folder, 'scan_damaged.jpg'))
+    return folder
+
+
+def test_bad_files_get_one_error_line_each_and_the_rest_are_classified(model, photo_folder, messy_files):
+    missing = os.path.join(photo_folder, 'not_there.jpg')
+    code, lines, errors = predict([photo_folder, missing], version(model, 4), batch_size=3)
+
+    assert code == 0
+    usable = sorted(os.path.join(photo_folder, name) for name, reason in messy_files.items()
+                    if reason is None) + [os.path.join(photo_folder, 'subfolder', 'more.jpg')]
+    rows = [line.split('\t') for line in lines]
+    assert sorted(path for path, _, _ in rows) == sorted(usable)
+    for _, class_name, probability in rows:
+        assert class_name in CLASS_NAMES and 0.5 <= float(probability) <= 1.0
+    reasons = dict(line[len('error: '):].split(': ', 1) for line in errors if line.startswith('error: '))
+    assert len(reasons) == 5 and len(errors) == 6  # and the line naming the model
+    assert reasons[missing] == 'no such file or folder'
+    assert reasons[os.path.join(photo_folder, 'empty.jpg')] == 'empty file'
+    assert reasons[os.path.join(photo_folder, 'notes.txt')].startswith('not an image')
+    assert reasons[os.path.join(photo_folder, 'truncated.jpg')].startswith('damaged JPEG file')
+    assert reasons[os.path.join(photo_folder, 'scan_damaged.jpg')].startswith('cannot be decoded (')
+    assert all('\n' not in reason and len(reason) < 300 for reason in reasons.values())
+
+
+def test_predictions_equal_the_eval_softmax_on_the_same_photos(model, messy_data_dir, tmp_path):
+    data_dir = str(tmp_path / 'data')
+    shutil.copytree(messy_data_dir, data_dir)
+    convert_to_tfrecord.convert(data_dir, formats=('encoded',), num_shards=1, processes=1)
+    info = onu_input.dataset_info(data_dir, 'encoded', 'train')
+    expected, _ = eval_graph_softmax(os.path.join(model, 'model.ckpt-4'), MOVING_AVERAGE_DECAY,
+                                     data_dir, 'encoded', 'train')
+    filenames = [tf.train.Example.FromString(record.numpy()).features.feature[onu_dataset.KEY_FILENAME]
+                 .bytes_list.value[0].decode() for record in tf.data.TFRecordDataset(list(info.files))]
+    assert 'train/F603/exif_rotated.jpg' in filenames and len(filenames) == len(expected)
+
+    predicted = predicted_probabilities([os.path.join(data_dir, 'train')], version(model, 4))
+
+    for filename, probabilities in zip(filenames, expected):
+        np.testing.assert_allclose(predicted[os.path.join(data_dir, filename)], probabilities, atol=1e-5,
+                                   err_msg=filename)
+
+
+def test_export_folder_uses_the_newest_version_and_train_dir_its_latest_checkpoint(model, messy_data_dir):
+    photos = [os.path.join(messy_data_dir, 'val', name, 'plain.jpg') for name in CLASS_NAMES]
+    def probabilities(model_dir):
+        predicted = predicted_probabilities(photos, model_dir)
+        assert list(predicted) == photos
+        return np.array(list(predicted.values()))
+    newest = probabilities(version(model, 4))
+    np.testing.assert_allclose(probabilities(onu_export.default_export_dir(model)), newest, atol=1e-6)
+    np.testing.assert_allclose(probabilities(model), newest, atol=1e-5)  # built from the checkpoint
+    assert np.abs(probabilities(version(model, 2)) - newest).max() > 1e-4
+
+
+def test_nothing_classified_exits_1_and_a_bad_model_dir_exits_2(model, photo_folder, tmp_path):
+    code, lines, errors = predict([os.path.join(photo_folder, 'empty.jpg')], version(model, 4))
+    assert (code, lines) == (1, [])
+    assert errors == [f'Classifying with the SavedModel {version(model, 4)}',f'error: {photo_folder}/empty.jpg: empty file',
+                      'error: none of the 1 paths could be classified']
+
+    code, _, errors = predict([photo_folder], str(tmp_path))
+    assert code == 2
+    assert errors == [f'error: {tmp_path}: neither a SavedModel, nor a folder of exported versions, nor a '
+                      f'training run; pass --model_dir=<train_dir>/export (after python onu_export.py) or '
+                      f'the --train_dir of onu_train.py']
+    assert predict([], version(model, 4))[0] == 2
+
+
+def test_script_prints_json_lines_and_errors(model, photo_folder):
+    good, empty = os.path.join(photo_folder, 'plain.jpg'), os.path.join(photo_folder, 'empty.jpg')
+    result = run_script('onu_predict.py', good, empty, f'--model_dir={onu_export.default_export_dir(model)}',
+                        '--json', '--batch_size=2')
+
+    assert result.returncode == 0, result.stderr[-2000:]
+    classified, failed = [json.loads(line) for line in result.stdout.splitlines()]
+    assert classified['path'] == good and classified['class_name'] in CLASS_NAMES
+    assert classified['probability'] == max(classified['probabilities'].values())
+    assert sum(classified['probabilities'].values()) == pytest.approx(1.0, abs=1e-6)
+    assert failed == {'path': empty, 'error': 'empty file'}
+    assert f'error: {empty}: empty file' in result.stderr.splitlines()
+    assert f'Classifying with the SavedModel {version(model, 4)}\n' in result.stderr  # the newest
