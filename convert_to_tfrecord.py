@@ -33,6 +33,8 @@ from onu_dataset import DataError
 
 TARGET_SHARD_BYTES = 100 << 20  # automatic --num_shards: about this many bytes per shard
 RAW_TASK_BYTES = 8 << 20  # pixels decoded per worker task: fewer, larger tasks cost the writing process less
+RAW_TASK_MAX_IMAGES = 32  # ... but small enough that every worker gets some
+RAW_AHEAD_BYTES = 96 << 20  # pixels decoded ahead of the writer: workers keep busy while it verifies a shard
 REENCODE_JPEG_QUALITY = 95
 _TEMP_SHARD = re.compile(r'^(?:train|val)-(?:raw|encoded)-\d{5}-of-\d{5}\.tfrecord\.tmp-\d+$')
 
@@ -76,35 +78,39 @@ def _encoded_payload(info):
 
 
 _PAYLOAD_KEYS = {'raw': onu_dataset.KEY_RAW, 'encoded': onu_dataset.KEY_ENCODED}
-_attached_slots = {}  # in a worker process: the shared-memory slots it has attached, by name
+_attached_blocks = {}  # in a worker process: the shared-memory blocks it has attached, by name
 
 
-def _raw_into_slots(tasks):
-    """Worker: decodes (image, shared-memory slot name) pairs into the slots; (byte count, 'raw') or (None, reason)."""
+def _raw_into_block(task):
+    """Worker: decodes images into a shared-memory block, image k at offset k * slot_bytes.
+
+    Returns (byte count, 'raw') or (None, skip reason) per image.
+    """
+    infos, block_name, slot_bytes = task
+    block = _attached_blocks.get(block_name)
+    if block is None:
+        block = _attached_blocks[block_name] = shared_memory.SharedMemory(block_name)
     results = []
-    for info, slot_name in tasks:
+    for k, info in enumerate(infos):
         payload, detail = _raw_payload(info)
-        slot = _attached_slots.get(slot_name)
-        if slot is None:
-            slot = _attached_slots[slot_name] = shared_memory.SharedMemory(slot_name)
-        if payload is not None and len(payload) > slot.size:
+        if payload is not None and len(payload) > slot_bytes:
             payload, detail = None, 'decode failed: the file changed during conversion'
         if payload is not None:
-            slot.buf[:len(payload)] = payload
+            block.buf[k * slot_bytes:k * slot_bytes + len(payload)] = payload
         results.append((None if payload is None else len(payload), detail))
     return results
 
 
 @contextlib.contextmanager
-def _shared_slots(count, size):
-    """count shared-memory buffers of size bytes each, released on exit."""
-    slots = [shared_memory.SharedMemory(create=True, size=max(1, size)) for _ in range(count)]
+def _shared_blocks(count, size):
+    """count shared-memory blocks of size bytes each, released on exit."""
+    blocks = [shared_memory.SharedMemory(create=True, size=max(1, size)) for _ in range(count)]
     try:
-        yield slots
+        yield blocks
     finally:
-        for slot in slots:
-            slot.close()
-            slot.unlink()
+        for block in blocks:
+            block.close()
+            block.unlink()
 
 
 def _payloads(order, record_format, pool, window):
@@ -120,15 +126,18 @@ def _payloads(order, record_format, pool, window):
         yield from map(_raw_payload, order)
     else:
         slot_bytes = max(info.height * info.width * onu_dataset.CHANNELS for info in order)
-        batch = max(1, min(len(order), RAW_TASK_BYTES // slot_bytes))
-        # Slots for one batch more than are in flight: parallel_map submits the next batch before the
-        # slots of the batch just returned have been copied out.
-        with _shared_slots((window + 1) * batch, slot_bytes) as slots:
-            pairs = ((info, slots[n % len(slots)].name) for n, info in enumerate(order))
-            batches = iter(lambda: tuple(itertools.islice(pairs, batch)), ())
-            results = itertools.chain.from_iterable(onu_dataset.parallel_map(_raw_into_slots, batches, pool, window))
-            for n, (size, detail) in enumerate(results):
-                yield (None, detail) if size is None else (bytes(slots[n % len(slots)].buf[:size]), detail)
+        batch = max(1, min(RAW_TASK_MAX_IMAGES, RAW_TASK_BYTES // slot_bytes))
+        batches = [tuple(order[i:i + batch]) for i in range(0, len(order), batch)]
+        window = min(len(batches), max(window, RAW_AHEAD_BYTES // (batch * slot_bytes)))
+        # One block more than batches in flight: parallel_map submits the next batch before the block of
+        # the batch just returned has been copied out.
+        with _shared_blocks(window + 1, batch * slot_bytes) as blocks:
+            tasks = ((infos, blocks[b % len(blocks)].name, slot_bytes) for b, infos in enumerate(batches))
+            for b, results in enumerate(onu_dataset.parallel_map(_raw_into_block, tasks, pool, window)):
+                buffer = blocks[b % len(blocks)].buf
+                for k, (size, detail) in enumerate(results):
+                    start = k * slot_bytes
+                    yield (None, detail) if size is None else (bytes(buffer[start:start + size]), detail)
 
 
 def _serialized_example(info, payload, payload_key, payload_format, filename):
@@ -250,15 +259,39 @@ def _image_size_stats(images):
     return stats
 
 
-def _inputs_digest(data_dir, class_names, listings):
-    """A digest of every input file's name, size and modification time: changes when any photo does."""
-    digest = hashlib.sha256('\0'.join(class_names).encode('utf-8'))
-    for images, skipped in listings.values():
-        for path in sorted([info.path for info in images] + [path for path, _ in skipped]):
-            stat = os.stat(path)
-            digest.update(os.fsencode(_relative_name(path, data_dir)))
-            digest.update(f'\0{stat.st_size}\0{stat.st_mtime_ns}\n'.encode())
+def _input_entries(data_dir):
+    """Paths of the class folders of each split and of everything in them, sorted; no image is read."""
+    paths = []
+    for split in onu_dataset.SPLITS:
+        split_dir = os.path.join(data_dir, split)
+        if os.path.isdir(split_dir):
+            for class_name in onu_dataset.visible_subdirs(split_dir):
+                class_dir = os.path.join(split_dir, class_name)
+                paths += [class_dir] + sorted(entry.path for entry in os.scandir(class_dir))
+    return paths
+
+
+def _inputs_digest(data_dir, paths):
+    """A digest of the names, sizes and modification times of paths: it changes when any photo does."""
+    digest = hashlib.sha256()
+    for path in paths:
+        stat = os.stat(path)
+        digest.update(os.fsencode(_relative_name(path, data_dir)))
+        digest.update(f'\0{stat.st_size}\0{stat.st_mtime_ns}\n'.encode())
     return digest.hexdigest()
+
+
+def _prefetch(paths):
+    """Asks the operating system to start reading the files now: listing and conversion then wait less on the disk."""
+    if not hasattr(os, 'posix_fadvise'):  # Linux has it; elsewhere the reads simply happen when needed
+        return
+    for path in paths:
+        if os.path.isfile(path):
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            finally:
+                os.close(fd)
 
 
 def _existing_manifest(output_dir):
@@ -326,25 +359,28 @@ def convert(data_dir, output_dir=None, formats=onu_dataset.RECORD_FORMATS, num_s
     formats = tuple(f for f in onu_dataset.RECORD_FORMATS if f in formats)
     output_dir = output_dir or os.path.join(data_dir, onu_dataset.RECORDS_SUBDIR)
     _check_output_dir(data_dir, output_dir)
+    entries = _input_entries(data_dir)
+    build = {'inputs': _inputs_digest(data_dir, entries), 'compression': compression,
+             'num_shards': num_shards or None, 'seed': seed}
+    splits = [s for s in onu_dataset.SPLITS if os.path.isdir(os.path.join(data_dir, s))]
+    old = _existing_manifest(output_dir)
+    reusable = _reusable_formats(old, output_dir, build, splits)
+    to_build = [f for f in formats if overwrite or f not in reusable or old['build'][f] != build]
+    kept = [f for f in onu_dataset.RECORD_FORMATS if f in reusable and f not in to_build]
+    if not to_build and set(kept) == set(old['build']) and not (strict and _unreadable(old['skipped'])):
+        print(f'{output_dir}: {", ".join(formats)} records are up to date with {data_dir}; nothing to do '
+              f'(--overwrite rebuilds them)')
+        return old
+
     workers = onu_dataset.worker_count(processes)
     with contextlib.ExitStack() as stack:
-        # Raw records need the workers: start them first, so their start-up overlaps the listing below.
-        pool = stack.enter_context(onu_dataset.process_pool(workers)) if 'raw' in formats else None
+        # Started before the listing, so that the workers' start-up and the disk reads overlap it.
+        pool = stack.enter_context(onu_dataset.process_pool(workers)) if 'raw' in to_build else None
+        _prefetch(entries)
         class_names, listings, skipped = _list_inputs(data_dir, strict)
-        build = {'inputs': _inputs_digest(data_dir, class_names, listings), 'compression': compression,
-                 'num_shards': num_shards or None, 'seed': seed}
-        os.makedirs(output_dir, exist_ok=True)
-        old = _existing_manifest(output_dir)
-        reusable = _reusable_formats(old, output_dir, build, list(listings))
-        to_build = [f for f in formats if overwrite or f not in reusable or old['build'][f] != build]
-        kept = [f for f in onu_dataset.RECORD_FORMATS if f in reusable and f not in to_build]
-        if not to_build and set(kept) == set(old['build']):
-            print(f'{output_dir}: {", ".join(formats)} records are up to date with {data_dir}; nothing to do '
-                  f'(--overwrite rebuilds them)')
-            return old
         if pool is None and not all(info.is_plain_jpeg for images, _ in listings.values() for info in images):
             pool = stack.enter_context(onu_dataset.process_pool(workers))  # to re-encode those images
-
+        os.makedirs(output_dir, exist_ok=True)
         manifest = {'version': onu_dataset.MANIFEST_VERSION, 'compression': compression, 'class_names': class_names,
                     'splits': {split: {f: old['splits'][split][f] for f in kept} for split in listings},
                     'build': {f: old['build'][f] for f in kept},
@@ -365,6 +401,11 @@ def convert(data_dir, output_dir=None, formats=onu_dataset.RECORD_FORMATS, num_s
     return manifest
 
 
+def _unreadable(skipped):
+    """The skipped-file entries that are not hidden or system files."""
+    return [s for s in skipped if s['reason'] != onu_dataset.REASON_HIDDEN]
+
+
 def _list_inputs(data_dir, strict):
     """(class names, {split: (images, skipped)}, skipped as manifest entries); DataError on any skip if strict."""
     class_names = onu_dataset.find_class_names(data_dir)
@@ -372,7 +413,7 @@ def _list_inputs(data_dir, strict):
     listings = {split: onu_dataset.list_split_images(data_dir, split, class_names) for split in splits}
     skipped = [{'path': _relative_name(path, data_dir), 'reason': reason}
                for split in splits for path, reason in listings[split][1]]
-    unreadable = [s for s in skipped if s['reason'] != onu_dataset.REASON_HIDDEN]
+    unreadable = _unreadable(skipped)
     if strict and unreadable:
         raise DataError(f'{os.path.join(data_dir, unreadable[0]["path"])}: {unreadable[0]["reason"]} '
                         f'({len(unreadable)} unreadable files; --strict): fix or remove them, or drop --strict')
@@ -408,7 +449,7 @@ def summary_table(manifest):
                            f'{entry["record_bytes"] / max(1, entry["source_bytes"]):.3f}', f'{entry["seconds"]:.2f}'])
     widths = [max(len(str(row[i])) for row in [header] + rows) for i in range(len(header))]
     lines = ['  '.join(str(cell).rjust(width) for cell, width in zip(row, widths)) for row in [header] + rows]
-    unreadable = [s for s in manifest['skipped'] if s['reason'] != onu_dataset.REASON_HIDDEN]
+    unreadable = _unreadable(manifest['skipped'])
     lines += [f'skipped {s["path"]}: {s["reason"]}' for s in unreadable]
     hidden = len(manifest['skipped']) - len(unreadable)
     if hidden:

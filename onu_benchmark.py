@@ -25,6 +25,7 @@ import collections
 import dataclasses
 import datetime
 import json
+import math
 import platform
 import resource
 import shlex
@@ -74,6 +75,7 @@ QUICK_MODELS = ('small',)
 PRIOR_IMAGES_PER_SEC = {'pipeline': 150.0, 'serial_cv2': 60.0, 'convert_raw': 80.0, 'convert_encoded': 400.0}
 PRIOR_SEC_PER_STEP_32 = {'small': 0.5, 'inception_resnet_v2': 16.0}  # batch 32, the model's image size
 PRIOR_BUILD_SECONDS = {'small': 3.0, 'inception_resnet_v2': 40.0}
+BUSY_MACHINE_CORES = 0.2  # other processes using more than this during a measurement disturb it
 PRIOR_FRESH_PYTHON_SECONDS = 5.0  # starting a FreshPython (it imports TensorFlow) at its first call
 
 flags.DEFINE_string('output_dir', 'benchmark_results',
@@ -448,10 +450,39 @@ def _duration(seconds):
     return f'{seconds // 60}m{seconds % 60:02d}s' if seconds >= 60 else f'{seconds}s'
 
 
+def machine_busy_seconds():
+    """Returns the CPU seconds every process on the machine has used since boot (Linux /proc/stat)."""
+    with open('/proc/stat', encoding='ascii') as f:
+        user, nice, system, _, _, irq, softirq, steal = (int(v) for v in f.readline().split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf('SC_CLK_TCK')
+
+
+def own_cpu_seconds():
+    """Returns the CPU seconds of this process and of all its descendants, finished ones included."""
+    parents, ticks = {}, {}
+    for name in os.listdir('/proc'):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f'/proc/{name}/stat', encoding='ascii', errors='replace') as f:
+                fields = f.read().rsplit(')', 1)[1].split()
+        except OSError:  # the process has just ended
+            continue
+        parents[int(name)] = int(fields[1])
+        ticks[int(name)] = sum(int(v) for v in fields[11:15])  # utime, stime, cutime, cstime
+    tree, grown = {os.getpid()}, True
+    while grown:
+        children = {pid for pid, parent in parents.items() if parent in tree} - tree
+        tree |= children
+        grown = bool(children)
+    return sum(ticks.get(pid, 0) for pid in tree) / os.sysconf('SC_CLK_TCK')
+
+
 def run_tasks(tasks):
     """Runs tasks in order, printing a line for each with its result, time so far and time left.
 
-    Returns {key: [result of each repeat]}.
+    Returns {key: [result of each repeat]}; each result also holds other_processes_cores, the
+    cores that processes outside this benchmark kept busy meanwhile (0 on an idle machine).
     """
     results, durations = collections.defaultdict(list), collections.defaultdict(list)
     started = time.time()
@@ -460,13 +491,16 @@ def run_tasks(tasks):
         prefix = f'[{index:{width}d}/{len(tasks)}] {task.label}'
         # On a terminal the result line overwrites this one; in a log both stay.
         print(f'{prefix} ...', end='\r' if sys.stdout.isatty() else '\n', flush=True)
-        task_started = time.time()
+        task_started, machine_before, own_before = time.time(), machine_busy_seconds(), own_cpu_seconds()
         result = task.run()
-        durations[task.key].append(time.time() - task_started)
-        results[task.key].append(result)
+        seconds = time.time() - task_started
+        others = (machine_busy_seconds() - machine_before - (own_cpu_seconds() - own_before)) / seconds
+        results[task.key].append(dict(result, other_processes_cores=others, task_seconds=seconds))
+        durations[task.key].append(seconds)
         left = sum(statistics.mean(durations[t.key]) if durations[t.key] else t.estimate for t in tasks[index:])
-        print(f'{prefix}: {task.describe(result)}  ({_duration(time.time() - task_started)}; '
-              f'{_duration(time.time() - started)} elapsed, ~{_duration(left)} left)', flush=True)
+        warning = f'; other processes busy on {others:.1f} cores!' if others > BUSY_MACHINE_CORES else ''
+        print(f'{prefix}: {task.describe(result)}  ({_duration(seconds)}; {_duration(time.time() - started)} '
+              f'elapsed, ~{_duration(left)} left{warning})', flush=True)
     return results
 
 
@@ -655,11 +689,11 @@ def assemble_rows(results, models):
     return {name: rows[name] for name in ROW_ORDER}
 
 
-def _target(issue, text, measured, threshold, at_most=False, note=''):
+def _target(issue, text, measured, threshold, at_most=False):
     """Returns one target's verdict: measured >= threshold (or <= with at_most)."""
     passed = measured <= threshold if at_most else measured >= threshold
     return {'issue': issue, 'target': text, 'measured': measured, 'threshold': threshold,
-            'comparison': '<=' if at_most else '>=', 'passed': bool(passed), 'note': note}
+            'comparison': '<=' if at_most else '>=', 'passed': bool(passed)}
 
 
 def evaluate_targets(rows, models, cores):
@@ -728,13 +762,16 @@ def _table(header, rows):
 
 def markdown_report(report):
     """Returns the run as Markdown: settings, the study-shaped table per model, details and targets."""
-    rows, settings, hardware = report['rows'], report['settings'], report['hardware']
+    rows, settings, hardware, others = report['rows'], report['settings'], report['hardware'], report['other_processes']
     gpus = ', '.join(hardware['gpus']) or 'no GPU'
     lines = [f'Command: `{report["command"]}`', '',
              f'Hardware: {hardware["cpu_model"]}, {hardware["usable_cores"]} cores ({hardware["cpu_count"]} CPUs), '
              f'{hardware["memory_gib"]} GiB, {gpus}; TensorFlow {hardware["tensorflow"]}, Python {hardware["python"]}. '
-             f'1-minute load average {report["load_average_before"]:.2f} before the run, '
-             f'{report["load_average_after"]:.2f} after; the run took {_duration(report["seconds"])}.', '',
+             f'1-minute load average {report["load_average_before"]:.2f} before the run; the run took '
+             f'{_duration(report["seconds"])}. Other processes kept {others["mean_cores"]:.2f} cores busy on '
+             f'average during the measurements (at most {others["max_cores"]:.2f} during one; '
+             f'{others["disturbed_measurements"]} of {others["measurements"]} measurements above '
+             f'{BUSY_MACHINE_CORES}).', '',
              f'Data: {settings["data_dir"]}: {report["data"]["photos"]} photos ({report["data"]["train_photos"]} '
              f'train), {_megabytes(report["data"]["source_bytes"])}. Medians of {settings["repeats"]} repeat(s); '
              f'pipelines {settings["image_size"]}x{settings["image_size"]}, batch {settings["batch_size"]}, '
@@ -787,7 +824,12 @@ def plot_report(report, path):
     import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
     rows, models = report['rows'], report['settings']['models']
     ways = ('encoded', 'raw', 'images', 'serial_cv2', 'keras_baseline')
-    figure, axes = plt.subplots(1, 2 + len(models), figsize=(6 * (2 + len(models)), 5.5))
+    columns = 2 if models else 1
+    rows_of_plots = math.ceil((2 + len(models)) / columns)
+    figure, axes = plt.subplots(rows_of_plots, columns, figsize=(7 * columns, 5 * rows_of_plots), squeeze=False)
+    axes = axes.ravel()
+    for axis in axes[2 + len(models):]:
+        axis.set_visible(False)
     short = {'encoded': 'encoded', 'raw': 'raw', 'images': 'images\ntf.data', 'serial_cv2': 'images\nserial cv2',
              'keras_baseline': 'images\nKeras', 'synthetic': 'synthetic'}
     axes[0].bar([short[w] for w in ('encoded', 'raw', 'images')],
@@ -812,7 +854,8 @@ def plot_report(report, path):
             if bound is not None:
                 axis.annotate(f'{bound:.0%} input-bound', (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                               ha='center', va='bottom', fontsize='small')
-        axis.set_title(f'training {model_name} (examples/sec)')
+        first = rows['synthetic']['training'][model_name]
+        axis.set_title(f'training {model_name}, batch {first["batch_size"]}, {first["image_size"]}px (examples/sec)')
     figure.suptitle(f'{report["hardware"]["cpu_model"]}, {report["hardware"]["usable_cores"]} cores, '
                     f'{", ".join(report["hardware"]["gpus"]) or "no GPU"}')
     figure.tight_layout()
@@ -867,6 +910,16 @@ def settings_from_flags():
         max_images_per_class=_flag_or_quick('max_images_per_class'))
 
 
+def other_processes_summary(results):
+    """Returns how busy processes outside the benchmark kept the machine during the measurements."""
+    measured = [result for repeats in results.values() for result in repeats]
+    seconds = sum(result['task_seconds'] for result in measured)
+    return {'mean_cores': sum(r['other_processes_cores'] * r['task_seconds'] for r in measured) / seconds,
+            'max_cores': max(r['other_processes_cores'] for r in measured),
+            'disturbed_measurements': sum(r['other_processes_cores'] > BUSY_MACHINE_CORES for r in measured),
+            'measurements': len(measured)}
+
+
 def _load_average():
     """Returns the 1-minute load average."""
     return os.getloadavg()[0]
@@ -892,11 +945,12 @@ def benchmark(settings, work_dir):
     rows = assemble_rows(results, settings.models)
     return {
         'timestamp': datetime.datetime.now().strftime('%Y%m%d-%H%M%S'),
-        'command': 'python onu_benchmark.py ' + ' '.join(shlex.quote(arg) for arg in sys.argv[1:]),
+        'command': ' '.join(['python onu_benchmark.py'] + [shlex.quote(arg) for arg in sys.argv[1:]]),
         'hardware': hardware_info(), 'settings': dict(dataclasses.asdict(settings), models=list(settings.models)),
         'data': {'photos': len(paths), 'train_photos': train_photos.num_examples,
                  'source_bytes': rows['images']['disk_bytes'], 'measured_dir': data_dir},
         'load_average_before': load_before, 'load_average_after': _load_average(),
+        'other_processes': other_processes_summary(results),
         'seconds': time.time() - started,
         'rows': rows, 'targets': evaluate_targets(rows, settings.models, onu_dataset.worker_count()),
         'measurements': {' '.join(str(part) for part in key): value for key, value in results.items()},

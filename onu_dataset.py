@@ -150,8 +150,8 @@ def upright_rgb(path, orientation):
         return image if image.mode == 'RGB' else image.convert('RGB')
 
 
-def _visible_subdirs(folder):
-    """Sorted names of the non-hidden subfolders of folder."""
+def visible_subdirs(folder):
+    """Sorted names of the non-hidden subfolders of folder (the class folders of a split)."""
     return sorted(entry.name for entry in os.scandir(folder)
                   if entry.is_dir() and not is_hidden(entry.name))
 
@@ -187,13 +187,13 @@ def find_class_names(data_dir):
     if not os.path.isdir(train_dir):
         raise DataError(f'{train_dir} not found: put photos in {data_dir}/train/<class>/ and {data_dir}/val/<class>/, '
                         f'or run python make_sample_data.py --output_dir={data_dir}')
-    class_names = _visible_subdirs(train_dir)
+    class_names = visible_subdirs(train_dir)
     if not class_names:
         raise DataError(f'{train_dir} has no class folders: put each class\'s photos in {train_dir}/<class>/')
     split_dirs = [train_dir]
     val_dir = os.path.join(data_dir, 'val')
     if os.path.isdir(val_dir):
-        val_names = _visible_subdirs(val_dir)
+        val_names = visible_subdirs(val_dir)
         if val_names != class_names:
             missing = sorted(set(class_names) - set(val_names))
             extra = sorted(set(val_names) - set(class_names))

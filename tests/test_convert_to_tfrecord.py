@@ -146,8 +146,9 @@ def test_train_shuffled_across_shards_val_in_sorted_order(tiny_data_dir, tiny_re
     assert raw_train == train  # both kinds hold the same order
 
 
-def test_same_seed_same_shards_for_any_process_count(make_tiny_dataset, tmp_path):
+def test_same_seed_same_shards_for_any_process_count(make_tiny_dataset, tmp_path, monkeypatch):
     data_dir = make_tiny_dataset()
+    monkeypatch.setattr(convert_to_tfrecord, 'RAW_TASK_MAX_IMAGES', 1)  # 8 tasks cycling through 5 shared blocks
     outputs = {}
     for name, seed, processes in (('serial', 0, 1), ('parallel', 0, 2), ('other_seed', 1, 1)):
         records_dir = str(tmp_path / name)

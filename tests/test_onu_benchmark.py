@@ -58,6 +58,8 @@ def test_quick_run_measures_every_row(make_tiny_dataset, tmp_path):
             assert number > 0, path
 
     assert report['settings']['models'] == ['small'] and report['data']['photos'] == 20
+    # 4 storage + 11 pipeline (decode limit, 5 ways x eval/train) + 5 training measurements, one repeat each
+    assert report['other_processes']['measurements'] == 20 == len(report['measurements'])
     assert report['hardware']['usable_cores'] >= 1 and report['hardware']['cpu_model']
     assert {target['issue'] for target in report['targets']} == {2, 3}  # issue 7's targets need Inception-ResNet-v2
     assert all(isinstance(target['passed'], bool) for target in report['targets'])
