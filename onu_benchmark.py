@@ -972,8 +972,7 @@ def run():
 
 
 def main(argv):
-    del argv  # Unused.
-    return onu_train.run_main(run)
+    return onu_flags.run_script(run, argv)
 
 
 if __name__ == '__main__':
