@@ -15,7 +15,6 @@ sizes, skipped files) sit next to the shards. Unchanged inputs make a re-run a n
 import contextlib
 import hashlib
 import io
-import itertools
 import math
 import os
 import random

@@ -47,7 +47,6 @@ import onu_dataset
 import onu_flags
 import onu_input
 import onu_model
-import onu_train
 
 FLAGS = flags.FLAGS
 
@@ -260,7 +259,7 @@ def _time_runs(sess, fetch, warmup, runs, feeds=None):
 
 def _session(config=None):
     """Returns a session configured as training configures it (or with config)."""
-    return tf.compat.v1.Session(config=config or onu_train.session_config())
+    return tf.compat.v1.Session(config=config or onu_flags.session_config())
 
 
 def measure_pipeline(info, batch_size, image_size, augment, warmup, batches):

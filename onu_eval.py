@@ -154,15 +154,6 @@ def count_predictions(session, labels, predictions, losses, num_classes, limit):
     return confusion, loss_sum
 
 
-def session_config(device):
-    """Returns the session config: GPUs hidden for device cpu, GPU memory allocated as needed."""
-    config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
-    if device == 'cpu':
-        config.device_count['GPU'] = 0
-    config.gpu_options.allow_growth = True
-    return config
-
-
 def evaluate(checkpoint_path, run_config, eval_data='val', batch_size=32, num_examples=None,
              allow_raw_weights=False, device='cpu'):
     """Evaluates one checkpoint on the examples of eval_data (each once); returns its EvalResult.
@@ -181,7 +172,7 @@ def evaluate(checkpoint_path, run_config, eval_data='val', batch_size=32, num_ex
                                         is_training=False, create_aux_logits=False)
         losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
         predictions = tf.argmax(logits, axis=1, output_type=tf.int32)
-        with tf.compat.v1.Session(config=session_config(device)) as session:
+        with tf.compat.v1.Session(config=onu_flags.session_config(hide_gpus=device == 'cpu')) as session:
             step, weights = restore_checkpoint(session, checkpoint_path, run_config, allow_raw_weights)
             with onu_input.damaged_records_as_data_error(data_dir, data_format, eval_data):
                 confusion, loss_sum = count_predictions(session, labels, predictions, losses,

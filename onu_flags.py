@@ -44,6 +44,15 @@ def define_allow_raw_weights_flag(help_text):
     flags.DEFINE_boolean('allow_raw_weights', False, help_text)
 
 
+def session_config(hide_gpus=False):
+    """Returns the session config: soft placement so one graph runs on CPU or GPU, GPU memory on demand."""
+    config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
+    if hide_gpus:
+        config.device_count['GPU'] = 0
+    config.gpu_options.allow_growth = True
+    return config
+
+
 def run_script(body, argv, takes_arguments=False, user_errors=()):
     """Runs body() for a script's main; a DataError (or user_errors) becomes `error: <message>`, exit 2."""
     if len(argv) > 1 and not takes_arguments:

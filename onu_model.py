@@ -489,7 +489,7 @@ def make_optimizer(name, learning_rate, momentum=0.9, rmsprop_decay=0.9, epsilon
     raise ValueError(f'unknown optimizer {name!r}; choose one of {", ".join(OPTIMIZER_NAMES)}')
 
 
-def _scope_list(scopes):
+def scope_list(scopes):
     """Returns scopes (None, a comma-separated string or a sequence) as a list of stripped names."""
     if not scopes:
         return []
@@ -498,17 +498,22 @@ def _scope_list(scopes):
     return [scope.strip().rstrip('/') for scope in scopes if scope.strip()]
 
 
+def in_scopes(name, scopes):
+    """Returns True when the variable name lies under any of scopes (a scope_list)."""
+    return any(name.startswith(scope + '/') for scope in scopes)
+
+
 def variables_to_train(trainable_scopes=None):
     """Returns the trainable variables under any of trainable_scopes (all of them when empty)."""
     variables = tf.compat.v1.trainable_variables()
-    scopes = _scope_list(trainable_scopes)
+    scopes = scope_list(trainable_scopes)
     if not scopes:
         return variables
     for scope in scopes:
-        if not any(v.op.name.startswith(scope + '/') for v in variables):
+        if not any(in_scopes(v.op.name, [scope]) for v in variables):
             raise ValueError(f'trainable scope {scope!r} matches no trainable variable; scopes look '
                              f'like {IRV2_SCOPE}/Logits or {SMALL_SCOPE}/conv4')
-    return [v for v in variables if any(v.op.name.startswith(scope + '/') for scope in scopes)]
+    return [v for v in variables if in_scopes(v.op.name, scopes)]
 
 
 def averaged_variables():

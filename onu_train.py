@@ -219,13 +219,13 @@ def warm_start_saver(checkpoint_path, exclude_scopes):
     try:
         shapes = tf.train.load_checkpoint(path).get_variable_to_shape_map()
     except (tf.errors.OpError, ValueError) as e:
-        raise onu_dataset.DataError(f'{checkpoint_path}: not a readable checkpoint ({e.message if hasattr(e, "message") else e}); '
-                                    f'check --checkpoint_path')
+        raise onu_dataset.DataError(f'{checkpoint_path}: not a readable checkpoint '
+                                    f'({onu_export.one_line(e)}); check --checkpoint_path')
+    exclude_scopes = onu_model.scope_list(exclude_scopes)
     restore, excluded, missing = {}, [], []
     for var in tf.compat.v1.model_variables() or tf.compat.v1.trainable_variables():
         name = var.op.name
-        if any(name.startswith(scope.strip().rstrip('/') + '/') or name == scope.strip()
-               for scope in exclude_scopes):
+        if onu_model.in_scopes(name, exclude_scopes) or name in exclude_scopes:
             excluded.append(name)
         elif name not in shapes:
             missing.append(name)
@@ -245,13 +245,6 @@ def warm_start_saver(checkpoint_path, exclude_scopes):
         raise onu_dataset.DataError(f'{path}: no model variable matches this checkpoint; '
                                     f'check --model and --checkpoint_path')
     return tf.compat.v1.train.Saver(restore), path
-
-
-def session_config():
-    """Returns the session config: soft placement so one graph runs on CPU or GPU, GPU memory on demand."""
-    config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
-    config.gpu_options.allow_growth = True
-    return config
 
 
 def augment_options():
@@ -396,7 +389,7 @@ def run_training(train_op, total_loss, global_step, learning_rate, examples_per_
                 scaffold=scaffold, hooks=hooks,
                 save_checkpoint_secs=save_secs, save_checkpoint_steps=save_steps,
                 save_summaries_steps=FLAGS.save_summaries_steps, log_step_count_steps=None,
-                config=session_conf or session_config(),
+                config=session_conf or onu_flags.session_config(),
                 stop_grace_period_secs=stop_grace_period_secs) as sess:
             steps_run = 0
             while not sess.should_stop():
@@ -431,7 +424,7 @@ def train_model(build_graph, examples_per_batch):
     task = cluster_task()
     server = conf = None
     if task:
-        conf = onu_cluster.session_config(session_config(), task)
+        conf = onu_cluster.session_config(onu_flags.session_config(), task)
         server = onu_cluster.start_server(task, conf)
         print(f'{task.name} of a cluster of {task.num_ps} ps and {task.num_workers} worker(s): '
               f'serving at {server.target}', flush=True)

@@ -83,7 +83,7 @@ def test_unusable_cluster_descriptions_are_one_line_errors(args, message):
 
 
 def test_session_config_filters_devices_and_keeps_the_base_config():
-    base = onu_train.session_config()
+    base = onu_flags.session_config()
     worker = onu_cluster.ClusterTask(('p:1', 'p:2'), ('w:1', 'w:2'), 'worker', 1)
     config = onu_cluster.session_config(base, worker)
     assert list(config.device_filters) == ['/job:ps', '/job:worker/task:1']
