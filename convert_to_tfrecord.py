@@ -34,6 +34,9 @@ TARGET_SHARD_BYTES = 100 << 20  # automatic --num_shards: about this many bytes 
 RAW_TASK_BYTES = 8 << 20  # pixels decoded per worker task: fewer, larger tasks cost the writing process less
 RAW_TASK_MAX_IMAGES = 32  # ... but small enough that every worker gets some
 RAW_AHEAD_BYTES = 96 << 20  # pixels decoded ahead of the writer: workers keep busy while it verifies a shard
+# A TFRecord is: uint64 length, uint32 CRC of the length, the data, uint32 CRC of the data.
+RECORD_LENGTH_BYTES = 8
+RECORD_FRAMING_BYTES = 8 + 4 + 4
 REENCODE_JPEG_QUALITY = 95
 _TEMP_SHARD = re.compile(r'^(?:train|val)-(?:raw|encoded)-\d{5}-of-\d{5}\.tfrecord\.tmp-\d+$')
 
@@ -155,7 +158,25 @@ def _serialized_example(info, payload, payload_key, payload_format, filename):
 
 
 def count_records(path, compression):
-    """The number of records in a TFRecord file, reading every record and checking its checksums."""
+    """The number of complete records in a TFRecord file.
+
+    Uncompressed files are counted from their framing: each record's 8-byte length leads to the next,
+    and a record that does not end within the file is not counted. That is what a short or cut write
+    leaves; the checksums are not re-read, since the file was just written. Compressed files are read
+    in full, checksums included.
+    """
+    if compression == 'NONE':
+        size, offset, count = os.path.getsize(path), 0, 0
+        with open(path, 'rb') as f:
+            while True:
+                header = f.read(RECORD_LENGTH_BYTES)
+                if len(header) < RECORD_LENGTH_BYTES:
+                    return count
+                offset += RECORD_FRAMING_BYTES + int.from_bytes(header, 'little')
+                if offset > size:
+                    return count
+                count += 1
+                f.seek(offset)
     tf = _tf()
     options = tf.io.TFRecordOptions(compression_type=onu_dataset.tf_compression_type(compression))
     return sum(1 for _ in tf.compat.v1.io.tf_record_iterator(path, options))

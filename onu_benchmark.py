@@ -7,8 +7,9 @@ one run, and shows where the time goes:
                to read the photos once (both from a cold page cache);
   pipelines    images/sec of the tf.data pipelines (onu_input.make_dataset) with eval preprocessing
                and with every training augmentation, next to the study's serial cv2 loop, Keras's
-               image_dataset_from_directory + the same augmentations, and the decode limit
-               (cores x the one-core decode+resize rate of the same files);
+               image_dataset_from_directory + the same augmentations (as Keras layers, and as
+               onu_input's own function), and the decode limit (cores x the one-core decode+resize
+               rate of the same files);
   training     sec/batch of each model fed by each way and by a synthetic in-memory batch;
                input-bound fraction = max(0, 1 - synthetic sec/batch / sec/batch): the share of a
                step lost to input (the study's "GPU idle", as a number).
@@ -55,13 +56,17 @@ PIPELINE_IMAGE_SIZE = 299  # the study's input size; pipelines use it unless --i
 RECORD_WAYS = ('raw', 'encoded')
 TF_DATA_WAYS = ('images',) + RECORD_WAYS
 TRAINING_WAYS = TF_DATA_WAYS + ('serial_cv2', 'synthetic')
-ROW_ORDER = ('encoded', 'raw', 'images', 'serial_cv2', 'keras_baseline', 'decode_limit', 'synthetic')
+KERAS_WAYS = ('keras_layers', 'keras_reader')
+KERAS_AUGMENTATION = {'keras_layers': ' by Keras layers', 'keras_reader': ' by onu_input'}
+PIPELINE_WAYS = ('encoded', 'raw', 'images', 'serial_cv2') + KERAS_WAYS  # in table and plot order
+ROW_ORDER = PIPELINE_WAYS + ('decode_limit', 'synthetic')
 ROW_TITLES = {
     'encoded': 'encoded JPEG in TFRecords (gfile)',
     'raw': 'raw pixels in TFRecords (tobytes)',
     'images': 'original images, tf.data pipeline (the fix)',
     'serial_cv2': 'original images, serial cv2 loop + feed_dict (the study)',
-    'keras_baseline': 'original images, Keras image_dataset_from_directory',
+    'keras_layers': 'original images, Keras image_dataset_from_directory + Keras augmentation layers',
+    'keras_reader': 'original images, Keras image_dataset_from_directory + onu_input augmentation',
     'decode_limit': 'decode limit: cores x one-core decode+resize',
     'synthetic': 'synthetic in-memory batch (no input)',
 }
@@ -285,33 +290,59 @@ def measure_serial_cv2(data_dir, batch_size, image_size, augment, warmup, batche
             return _time_runs(sess, fetch, warmup, batches, feeds=loader.feed_dicts())
 
 
-def keras_dataset(data_dir, class_names, batch_size, image_size, augment):
-    """Returns Keras's image_dataset_from_directory over data_dir/train, then onu_input's preprocessing.
+def keras_augmentation_layers():
+    """Returns Keras's own augmentation layers set to onu_input's ranges, for images in [0, 1]."""
+    import keras  # pylint: disable=import-outside-toplevel
+    low, high = onu_input.SATURATION_RANGE
+    return [
+        # RandomSaturation scales saturation by f / (1 - f): these bounds give low..high.
+        keras.layers.RandomSaturation((low / (1 + low), high / (1 + high)), value_range=(0, 1)),
+        keras.layers.RandomBrightness(onu_input.BRIGHTNESS_MAX_DELTA, value_range=(0, 1)),
+        # A single float f would draw contrast from [1, 1 + f] only: the pair gives [1 - f, 1 + f].
+        keras.layers.RandomContrast((1 - onu_input.CONTRAST_RANGE[0], onu_input.CONTRAST_RANGE[1] - 1),
+                                    value_range=(0, 1)),
+        # RandomHue shifts the hue by up to factor / 2 of the hue circle, either way.
+        keras.layers.RandomHue(2 * onu_input.HUE_MAX_DELTA, value_range=(0, 1)),
+        keras.layers.RandomRotation(onu_input.MAX_ROTATION_DEGREES / 360, fill_mode='constant',
+                                    fill_value=onu_input.ROTATION_FILL_VALUE, interpolation='bilinear'),
+    ]
 
-    Keras decodes and resizes each file to float32 [0, 255]; the batches then get the same
-    augmentation function as the pipelines (per image, via tf.map_fn) and the [-1, 1] range.
-    Keras numbers the classes by sorted folder name: class_names is passed so the ids match.
+
+def keras_dataset(data_dir, class_names, batch_size, image_size, augmentation):
+    """Returns Keras's image_dataset_from_directory over data_dir/train, then the augmentation, in [-1, 1].
+
+    augmentation: None (eval preprocessing), 'keras_layers' (Keras's augmentation layers on each
+    batch, what a Keras user writes) or 'keras_reader' (onu_input.distort_image on each image via
+    tf.map_fn: the same code as the pipelines, so only the reader differs).
+    Keras decodes and resizes each file to float32 [0, 255]. It numbers the classes by sorted
+    folder name: class_names is passed so the ids match.
     """
     dataset = tf.keras.utils.image_dataset_from_directory(
         os.path.join(data_dir, 'train'), labels='inferred', label_mode='int', class_names=list(class_names),
         color_mode='rgb', batch_size=batch_size, image_size=(image_size, image_size), shuffle=True,
         interpolation='bilinear', verbose=False)
+    layers = keras_augmentation_layers() if augmentation == 'keras_layers' else []
 
     def preprocess(images, labels):
         unit = images * (1.0 / 255.0)
-        if augment:
-            unit = tf.map_fn(lambda image: onu_input.distort_image(image, augment), unit)
-        return onu_input.to_model_range(unit), tf.cast(labels, tf.int32)
+        if augmentation == 'keras_reader':
+            unit = tf.map_fn(onu_input.distort_image, unit)
+        for layer in layers:
+            unit = layer(unit, training=True)
+        return onu_input.to_model_range(tf.clip_by_value(unit, 0.0, 1.0)), tf.cast(labels, tf.int32)
     return dataset.repeat().map(preprocess, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
 
-def measure_keras_baseline(data_dir, class_names, batch_size, image_size, augment, warmup, batches):
-    """Images/sec of keras_dataset (Keras's own folder reader + the same augmentations)."""
+def measure_keras_baseline(data_dir, class_names, batch_size, image_size, augmentation, warmup, batches):
+    """Images/sec of keras_dataset (Keras's own folder reader + the augmentation)."""
     with tf.Graph().as_default():
         with tf.device(onu_input.PIPELINE_DEVICE):
-            dataset = keras_dataset(data_dir, class_names, batch_size, image_size, augment)
-            fetch = _consumed(*tf.compat.v1.data.make_one_shot_iterator(dataset).get_next())
+            dataset = keras_dataset(data_dir, class_names, batch_size, image_size, augmentation)
+            # Keras's random layers keep their seed in a variable: a one-shot iterator cannot hold it.
+            iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
+            fetch = _consumed(*iterator.get_next())
         with _session() as sess:
+            sess.run([tf.compat.v1.global_variables_initializer(), iterator.initializer])
             return _time_runs(sess, fetch, warmup, batches)
 
 
@@ -579,11 +610,14 @@ def pipeline_tasks(settings, data_dir, info_of, one_core):
                 ('pipeline', 'serial_cv2', stage), f'serial cv2 loop, {what}{suffix}',
                 lambda augment=augment: measure_serial_cv2(data_dir, batch, size, augment, warmup, batches),
                 _rate_text, serial_estimate))
-            tasks.append(Task(
-                ('pipeline', 'keras_baseline', stage), f'Keras image_dataset_from_directory, {what}{suffix}',
-                lambda augment=augment: measure_keras_baseline(
-                    data_dir, info_of('images').class_names, batch, size, augment, warmup, batches),
-                _rate_text, estimate))
+            # With augmentation off both Keras ways are the same pipeline: measure it once.
+            for way in KERAS_WAYS if augment else KERAS_WAYS[-1:]:
+                tasks.append(Task(
+                    ('pipeline', way, stage),
+                    f'Keras image_dataset_from_directory, {what}{KERAS_AUGMENTATION[way] if augment else ""}{suffix}',
+                    lambda augmentation=way if augment else None: measure_keras_baseline(
+                        data_dir, info_of('images').class_names, batch, size, augmentation, warmup, batches),
+                    _rate_text, estimate))
     return tasks
 
 
@@ -657,7 +691,8 @@ def assemble_rows(results, models):
     source_bytes = read[0]['bytes']
     rows = {'images': {'disk_bytes': source_bytes, 'disk_ratio': 1.0, 'read_seconds': _median(read, 'seconds')},
             'serial_cv2': {'disk_bytes': source_bytes, 'disk_ratio': 1.0},
-            'keras_baseline': {'disk_bytes': source_bytes, 'disk_ratio': 1.0},
+            'keras_layers': {'disk_bytes': source_bytes, 'disk_ratio': 1.0},
+            'keras_reader': {'disk_bytes': source_bytes, 'disk_ratio': 1.0},
             'decode_limit': {}, 'synthetic': {}}
     cores = onu_dataset.worker_count()
     for way in RECORD_WAYS:
@@ -667,9 +702,11 @@ def assemble_rows(results, models):
                      'conversion_seconds': _median(converted, 'seconds'),
                      'pixel_bytes': converted[-1]['pixel_bytes']}
     rows['raw']['conversion_seconds_1_process'] = _median(results[('convert', 'raw', 1)], 'seconds')
-    for way in TF_DATA_WAYS + ('serial_cv2', 'keras_baseline'):
+    for way in PIPELINE_WAYS:
         for stage in ('eval', 'train'):
-            measured = results[('pipeline', way, stage)]
+            measured = results.get(('pipeline', way, stage))
+            if measured is None:
+                continue
             rows[way][f'{stage}_images_per_sec'] = _median(measured, 'images_per_sec')
             rows[way][f'{stage}_cores_busy'] = _median(measured, 'cores_busy')
     limit = results[('decode_limit',)]
@@ -714,8 +751,9 @@ def evaluate_targets(rows, models, cores):
         train_rate = rows[way]['train_images_per_sec']
         targets.append(_target(3, f'{way} training augmentation / serial cv2 loop, same augmentation',
                                train_rate / rows['serial_cv2']['train_images_per_sec'], 2.5))
-        targets.append(_target(3, f'{way} training augmentation / Keras image_dataset_from_directory + same',
-                               train_rate / rows['keras_baseline']['train_images_per_sec'], 1.2))
+        targets.append(_target(3, f'{way} training augmentation / Keras image_dataset_from_directory + the same '
+                                  'augmentations as Keras layers',
+                               train_rate / rows['keras_layers']['train_images_per_sec'], 1.2))
     if 'inception_resnet_v2' in models:
         speeds = [rows[way]['training']['inception_resnet_v2']['examples_per_sec'] for way in TF_DATA_WAYS]
         targets.append(_target(7, 'Inception-ResNet-v2: fastest / slowest of images, raw, encoded',
@@ -757,6 +795,13 @@ def _table(header, rows):
     """Returns a Markdown table."""
     lines = ['| ' + ' | '.join(header) + ' |', '|' + '|'.join(' --- ' for _ in header) + '|']
     return '\n'.join(lines + ['| ' + ' | '.join(str(cell) for cell in row) + ' |' for row in rows])
+
+
+def _rate_cell(row, stage):
+    """Returns 'images/sec (cores busy)' of a pipeline row's stage, or a dash if not measured."""
+    if f'{stage}_images_per_sec' not in row:
+        return '-'
+    return f'{row[f"{stage}_images_per_sec"]:.1f} ({row[f"{stage}_cores_busy"]:.1f})'
 
 
 def markdown_report(report):
@@ -801,9 +846,8 @@ def markdown_report(report):
               f'### Input pipelines: images/sec at {settings["image_size"]}x{settings["image_size"]}, '
               f'batch {settings["batch_size"]} (cores busy in brackets)', '',
               _table(['way', 'eval preprocessing', 'training augmentation'], [
-                  [ROW_TITLES[way], f'{rows[way]["eval_images_per_sec"]:.1f} ({rows[way]["eval_cores_busy"]:.1f})',
-                   f'{rows[way]["train_images_per_sec"]:.1f} ({rows[way]["train_cores_busy"]:.1f})']
-                  for way in ('encoded', 'raw', 'images', 'serial_cv2', 'keras_baseline')]
+                  [ROW_TITLES[way]] + [_rate_cell(rows[way], stage) for stage in ('eval', 'train')]
+                  for way in PIPELINE_WAYS]
                   + [[ROW_TITLES['decode_limit'], f'{rows["decode_limit"]["eval_images_per_sec"]:.1f}', '-']]), '',
               f'One core decodes+resizes {rows["decode_limit"]["single_core_images_per_sec"]:.1f} img/s with '
               f'TensorFlow (the pipelines\' decoder; {rows["decode_limit"]["single_core_cores_busy"]:.2f} cores busy '
@@ -822,7 +866,7 @@ def plot_report(report, path):
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
     rows, models = report['rows'], report['settings']['models']
-    ways = ('encoded', 'raw', 'images', 'serial_cv2', 'keras_baseline')
+    ways = PIPELINE_WAYS
     columns = 2 if models else 1
     rows_of_plots = math.ceil((2 + len(models)) / columns)
     figure, axes = plt.subplots(rows_of_plots, columns, figsize=(7 * columns, 5 * rows_of_plots), squeeze=False)
@@ -830,13 +874,14 @@ def plot_report(report, path):
     for axis in axes[2 + len(models):]:
         axis.set_visible(False)
     short = {'encoded': 'encoded', 'raw': 'raw', 'images': 'images\ntf.data', 'serial_cv2': 'images\nserial cv2',
-             'keras_baseline': 'images\nKeras', 'synthetic': 'synthetic'}
+             'keras_layers': 'images\nKeras\nlayers', 'keras_reader': 'images\nKeras +\nonu_input',
+             'synthetic': 'synthetic'}
     axes[0].bar([short[w] for w in ('encoded', 'raw', 'images')],
                 [rows[w]['disk_bytes'] / 1e6 for w in ('encoded', 'raw', 'images')], color='tab:gray')
     axes[0].set_title('data on disk (MB)')
     positions = np.arange(len(ways))
     for offset, stage, colour in ((-0.2, 'eval', 'tab:blue'), (0.2, 'train', 'tab:orange')):
-        axes[1].bar(positions + offset, [rows[w][f'{stage}_images_per_sec'] for w in ways], 0.4, color=colour,
+        axes[1].bar(positions + offset, [rows[w].get(f'{stage}_images_per_sec', 0) for w in ways], 0.4, color=colour,
                     label='eval preprocessing' if stage == 'eval' else 'training augmentation')
     axes[1].axhline(rows['decode_limit']['eval_images_per_sec'], color='black', linestyle='--',
                     label='decode limit (eval)')

@@ -366,3 +366,20 @@ def test_script_exit_codes_and_output(make_tiny_dataset, tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0].split()[:3] == ['split', 'format', 'images']
     assert onu_dataset.read_manifest(os.path.join(data_dir, 'tfrecords'))['splits']['val']['encoded']['records'] == 4
+
+
+@pytest.mark.parametrize('compression', ['NONE', 'GZIP'])
+def test_count_records_counts_only_complete_records(tmp_path, compression):
+    path = str(tmp_path / 'shard.tfrecord')
+    options = tf.io.TFRecordOptions(compression_type=onu_dataset.tf_compression_type(compression))
+    with tf.io.TFRecordWriter(path, options) as writer:
+        for size in (10, 0, 3000):
+            writer.write(b'x' * size)
+    assert convert_to_tfrecord.count_records(path, compression) == 3
+    if compression == 'NONE':
+        whole = open(path, 'rb').read()
+        # Cut inside the last record's data, inside its length header, and right after the second record.
+        for cut, complete in ((len(whole) - 5, 2), (26 + 16 + 4, 2), (26 + 16, 2), (7, 0)):
+            with open(path, 'wb') as f:
+                f.write(whole[:cut])
+            assert convert_to_tfrecord.count_records(path, compression) == complete, cut

@@ -1,14 +1,21 @@
 """onu_benchmark.py --quick on tiny generated photos: every row measured, every output written."""
 
 import json
+import math
 import os
 import subprocess
 import sys
 
+import numpy as np
+import pytest
+import tensorflow as tf
+
 from conftest import REPO_ROOT
+import onu_benchmark
+import onu_input
 
 SCRIPT = os.path.join(REPO_ROOT, 'onu_benchmark.py')
-PIPELINE_ROWS = ('images', 'raw', 'encoded', 'serial_cv2', 'keras_baseline')
+PIPELINE_ROWS = ('images', 'raw', 'encoded', 'serial_cv2', 'keras_reader')
 TRAINING_ROWS = ('images', 'raw', 'encoded', 'serial_cv2', 'synthetic')
 
 
@@ -34,9 +41,12 @@ def test_quick_run_measures_every_row(make_tiny_dataset, tmp_path):
     assert [os.path.splitext(name)[1] for name in outputs] == ['.json', '.md', '.png']
     report = json.loads((output_dir / outputs[0]).read_text())
     rows = report['rows']
-    assert set(rows) == {'images', 'raw', 'encoded', 'serial_cv2', 'keras_baseline', 'decode_limit', 'synthetic'}
+    assert set(rows) == {'images', 'raw', 'encoded', 'serial_cv2', 'keras_layers', 'keras_reader', 'decode_limit',
+                         'synthetic'}
     for name in PIPELINE_ROWS:
         assert rows[name]['eval_images_per_sec'] > 0 and rows[name]['train_images_per_sec'] > 0, name
+    # Without augmentation the two Keras ways are one pipeline, measured once.
+    assert rows['keras_layers']['train_images_per_sec'] > 0 and 'eval_images_per_sec' not in rows['keras_layers']
     for name in TRAINING_ROWS:
         entry = rows[name]['training']['small']
         assert entry['sec_per_batch'] > 0 and entry['examples_per_sec'] > 0, name
@@ -58,8 +68,8 @@ def test_quick_run_measures_every_row(make_tiny_dataset, tmp_path):
             assert number > 0, path
 
     assert report['settings']['models'] == ['small'] and report['data']['photos'] == 20
-    # 4 storage + 11 pipeline (decode limit, 5 ways x eval/train) + 5 training measurements, one repeat each
-    assert report['other_processes']['measurements'] == 20 == len(report['measurements'])
+    # 4 storage + 12 pipeline (decode limit, 5 ways eval, 6 train) + 5 training measurements, one repeat each
+    assert report['other_processes']['measurements'] == 21 == len(report['measurements'])
     assert report['hardware']['usable_cores'] >= 1 and report['hardware']['cpu_model']
     assert {target['issue'] for target in report['targets']} == {2, 3}  # issue 7's targets need Inception-ResNet-v2
     assert all(isinstance(target['passed'], bool) for target in report['targets'])
@@ -68,3 +78,58 @@ def test_quick_run_measures_every_row(make_tiny_dataset, tmp_path):
     assert markdown in done.stdout  # the tables are also printed
     assert (output_dir / outputs[2]).read_bytes().startswith(b'\x89PNG')
     assert [name for name in os.listdir(tmp_path) if name.startswith('onu_benchmark-')] == []  # work folder removed
+
+
+def _augmented_copies(layer, image, copies=300):
+    """Returns (copies of image, the layer's output on them), each copy augmented with its own draw."""
+    batch = np.repeat(image[np.newaxis], copies, axis=0)
+    return batch, np.asarray(layer(batch, training=True))
+
+
+def _assert_spans(values, low, high, name):
+    """Asserts values lie in [low, high] and reach close to both ends."""
+    reach = 0.1 * (high - low)
+    assert low - 1e-4 <= values.min() < low + reach and high - reach < values.max() <= high + 1e-4, (
+        name, values.min(), values.max())
+
+
+@pytest.fixture(scope='module')
+def keras_layers():
+    """The Keras baseline's augmentation layers by name."""
+    saturation, brightness, contrast, hue, rotation = onu_benchmark.keras_augmentation_layers()
+    return {'saturation': saturation, 'brightness': brightness, 'contrast': contrast, 'hue': hue,
+            'rotation': rotation}
+
+
+def test_keras_baseline_draws_the_same_colour_ranges_per_image(keras_layers):
+    rng = np.random.default_rng(0)
+    # Mid-range colours, far from 0 and 1, so no draw clips: hue and saturation of each pixel are defined.
+    image = np.stack([rng.uniform(0.45, 0.6, (8, 8)), rng.uniform(0.3, 0.4, (8, 8)),
+                      rng.uniform(0.2, 0.25, (8, 8))], axis=-1).astype(np.float32)
+
+    before, after = _augmented_copies(keras_layers['brightness'], image)
+    _assert_spans((after - before).mean(axis=(1, 2, 3)), -onu_input.BRIGHTNESS_MAX_DELTA,
+                  onu_input.BRIGHTNESS_MAX_DELTA, 'brightness delta')
+
+    before, after = _augmented_copies(keras_layers['contrast'], image)
+    ratio = (after.std(axis=(1, 2)) / before.std(axis=(1, 2))).mean(axis=-1)
+    _assert_spans(ratio, *onu_input.CONTRAST_RANGE, 'contrast factor')
+
+    hsv_before, hsv_after = (tf.image.rgb_to_hsv(x).numpy() for x in _augmented_copies(keras_layers['saturation'], image))
+    _assert_spans((hsv_after[..., 1] / hsv_before[..., 1]).mean(axis=(1, 2)), *onu_input.SATURATION_RANGE,
+                  'saturation factor')
+
+    hsv_before, hsv_after = (tf.image.rgb_to_hsv(x).numpy() for x in _augmented_copies(keras_layers['hue'], image))
+    shift = (hsv_after[..., 0] - hsv_before[..., 0] + 0.5) % 1.0 - 0.5
+    _assert_spans(np.median(shift, axis=(1, 2)), -onu_input.HUE_MAX_DELTA, onu_input.HUE_MAX_DELTA, 'hue shift')
+
+
+def test_keras_baseline_rotates_up_to_the_same_angle(keras_layers):
+    # A white square rotated uncovers grey corners; the uncovered share grows with the angle.
+    image = np.ones((64, 64, 3), np.float32)
+    _, rotated = _augmented_copies(keras_layers['rotation'], image)
+    uncovered = (rotated < 0.75).all(axis=-1).mean(axis=(1, 2))
+    at_max_angle = onu_input.rotate_image(tf.constant(image), math.radians(onu_input.MAX_ROTATION_DEGREES))
+    at_max = (at_max_angle.numpy() < 0.75).all(axis=-1).mean()
+    assert 0.8 * at_max < uncovered.max() <= 1.1 * at_max, (uncovered.max(), at_max)
+    assert uncovered.min() < 0.1 * at_max and np.mean(uncovered < 0.5 * at_max) > 0.3
