@@ -397,7 +397,7 @@ def convert(data_dir, output_dir=None, formats=onu_dataset.RECORD_FORMATS, num_s
         # Started before the listing, so that the workers' start-up and the disk reads overlap it.
         pool = stack.enter_context(onu_dataset.process_pool(workers)) if 'raw' in to_build else None
         _prefetch(entries)
-        class_names, listings, skipped = _list_inputs(data_dir, strict)
+        class_names, listings, skipped = _list_inputs(data_dir, splits, strict)
         if pool is None and not all(info.is_plain_jpeg for images, _ in listings.values() for info in images):
             pool = stack.enter_context(onu_dataset.process_pool(workers))  # to re-encode those images
         os.makedirs(output_dir, exist_ok=True)
@@ -426,10 +426,9 @@ def _unreadable(skipped):
     return [s for s in skipped if s['reason'] != onu_dataset.REASON_HIDDEN]
 
 
-def _list_inputs(data_dir, strict):
+def _list_inputs(data_dir, splits, strict):
     """(class names, {split: (images, skipped)}, skipped as manifest entries); DataError on any skip if strict."""
     class_names = onu_dataset.find_class_names(data_dir)
-    splits = [s for s in onu_dataset.SPLITS if os.path.isdir(os.path.join(data_dir, s))]
     listings = {split: onu_dataset.list_split_images(data_dir, split, class_names) for split in splits}
     skipped = [{'path': _relative_name(path, data_dir), 'reason': reason}
                for split in splits for path, reason in listings[split][1]]

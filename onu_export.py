@@ -343,18 +343,18 @@ def define_flags():
 
 
 def export_from_flags():
-    """Exports the checkpoint the flags name; returns the version folder."""
+    """Exports the checkpoint the flags name (export_saved_model prints where to)."""
     checkpoint_dir = FLAGS.checkpoint_dir
     if FLAGS.checkpoint_path and not FLAGS['checkpoint_dir'].present:
         checkpoint_dir = os.path.dirname(FLAGS.checkpoint_path) or '.'
     run_config = load_training_config(checkpoint_dir)
     checkpoint_path = find_checkpoint(checkpoint_dir, FLAGS.checkpoint_path)
     export_dir = FLAGS.export_dir or default_export_dir(checkpoint_dir)
-    return export_saved_model(checkpoint_path, run_config, export_dir, FLAGS.allow_raw_weights)
+    export_saved_model(checkpoint_path, run_config, export_dir, FLAGS.allow_raw_weights)
 
 
 def main(argv):
-    return onu_flags.run_script(lambda: export_from_flags() and None, argv)
+    return onu_flags.run_script(export_from_flags, argv)
 
 
 if __name__ == '__main__':

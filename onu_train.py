@@ -461,7 +461,7 @@ def train():
     train_model(build_training_graph, FLAGS.batch_size)
 
 
-def run_main(train_fn, argv=('',)):
+def run_main(train_fn, argv):
     """Runs train_fn for a script's main: a user error or a NaN loss becomes one `error:` line."""
     def body():
         try:

@@ -27,7 +27,7 @@ from absl import app
 from absl import flags
 
 import onu_cluster
-import onu_dataset
+import onu_flags
 import onu_multi_gpu_train  # noqa: F401  pylint: disable=unused-import  (defines --num_gpus)
 import onu_train
 
@@ -183,15 +183,7 @@ def run_cluster():
 
 
 def main(argv):
-    if len(argv) > 1:
-        print(f'error: unexpected arguments {" ".join(argv[1:])}; give flags as --name=value',
-              file=sys.stderr)
-        return 2
-    try:
-        return run_cluster()
-    except (onu_dataset.DataError, onu_cluster.ClusterConfigError) as e:
-        print(f'error: {e}', file=sys.stderr)
-        return 2
+    return onu_flags.run_script(run_cluster, argv, user_errors=(onu_cluster.ClusterConfigError,))
 
 
 if __name__ == '__main__':
