@@ -33,6 +33,7 @@ BRIGHTNESS_MAX_DELTA = 32.0 / 255.0
 CONTRAST_RANGE = (0.8, 1.2)
 HUE_MAX_DELTA = 0.2
 MAX_ROTATION_DEGREES = 10.0
+NUM_DRAWS = 5  # uniform draws per image: saturation, brightness, contrast, hue, angle
 # Corners uncovered by a rotation: mid grey, which is 0 in the model's [-1, 1] range.
 ROTATION_FILL_VALUE = 0.5
 
@@ -41,6 +42,14 @@ SHUFFLE_BUFFER_BYTES = 256 * 2**20
 MAX_SHUFFLE_BUFFER = 10000
 NUM_SUMMARY_IMAGES = 3
 PIPELINE_DEVICE = '/cpu:0'
+# Where training augmentation runs: in the tf.data pipeline, or in the training graph on the model's
+# device (the pipeline then ships resized uint8 images and the draws).
+AUGMENT_PLACEMENTS = ('input', 'model')
+# JPEG DCT scale divisors libjpeg decodes at (1 = full size).
+DCT_RATIOS = (1, 2, 4, 8)
+# Training keeps the resized uint8 images of one epoch in memory when they take at most this many
+# bytes: later epochs then skip reading and decoding and pay only for the augmentation.
+DECODED_CACHE_BYTES = 2 * 2**30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,16 +219,33 @@ def _check_shard(path, expected_bytes, data_dir, data_format):
 # ----------------------------------------------------------------------------------------------
 # Decoding and preprocessing: one image at a time, usable in tf.data maps and tf.map_fn.
 
-def decode_image_bytes(encoded):
-    """Returns the uint8 [height, width, 3] RGB image of JPEG/PNG/GIF/BMP bytes."""
-    # INTEGER_ACCURATE is the IDCT Pillow uses, so encoded records and files match raw records
-    # exactly; TensorFlow's default (INTEGER_FAST) is about 1/255 off on average.
-    image = tf.cond(
-        tf.io.is_jpeg(encoded),
-        lambda: tf.io.decode_jpeg(encoded, channels=3, dct_method='INTEGER_ACCURATE'),
-        lambda: tf.io.decode_image(encoded, channels=3, expand_animations=False))
+def decode_image_bytes(encoded, at_least=None):
+    """Returns the uint8 [height, width, 3] RGB image of JPEG/PNG/GIF/BMP bytes.
+
+    at_least: None decodes exactly, at full size. A side length lets a JPEG decode at the smallest
+    DCT scale (1/2, 1/4, 1/8) whose shorter side still has at least that many pixels: much less
+    work, slightly different pixels, so only training uses it.
+    """
+    if at_least is None:
+        # INTEGER_ACCURATE is the IDCT Pillow uses, so encoded records and files match raw records
+        # exactly; TensorFlow's default (INTEGER_FAST) is about 1/255 off on average.
+        jpeg = lambda: tf.io.decode_jpeg(encoded, channels=3, dct_method='INTEGER_ACCURATE')  # noqa: E731
+    else:
+        jpeg = lambda: _decode_jpeg_reduced(encoded, at_least)  # noqa: E731
+    image = tf.cond(tf.io.is_jpeg(encoded), jpeg,
+                    lambda: tf.io.decode_image(encoded, channels=3, expand_animations=False))
     image.set_shape([None, None, 3])
     return image
+
+
+def _decode_jpeg_reduced(encoded, at_least):
+    """Returns the JPEG decoded at the smallest DCT scale that keeps at_least pixels on its shorter side."""
+    shape = tf.io.extract_jpeg_shape(encoded)  # reads the header only
+    shorter = tf.minimum(shape[0], shape[1])
+    # libjpeg gives ceil(side / ratio) pixels; the ratios that still cover at_least are a prefix.
+    usable = [tf.cast((shorter + ratio - 1) // ratio >= at_least, tf.int32) for ratio in DCT_RATIOS[1:]]
+    return tf.switch_case(tf.add_n(usable), [
+        functools.partial(tf.io.decode_jpeg, encoded, channels=3, ratio=ratio) for ratio in DCT_RATIOS])
 
 
 def apply_exif_orientation(image, orientation):
@@ -257,75 +283,156 @@ def to_model_range(image):
     return image * 2.0 - 1.0
 
 
-def random_distortions(seed):
-    """Returns the per-image augmentation draws for a [2] int seed, as a dict of scalar tensors.
-
-    Keys: saturation and contrast (factors), brightness and hue (deltas), angle (radians).
-    """
-    draws = tf.random.stateless_uniform([5], seed=seed, minval=0.0, maxval=1.0)
-
-    def between(low, high, draw):
-        return low + (high - low) * draw
-    max_angle = math.radians(MAX_ROTATION_DEGREES)
-    return {
-        'saturation': between(*SATURATION_RANGE, draws[0]),
-        'brightness': between(-BRIGHTNESS_MAX_DELTA, BRIGHTNESS_MAX_DELTA, draws[1]),
-        'contrast': between(*CONTRAST_RANGE, draws[2]),
-        'hue': between(-HUE_MAX_DELTA, HUE_MAX_DELTA, draws[3]),
-        'angle': between(-max_angle, max_angle, draws[4]),
-    }
-
-
-def rotate_image(image, angle):
-    """Returns the [h, w, c] float image rotated by angle radians about its centre, same size."""
-    height = tf.cast(tf.shape(image)[0], tf.float32)
-    width = tf.cast(tf.shape(image)[1], tf.float32)
-    cos, sin = tf.cos(angle), tf.sin(angle)
-    centre_x, centre_y = (width - 1.0) / 2.0, (height - 1.0) / 2.0
-    # The op maps each output pixel (x, y) to the input point it samples:
-    # input = centre + R(angle) (output - centre).
-    transform = tf.stack([cos, -sin, centre_x - cos * centre_x + sin * centre_y,
-                          sin, cos, centre_y - sin * centre_x - cos * centre_y, 0.0, 0.0])
-    rotated = tf.raw_ops.ImageProjectiveTransformV3(
-        images=image[tf.newaxis], transforms=transform[tf.newaxis],
-        output_shape=tf.shape(image)[:2], fill_value=ROTATION_FILL_VALUE,
-        interpolation='BILINEAR', fill_mode='CONSTANT')
-    return tf.reshape(rotated, tf.shape(image))
-
-
-def _random_seed_pair():
-    """Returns a fresh random [2] int64 seed (for callers that pass no per-image seed)."""
-    return tf.random.uniform([2], maxval=np.iinfo(np.int64).max, dtype=tf.int64)
-
-
-def distort_image(image, augment=True, seed=None):
-    """Returns the [0, 1] image with the random augmentations of augment applied, in [0, 1].
-
-    seed: a [2] int tensor that fixes this image's draws; None draws fresh ones.
-    """
-    options = AugmentOptions.of(augment)
-    params = random_distortions(_random_seed_pair() if seed is None else seed)
-    if options.saturation:
-        image = tf.image.adjust_saturation(image, params['saturation'])
-    if options.brightness:
-        image = tf.image.adjust_brightness(image, params['brightness'])
-    if options.contrast:
-        image = tf.image.adjust_contrast(image, params['contrast'])
-    if options.hue:
-        image = tf.image.adjust_hue(image, params['hue'])
-    if options.rotation:
-        image = rotate_image(image, params['angle'])
-    return tf.clip_by_value(image, 0.0, 1.0)
-
-
 def preprocess_for_eval(image, image_size):
     """Returns the uint8 [h, w, 3] image as the model sees it: [size, size, 3] float32 in [-1, 1]."""
     return to_model_range(to_unit_range(image, image_size))
 
 
-def preprocess_for_train(image, image_size, augment=True, seed=None):
-    """Returns the uint8 [h, w, 3] image resized, randomly augmented, in [-1, 1]."""
-    return to_model_range(distort_image(to_unit_range(image, image_size), augment, seed))
+def resize_for_training(image, image_size):
+    """Returns the uint8 [h, w, 3] image resized to uint8 [image_size, image_size, 3]."""
+    resized = tf.image.resize(image, [image_size, image_size], method='bilinear')
+    # uint8 is what the pipeline hands over: a quarter of float32's bytes to batch, copy and cache.
+    return tf.cast(tf.round(tf.clip_by_value(resized, 0.0, 255.0)), tf.uint8)
+
+
+# ----------------------------------------------------------------------------------------------
+# Training augmentation: one op graph over the whole batch, per-image parameters.
+
+def random_draws(seed, batch_size):
+    """Returns [batch_size, NUM_DRAWS] uniform draws in [0, 1) for a [2] int seed: one row per image."""
+    return tf.random.stateless_uniform([batch_size, NUM_DRAWS], seed=seed, minval=0.0, maxval=1.0)
+
+
+def distortion_params(draws):
+    """Returns the augmentation parameters of [batch, NUM_DRAWS] draws, as a dict of [batch] tensors.
+
+    Keys: saturation and contrast (factors), brightness and hue (deltas), angle (radians).
+    """
+    def between(low, high, column):
+        return low + (high - low) * draws[:, column]
+    max_angle = math.radians(MAX_ROTATION_DEGREES)
+    return {
+        'saturation': between(*SATURATION_RANGE, 0),
+        'brightness': between(-BRIGHTNESS_MAX_DELTA, BRIGHTNESS_MAX_DELTA, 1),
+        'contrast': between(*CONTRAST_RANGE, 2),
+        'hue': between(-HUE_MAX_DELTA, HUE_MAX_DELTA, 3),
+        'angle': between(-max_angle, max_angle, 4),
+    }
+
+
+def rotation_transforms(angles, height, width):
+    """Returns [batch, 8] ImageProjectiveTransform rows rotating each image by its angle about its centre.
+
+    Each row maps an output pixel (x, y) to the input point it samples:
+    input = centre + R(angle) (output - centre).
+    """
+    cos, sin = tf.cos(angles), tf.sin(angles)
+    centre_x, centre_y = (width - 1.0) / 2.0, (height - 1.0) / 2.0
+    zeros = tf.zeros_like(angles)
+    return tf.stack([cos, -sin, centre_x - cos * centre_x + sin * centre_y,
+                     sin, cos, centre_y - sin * centre_x - cos * centre_y, zeros, zeros], axis=1)
+
+
+def _rotate_batch(images, angles):
+    """Returns uint8 [b, h, w, 3] images rotated by angles as float [0, 1], and the covered share per pixel.
+
+    Bilinear, as ImageProjectiveTransformV3, but the sample position is computed once per pixel
+    (that op computes it once per channel) and all four neighbours are gathered as RGB rows. A
+    neighbour outside the image contributes nothing to the content; `covered` ([b, h, w, 1], 0-1)
+    is the weight of the neighbours inside, so the caller blends in the fill after the colour ops.
+    """
+    shape = tf.shape(images)
+    batch, height, width = shape[0], shape[1], shape[2]
+    transforms = rotation_transforms(angles, tf.cast(height, tf.float32), tf.cast(width, tf.float32))
+    rows, columns = tf.meshgrid(tf.range(tf.cast(height, tf.float32)),
+                                tf.range(tf.cast(width, tf.float32)), indexing='ij')
+
+    def coefficient(index):
+        return transforms[:, index][:, tf.newaxis, tf.newaxis]
+    x = coefficient(0) * columns + coefficient(1) * rows + coefficient(2)
+    y = coefficient(3) * columns + coefficient(4) * rows + coefficient(5)
+    x_floor, y_floor = tf.floor(x), tf.floor(y)
+    x_frac, y_frac = x - x_floor, y - y_floor
+    x_floor, y_floor = tf.cast(x_floor, tf.int32), tf.cast(y_floor, tf.int32)
+    pixels = tf.reshape(images, [-1, 3])
+    first_pixel = (tf.range(batch) * height * width)[:, tf.newaxis, tf.newaxis]
+
+    def neighbour(row, column, weight):
+        inside = (column >= 0) & (column < width) & (row >= 0) & (row < height)
+        index = (first_pixel + tf.clip_by_value(row, 0, height - 1) * width
+                 + tf.clip_by_value(column, 0, width - 1))
+        weight = tf.where(inside, weight, 0.0)
+        return tf.cast(tf.gather(pixels, index), tf.float32) * weight[..., tf.newaxis], weight
+    neighbours = [neighbour(y_floor, x_floor, (1.0 - x_frac) * (1.0 - y_frac)),
+                  neighbour(y_floor, x_floor + 1, x_frac * (1.0 - y_frac)),
+                  neighbour(y_floor + 1, x_floor, (1.0 - x_frac) * y_frac),
+                  neighbour(y_floor + 1, x_floor + 1, x_frac * y_frac)]
+    covered = tf.add_n([weight for _, weight in neighbours])[..., tf.newaxis]
+    content = tf.add_n([value for value, _ in neighbours]) / (255.0 * tf.maximum(covered, 1e-6))
+    return content, covered
+
+
+def _adjust_saturation_and_hue(images, saturation, hue):
+    """Returns float RGB images with saturation scaled and hue shifted in one HSV round trip."""
+    hsv = tf.image.rgb_to_hsv(images)
+    hue = tf.math.floormod(hsv[..., 0] + hue, 1.0)
+    saturation = tf.clip_by_value(hsv[..., 1] * saturation, 0.0, 1.0)
+    return tf.image.hsv_to_rgb(tf.stack([hue, saturation, hsv[..., 2]], axis=-1))
+
+
+def _augment_batch(images, draws, options):
+    """augment_batch's computation, for one AugmentOptions."""
+    params = distortion_params(draws)
+    if options.rotation:
+        # Rotating first: the colour ops are per pixel, so they commute with the resampling, and
+        # they then run on the pixels the model sees (the fill stays exactly grey).
+        images, covered = _rotate_batch(images, params['angle'])
+    else:
+        images, covered = tf.cast(images, tf.float32) * (1.0 / 255.0), None
+    if options.saturation or options.hue:
+        per_pixel = {key: params[key][:, tf.newaxis, tf.newaxis] for key in ('saturation', 'hue')}
+        images = _adjust_saturation_and_hue(
+            images, per_pixel['saturation'] if options.saturation else 1.0,
+            per_pixel['hue'] if options.hue else 0.0)
+    params = {key: value[:, tf.newaxis, tf.newaxis, tf.newaxis] for key, value in params.items()}
+    if options.brightness:
+        images = images + params['brightness']
+    if options.contrast:
+        # tf.image.adjust_contrast's rule, about each channel's mean over the covered pixels.
+        weight = tf.ones_like(images[..., :1]) if covered is None else covered
+        mean = (tf.reduce_sum(images * weight, [1, 2], keepdims=True)
+                / tf.reduce_sum(weight, [1, 2], keepdims=True))
+        images = (images - mean) * params['contrast'] + mean
+    if covered is not None:
+        images = images * covered + ROTATION_FILL_VALUE * (1.0 - covered)
+    return to_model_range(tf.clip_by_value(images, 0.0, 1.0))
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_augmentation(options):
+    """Returns _augment_batch for options as one XLA-compiled function (CPU or GPU alike)."""
+    # XLA fuses the dozen per-pixel steps into a few loops over the batch: on CPU about 3x less
+    # time than running them as separate TensorFlow kernels, each of which reads and writes the batch.
+    return tf.function(lambda images, draws: _augment_batch(images, draws, options), jit_compile=True)
+
+
+def augment_batch(images, draws, augment=True):
+    """Returns uint8 [batch, size, size, 3] images augmented per image by their draws: float32 in [-1, 1].
+
+    draws: [batch, NUM_DRAWS] uniform in [0, 1) (random_draws), one row of parameters per image.
+    The same function runs in the input pipeline (--augment_on=input) and on the model's device
+    (--augment_on=model), so both give the same images for the same draws.
+    """
+    images = tf.convert_to_tensor(images)
+    if images.dtype != tf.uint8:
+        raise ValueError(f'expected uint8 images, got {images.dtype.name}')
+    return _compiled_augmentation(AugmentOptions.of(augment))(images, tf.cast(draws, tf.float32))
+
+
+def add_input_summary(images):
+    """Adds an image summary of the first few [-1, 1] training images."""
+    shown = tf.image.convert_image_dtype((images[:NUM_SUMMARY_IMAGES] + 1.0) / 2.0, tf.uint8, saturate=True)
+    tf.compat.v1.summary.image('augmented_inputs', shown, max_outputs=NUM_SUMMARY_IMAGES)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -381,8 +488,12 @@ def _file_order(num_files, training, seed):
     return file_index
 
 
-def _decoded_files(info, training, seed):
-    """Returns a dataset of (uint8 image, int32 label) from the image files of info."""
+def _decoded_files(info, training, seed, at_least=None, repeat=True):
+    """Returns a dataset of (uint8 image, int32 label) from the image files of info.
+
+    at_least: decode JPEGs at a reduced scale down to this side (decode_image_bytes); repeat: a new
+    permutation per epoch forever (training), else one epoch.
+    """
     num_files = len(info.files)
     paths = tf.constant(info.files)
     labels = tf.constant(info.labels, tf.int32)
@@ -403,7 +514,7 @@ def _decoded_files(info, training, seed):
     def one_epoch(epoch):
         def read(position):
             index = file_index(epoch, position)
-            image = decode_image_bytes(tf.io.read_file(paths[index]))
+            image = decode_image_bytes(tf.io.read_file(paths[index]), at_least)
             return position, apply_exif_orientation(image, orientations[index]), labels[index]
 
         def skip_gap(expected, example):
@@ -423,7 +534,7 @@ def _decoded_files(info, training, seed):
             (np.int64(num_files), tf.zeros([0, 0, 3], tf.uint8), np.int32(-1))))
         return examples.scan(np.int64(0), skip_gap).filter(lambda image, label: label >= 0)
 
-    if not training:
+    if not repeat:
         return one_epoch(np.int64(0))
     return tf.data.Dataset.counter().flat_map(one_epoch)
 
@@ -431,8 +542,8 @@ def _decoded_files(info, training, seed):
 # ----------------------------------------------------------------------------------------------
 # Record modes.
 
-def _parse_record(serialized, data_format):
-    """Returns (uint8 image, int32 label) from one raw or encoded record."""
+def _parse_record(serialized, data_format, at_least=None):
+    """Returns (uint8 image, int32 label) from one raw or encoded record (at_least: decode_image_bytes)."""
     image_key = onu_dataset.KEY_RAW if data_format == 'raw' else onu_dataset.KEY_ENCODED
     features = tf.io.parse_single_example(serialized, {
         image_key: tf.io.FixedLenFeature([], tf.string),
@@ -447,7 +558,7 @@ def _parse_record(serialized, data_format):
         image = tf.reshape(tf.io.decode_raw(features[image_key], tf.uint8), shape)
         image = tf.ensure_shape(image, [None, None, 3])
     else:
-        image = decode_image_bytes(features[image_key])
+        image = decode_image_bytes(features[image_key], at_least)
     return image, tf.cast(features[onu_dataset.KEY_LABEL], tf.int32)
 
 
@@ -457,15 +568,18 @@ def _shuffle_buffer_size(info):
     return max(1, min(info.num_examples, MAX_SHUFFLE_BUFFER, by_memory))
 
 
-def _decoded_records(info, training, seed, deterministic):
+def _decoded_records(info, training, seed, deterministic, at_least=None, repeat=True):
     """Returns a dataset of (uint8 image, int32 label) from the record shards of info.
 
-    Training interleaves the shards in a shuffled order and shuffles records in a buffer; eval
-    reads the shards one after the other, in the manifest's order.
+    Training interleaves the shards in a shuffled order (a new one each epoch; forever when
+    repeat) and shuffles records in a buffer; eval reads the shards one after the other, in the
+    manifest's order. at_least: decode_image_bytes's.
     """
     if training:
         files = tf.data.Dataset.from_tensor_slices(list(info.files))
-        files = files.shuffle(len(info.files), seed=seed, reshuffle_each_iteration=True).repeat()
+        files = files.shuffle(len(info.files), seed=seed, reshuffle_each_iteration=True)
+        if repeat:
+            files = files.repeat()
         records = files.interleave(
             lambda path: tf.data.TFRecordDataset(path, compression_type=info.compression_type),
             cycle_length=min(len(info.files), 8), num_parallel_calls=tf.data.AUTOTUNE,
@@ -473,61 +587,110 @@ def _decoded_records(info, training, seed, deterministic):
         records = records.shuffle(_shuffle_buffer_size(info), seed=seed)
     else:
         records = tf.data.TFRecordDataset(list(info.files), compression_type=info.compression_type)
-    return records.map(lambda record: _parse_record(record, info.data_format),
+    return records.map(lambda record: _parse_record(record, info.data_format, at_least),
                        num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
 
 
 # ----------------------------------------------------------------------------------------------
 # Pipelines.
 
-def make_dataset(info, batch_size, image_size, training, augment=True, seed=None):
-    """Returns a tf.data.Dataset of (images, labels) batches for the split described by info.
+def fits_in_cache(info, image_size):
+    """Returns True when one epoch of info's resized uint8 training images fits DECODED_CACHE_BYTES."""
+    return info.num_examples * image_size * image_size * 3 <= DECODED_CACHE_BYTES
 
-    training: shuffle, repeat forever, augment (per augment) and drop the final partial batch;
-    otherwise read each example once in order, eval preprocessing, keep the partial batch.
+
+def _training_examples(info, image_size, seed, deterministic, cache):
+    """Returns an endless shuffled dataset of (uint8 [size, size, 3] image, label) for training.
+
+    Decoding is the fast, reduced-scale one; cache: decode one epoch, keep it in memory and
+    reshuffle it every epoch, instead of reading and decoding every epoch.
+    """
+    repeat = not cache
+    if info.data_format == 'images':
+        examples = _decoded_files(info, True, seed, at_least=image_size, repeat=repeat)
+    else:
+        examples = _decoded_records(info, True, seed, deterministic, at_least=image_size, repeat=repeat)
+    examples = examples.map(lambda image, label: (resize_for_training(image, image_size), label),
+                            num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+    if cache:
+        examples = examples.cache().shuffle(info.num_examples, seed=seed,
+                                            reshuffle_each_iteration=True).repeat()
+    return examples
+
+
+def make_dataset(info, batch_size, image_size, training, augment=True, seed=None,
+                 augment_on='input', cache=None):
+    """Returns a tf.data.Dataset of batches for the split described by info.
+
+    training: shuffle, repeat forever, drop the final partial batch, and give each image its
+    augmentation draws. With augment_on='input' the batches are augmented here: (images, labels);
+    with 'model' they are (uint8 images, labels, draws) for augment_batch on the model's device.
+    cache: keep the decoded epoch in memory (None: when fits_in_cache).
+    Otherwise read each example once in order, eval preprocessing, keep the partial batch.
     seed: makes the order and the augmentations reproducible.
     """
     if batch_size < 1 or image_size < 1:
         raise ValueError(f'batch_size={batch_size} and image_size={image_size} must be positive')
+    _check_choice('augment_on', augment_on, AUGMENT_PLACEMENTS)
     deterministic = not training or seed is not None
-    if info.data_format == 'images':
-        examples = _decoded_files(info, training, seed)
-    else:
-        examples = _decoded_records(info, training, seed, deterministic)
-    if training:
-        options = AugmentOptions.of(augment)
-        seeds = tf.data.Dataset.random(seed=seed).batch(2)
-        examples = tf.data.Dataset.zip((examples, seeds)).map(
-            lambda example, image_seed: (
-                preprocess_for_train(example[0], image_size, options, image_seed), example[1]),
-            num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
-    else:
+    if not training:
+        if info.data_format == 'images':
+            examples = _decoded_files(info, training, seed, repeat=False)
+        else:
+            examples = _decoded_records(info, training, seed, deterministic)
         examples = examples.map(lambda image, label: (preprocess_for_eval(image, image_size), label),
                                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
-    return examples.batch(batch_size, drop_remainder=training).prefetch(tf.data.AUTOTUNE)
+        return examples.batch(batch_size).prefetch(tf.data.AUTOTUNE)
+    cache = fits_in_cache(info, image_size) if cache is None else cache
+    batches = _training_examples(info, image_size, seed, deterministic, cache).batch(
+        batch_size, drop_remainder=True)
+    options = AugmentOptions.of(augment)
+
+    def with_draws(batch, batch_seed):
+        images, labels = batch
+        draws = random_draws(batch_seed, batch_size)
+        if augment_on == 'model':
+            return images, labels, draws
+        return augment_batch(images, draws, options), labels
+    seeds = tf.data.Dataset.random(seed=seed).batch(2)
+    batches = tf.data.Dataset.zip((batches, seeds)).map(
+        with_draws, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+    return batches.prefetch(tf.data.AUTOTUNE)
 
 
 def _next_batch(dataset):
-    """Returns the (images, labels) tensors of a one-shot iterator over dataset."""
+    """Returns the tensors of a one-shot iterator over dataset."""
     return tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
 
 
 def distorted_inputs(data_dir, data_format, batch_size, image_size, augment=True, seed=None,
-                     summaries=True):
+                     summaries=True, augment_on='input', cache=None):
     """Returns training (images, labels): shuffled, repeated, augmented, static batch dimension.
 
     augment: True, False or AugmentOptions. summaries: add an image summary of a few inputs.
+    augment_on='model': the pipeline stops at resized uint8 images, which are augmented here in the
+    caller's device scope (the model's) by the same augment_batch. cache: make_dataset's.
     """
+    if augment_on == 'model':
+        images, labels, draws = undistorted_inputs(data_dir, data_format, batch_size, image_size,
+                                                   seed=seed, cache=cache)
+        images = augment_batch(images, draws, augment)
+    else:
+        info = dataset_info(data_dir, data_format, 'train')
+        with tf.device(PIPELINE_DEVICE):
+            images, labels = _next_batch(make_dataset(info, batch_size, image_size, training=True,
+                                                      augment=augment, seed=seed, cache=cache))
+    if summaries:
+        add_input_summary(images)
+    return images, labels
+
+
+def undistorted_inputs(data_dir, data_format, batch_size, image_size, seed=None, cache=None):
+    """Returns training (uint8 images, labels, draws): resized, not augmented, for augment_batch."""
     info = dataset_info(data_dir, data_format, 'train')
     with tf.device(PIPELINE_DEVICE):
-        dataset = make_dataset(info, batch_size, image_size, training=True, augment=augment,
-                               seed=seed)
-        images, labels = _next_batch(dataset)
-        if summaries:
-            shown = tf.image.convert_image_dtype((images[:NUM_SUMMARY_IMAGES] + 1.0) / 2.0,
-                                                 tf.uint8, saturate=True)
-            tf.compat.v1.summary.image('augmented_inputs', shown, max_outputs=NUM_SUMMARY_IMAGES)
-    return images, labels
+        return _next_batch(make_dataset(info, batch_size, image_size, training=True, seed=seed,
+                                        augment_on='model', cache=cache))
 
 
 def inputs(eval_data, data_dir, data_format, batch_size, image_size):
@@ -610,8 +773,8 @@ def damaged_records_as_data_error(data_dir, data_format, split):
 class SerialCv2Loader:
     """The study's loader: cv2 decodes one file at a time in Python, feed_dict ships each batch.
 
-    Use it only to measure the gap to the tf.data pipeline. Unlike the study it converts BGR to RGB
-    and applies the same preprocessing graph (preprocess_for_train/eval, per image).
+    Use it only to measure the gap to the tf.data pipeline. Unlike the study it converts BGR to RGB,
+    resizes first and runs the pipeline's augmentation graph (augment_batch) over each fed batch.
     """
 
     def __init__(self, data_dir, split, batch_size, image_size, augment=False, seed=None):
@@ -621,15 +784,15 @@ class SerialCv2Loader:
         self.skipped = set()
         self._rng = np.random.default_rng(seed)
         options = AugmentOptions.of(augment)
-        if options == AugmentOptions.none():
-            preprocess = functools.partial(preprocess_for_eval, image_size=image_size)
-        else:
-            preprocess = functools.partial(preprocess_for_train, image_size=image_size, augment=options)
         with tf.device(PIPELINE_DEVICE):
             self.image_batch = tf.compat.v1.placeholder(
                 tf.uint8, [None, image_size, image_size, 3], name='serial_cv2_images')
             self.label_batch = tf.compat.v1.placeholder(tf.int32, [None], name='serial_cv2_labels')
-            self.images = tf.map_fn(preprocess, self.image_batch, fn_output_signature=tf.float32)
+            if options == AugmentOptions.none():
+                self.images = to_model_range(tf.cast(self.image_batch, tf.float32) * (1.0 / 255.0))
+            else:
+                draws = tf.random.uniform([tf.shape(self.image_batch)[0], NUM_DRAWS])
+                self.images = augment_batch(self.image_batch, draws, options)
             self.labels = tf.identity(self.label_batch)
 
     def read_image(self, path):

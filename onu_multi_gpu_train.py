@@ -58,21 +58,21 @@ def tower_scope(index):
     return f'{TOWER_NAME}_{index}'
 
 
-def tower_gradients(optimizer, tower_loss, images, labels, devices, variables_to_train=None):
+def tower_gradients(optimizer, tower_loss, batch, devices, variables_to_train=None):
     """Builds tower_loss on each device's slice of the batch; returns ([grads_and_vars], [loss]) by tower.
 
-    tower_loss(images, labels) returns a scalar loss. Tower i runs in name scope tower_<i> on
+    batch: a tuple of tensors split along their first dimension, e.g. (images, labels);
+    tower_loss(*slices) returns a scalar loss. Tower i runs in name scope tower_<i> on
     devices[i]; tower 0 creates the variables (on VARIABLE_DEVICE) and the others reuse them.
     variables_to_train() lists what to differentiate (default: every trainable variable); it is
     called once tower 0 has created the variables.
     """
-    image_slices = tf.split(images, len(devices))
-    label_slices = tf.split(labels, len(devices))
+    slices = list(zip(*(tf.split(tensor, len(devices)) for tensor in batch)))
     tower_grads, tower_losses, var_list = [], [], None
     for index, device in enumerate(devices):
         with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), reuse=index > 0):
             with tf.compat.v1.device(tower_device_function(device)), tf.name_scope(tower_scope(index)):
-                loss = tower_loss(image_slices[index], label_slices[index])
+                loss = tower_loss(*slices[index])
                 if var_list is None:
                     var_list = (variables_to_train or tf.compat.v1.trainable_variables)()
                 tower_grads.append(optimizer.compute_gradients(loss, var_list=var_list))
@@ -136,13 +136,24 @@ def build_multi_gpu_graph(config, examples_per_step, replicas=None):
         tf.compat.v1.set_random_seed(FLAGS.seed)
     with tf.device(VARIABLE_DEVICE):
         global_step = tf.compat.v1.train.get_or_create_global_step()
-        images, labels = onu_input.distorted_inputs(
-            FLAGS.data_dir, FLAGS.data_format, FLAGS.batch_size * len(devices), config['image_size'],
-            augment=onu_train.augment_options(), seed=FLAGS.seed)
+        batch_size = FLAGS.batch_size * len(devices)
+        if FLAGS.augment_on == 'model':  # each tower augments its own slice on its own device
+            batch = onu_input.undistorted_inputs(FLAGS.data_dir, FLAGS.data_format, batch_size,
+                                                 config['image_size'], seed=FLAGS.seed)
+        else:
+            batch = onu_input.distorted_inputs(
+                FLAGS.data_dir, FLAGS.data_format, batch_size, config['image_size'],
+                augment=onu_train.augment_options(), seed=FLAGS.seed)
+        labels = batch[1]
         optimizer = onu_train.make_optimizer(config, global_step, examples_per_step)
         tower_outputs = []
 
-        def tower_loss(tower_images, tower_labels):
+        def tower_loss(tower_images, tower_labels, tower_draws=None):
+            if tower_draws is not None:
+                tower_images = onu_input.augment_batch(tower_images, tower_draws,
+                                                       onu_train.augment_options())
+                if not tower_outputs:
+                    onu_input.add_input_summary(tower_images)
             logits, end_points = onu_model.inference(
                 tower_images, config['num_classes'], config['model'], is_training=True,
                 weight_decay=FLAGS.weight_decay)
@@ -150,7 +161,7 @@ def build_multi_gpu_graph(config, examples_per_step, replicas=None):
             return onu_model.loss(logits, tower_labels, end_points, FLAGS.label_smoothing)
 
         tower_grads, tower_losses = tower_gradients(
-            optimizer, tower_loss, images, labels, devices,
+            optimizer, tower_loss, batch, devices,
             lambda: onu_model.variables_to_train(FLAGS.trainable_scopes))
         _keep_first_tower_summaries(len(devices))
         update_ops = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS, tower_scope(0) + '/')

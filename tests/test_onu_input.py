@@ -1,5 +1,6 @@
 """Tests of onu_input.py: shapes, pixel parity across the three formats, preprocessing, errors."""
 
+import glob
 import io
 import logging
 import math
@@ -18,6 +19,8 @@ import onu_input
 
 IMAGE_SIZE = 32
 FORMATS = onu_dataset.DATA_FORMATS
+# README's stated bound: mean |fast training decode - exact eval decode| per photo, as a share of 255.
+FAST_DECODE_BOUND = {299: 5.0 / 255.0, 64: 9.0 / 255.0}
 ROTATION_ONLY = onu_input.AugmentOptions(saturation=False, brightness=False, contrast=False, hue=False,
                                          rotation=True)
 
@@ -171,46 +174,80 @@ def test_exif_orientation_matches_pillow(tmp_path, pattern_image, orientation):
 # ---------------------------------------------------------------------------------------------
 # Preprocessing stages and augmentation.
 
+def _draws(num_images, seed=0):
+    """[num_images, NUM_DRAWS] uniform draws in [0, 1), as the pipeline makes them."""
+    return np.random.default_rng(seed).uniform(0, 1, (num_images, onu_input.NUM_DRAWS)).astype(np.float32)
+
+
 def test_value_range_after_each_stage():
     rng = np.random.default_rng(0)
     photo = rng.integers(0, 256, (40, 60, 3), dtype=np.uint8)
     white = np.full((40, 60, 3), 255, np.uint8)
+    # Extreme draws (0 and 1) push colours out of range before the final clip.
+    extremes = np.tile([[0.0], [1.0 - 1e-6]], (4, onu_input.NUM_DRAWS)).astype(np.float32)
     with tf.Graph().as_default():
         unit = onu_input.to_unit_range(photo, IMAGE_SIZE)
         unit_white = onu_input.to_unit_range(white, IMAGE_SIZE)
-        # Extreme draws push colours out of range before the final clip.
-        distorted = [onu_input.distort_image(tf.clip_by_value(unit * 3.0 - 1.0, 0.0, 1.0), seed=[seed, 7])
-                     for seed in range(8)]
+        resized = onu_input.resize_for_training(photo, IMAGE_SIZE)
+        high_contrast = tf.cast(tf.clip_by_value(unit * 3.0 - 1.0, 0.0, 1.0) * 255.0, tf.uint8)
+        distorted = onu_input.augment_batch(tf.stack([high_contrast] * 8), extremes)
+        unrotated = onu_input.augment_batch(tf.stack([high_contrast] * 8), extremes,
+                                            onu_input.AugmentOptions(rotation=False))
         model = onu_input.to_model_range(unit)
-        train = onu_input.preprocess_for_train(photo, IMAGE_SIZE)
         evaluation = onu_input.preprocess_for_eval(white, IMAGE_SIZE)
-        values = _evaluate({'unit': unit, 'white': unit_white, 'distorted': distorted, 'model': model,
-                            'train': train, 'eval': evaluation})
+        values = _evaluate({'unit': unit, 'white': unit_white, 'resized': resized, 'distorted': distorted,
+                            'unrotated': unrotated, 'model': model, 'eval': evaluation})
     assert values['unit'].shape == (IMAGE_SIZE, IMAGE_SIZE, 3)
     assert 0.0 <= values['unit'].min() and values['unit'].max() <= 1.0
     np.testing.assert_allclose(values['white'], 1.0, rtol=0, atol=1e-6)  # not 255: scaled once, correctly
-    for image in values['distorted']:
-        assert 0.0 <= image.min() and image.max() <= 1.0
+    assert values['resized'].dtype == np.uint8 and values['resized'].shape == (IMAGE_SIZE, IMAGE_SIZE, 3)
+    np.testing.assert_allclose(values['resized'] / 255.0, values['unit'], atol=0.5 / 255 + 1e-6)  # rounded
+    assert values['distorted'].shape == (8, IMAGE_SIZE, IMAGE_SIZE, 3)
+    assert -1.0 <= values['distorted'].min() and values['distorted'].max() <= 1.0
+    assert (values['unrotated'] == -1.0).any() and (values['unrotated'] == 1.0).any()  # clipped
+    assert -1.0 <= values['unrotated'].min() and values['unrotated'].max() <= 1.0
     np.testing.assert_allclose(values['model'], values['unit'] * 2.0 - 1.0, atol=1e-6)
-    assert -1.0 <= values['train'].min() and values['train'].max() <= 1.0
     np.testing.assert_allclose(values['eval'], 1.0, atol=1e-6)
 
 
-def test_random_distortions_stay_in_their_ranges():
+def test_draws_stay_in_their_ranges_and_differ_per_image(tiny_data_dir):
     with tf.Graph().as_default():
-        seeds = tf.stack([tf.range(2000, dtype=tf.int64), tf.fill([2000], tf.constant(3, tf.int64))], 1)
-        draws = _evaluate(tf.map_fn(onu_input.random_distortions, seeds,
-                                    fn_output_signature={k: tf.float32 for k in
-                                                         ('saturation', 'brightness', 'contrast', 'hue',
-                                                          'angle')}))
+        batch = onu_input.undistorted_inputs(tiny_data_dir, 'encoded', batch_size=8, image_size=IMAGE_SIZE,
+                                             seed=5)
+        images, labels, draws = batch
+        params = onu_input.distortion_params(draws)
+        with tf.compat.v1.Session() as sess:
+            runs = [sess.run({'images': images, 'labels': labels, 'draws': draws, 'params': params})
+                    for _ in range(250)]
+    # The uint8 hand-off of --augment_on=model: resized, not augmented.
+    assert runs[0]['images'].dtype == np.uint8 and runs[0]['images'].shape == (8, IMAGE_SIZE, IMAGE_SIZE, 3)
+    assert runs[0]['labels'].dtype == np.int32 and runs[0]['labels'].shape == (8,)
+    assert runs[0]['draws'].dtype == np.float32 and runs[0]['draws'].shape == (8, onu_input.NUM_DRAWS)
     limits = {'saturation': onu_input.SATURATION_RANGE, 'contrast': onu_input.CONTRAST_RANGE,
               'brightness': (-onu_input.BRIGHTNESS_MAX_DELTA, onu_input.BRIGHTNESS_MAX_DELTA),
               'hue': (-onu_input.HUE_MAX_DELTA, onu_input.HUE_MAX_DELTA),
               'angle': (-math.radians(10), math.radians(10))}
     for key, (low, high) in limits.items():
-        assert low <= draws[key].min() and draws[key].max() <= high, key
+        values = np.concatenate([run['params'][key] for run in runs])
+        assert low <= values.min() and values.max() <= high, key
         spread = high - low
-        assert draws[key].min() < low + 0.05 * spread and draws[key].max() > high - 0.05 * spread, key
+        assert values.min() < low + 0.05 * spread and values.max() > high - 0.05 * spread, key
+        assert len(np.unique(values)) > 0.99 * len(values), key  # drawn per image, not shared
+    assert not np.allclose(runs[0]['draws'], runs[1]['draws'])
+
+
+def test_both_placements_give_the_same_images_for_the_same_seed(tiny_data_dir):
+    outputs = {}
+    for placement in onu_input.AUGMENT_PLACEMENTS:
+        with tf.Graph().as_default():
+            images, labels = onu_input.distorted_inputs(tiny_data_dir, 'encoded', batch_size=4,
+                                                        image_size=IMAGE_SIZE, seed=11, augment_on=placement)
+            with tf.compat.v1.Session() as sess:
+                outputs[placement] = [sess.run((images, labels)) for _ in range(3)]
+    for (input_images, input_labels), (model_images, model_labels) in zip(outputs['input'], outputs['model']):
+        np.testing.assert_array_equal(input_labels, model_labels)
+        np.testing.assert_allclose(input_images, model_images, rtol=0, atol=1e-5)
+        assert np.abs(input_images[0] - input_images[1]).mean() > 0.01  # augmented, not blank
 
 
 def _bar_angle_degrees(image):
@@ -227,9 +264,7 @@ def test_rotation_is_per_image_and_within_10_degrees():
     bar = np.zeros((64, 64, 3), np.uint8)
     bar[29:35, 6:58] = 255
     with tf.Graph().as_default():
-        dataset = tf.data.Dataset.from_tensors(bar).repeat(300).map(
-            lambda image: onu_input.preprocess_for_train(image, 64, ROTATION_ONLY))
-        images = _evaluate(tf.compat.v1.data.make_one_shot_iterator(dataset.batch(300)).get_next())
+        images = _evaluate(onu_input.augment_batch(np.stack([bar] * 300), _draws(300), ROTATION_ONLY))
     angles = np.array([_bar_angle_degrees(image) for image in images])
     assert np.abs(angles).max() <= 10.5
     assert angles.min() < -8.0 and angles.max() > 8.0
@@ -237,13 +272,75 @@ def test_rotation_is_per_image_and_within_10_degrees():
     assert len(np.unique(np.round(angles, 1))) > 50  # drawn per image, not once per run
 
 
-def test_rotate_image_turns_by_radians():
-    image = np.zeros((65, 65, 1), np.float32)
-    image[32, 52] = 1.0  # 20 pixels right of the centre
+def test_rotation_matches_tensorflows_projective_transform():
+    """The batched rotation resamples as ImageProjectiveTransformV3 (bilinear, grey fill) does."""
+    rng = np.random.default_rng(1)
+    images = rng.integers(0, 256, (5, 30, 44, 3), dtype=np.uint8)
+    draws = np.tile(rng.uniform(0, 1, (5, 1)), (1, onu_input.NUM_DRAWS)).astype(np.float32)
     with tf.Graph().as_default():
-        rotated = _evaluate(onu_input.rotate_image(image, math.radians(90.0)))
-    row, column = np.unravel_index(np.argmax(rotated[..., 0]), (65, 65))
+        ours = onu_input.augment_batch(images, draws, ROTATION_ONLY)
+        angles = onu_input.distortion_params(tf.constant(draws))['angle']
+        reference = tf.raw_ops.ImageProjectiveTransformV3(
+            images=tf.constant(images, tf.float32) / 255.0,
+            transforms=onu_input.rotation_transforms(angles, 30.0, 44.0), output_shape=[30, 44],
+            fill_value=onu_input.ROTATION_FILL_VALUE, interpolation='BILINEAR', fill_mode='CONSTANT')
+        ours, reference = _evaluate((ours, onu_input.to_model_range(reference)))
+    np.testing.assert_allclose(ours, reference, rtol=0, atol=1e-4)
+
+
+def test_rotation_turns_by_radians():
+    image = np.zeros((1, 65, 65, 3), np.uint8)
+    image[0, 32, 52] = 255  # 20 pixels right of the centre
+    with tf.Graph().as_default():
+        quarter = onu_input.rotation_transforms(tf.constant([math.radians(90.0)]), 65.0, 65.0)
+        rotated = _evaluate(tf.raw_ops.ImageProjectiveTransformV3(
+            images=tf.constant(image, tf.float32), transforms=quarter, output_shape=[65, 65],
+            fill_value=0.0, interpolation='BILINEAR', fill_mode='CONSTANT'))
+    row, column = np.unravel_index(np.argmax(rotated[0, ..., 0]), (65, 65))
     assert (row, column) in ((12, 32), (52, 32))  # a quarter turn, either sense
+
+
+def test_fast_training_decode_stays_within_its_bound_of_the_exact_path(make_tiny_dataset):
+    """Training decodes JPEGs at a reduced DCT scale; its pixels stay near eval's exact ones."""
+    data_dir = make_tiny_dataset('photos', train_per_class=2, val_per_class=1, image_size=(800, 600))
+    paths = sorted(glob.glob(os.path.join(data_dir, 'train', '*', '*.jpg')))
+    with tf.Graph().as_default():
+        path = tf.compat.v1.placeholder(tf.string, [])
+        data = tf.io.read_file(path)
+        differences, reduced_sizes = {}, {}
+        for size in (299, 64):
+            fast = onu_input.decode_image_bytes(data, at_least=size)
+            reduced_sizes[size] = tf.shape(fast)
+            train = tf.cast(onu_input.resize_for_training(fast, size), tf.float32) / 255.0
+            exact = onu_input.to_unit_range(onu_input.decode_image_bytes(data), size)
+            differences[size] = tf.reduce_mean(tf.abs(train - exact))
+        with tf.compat.v1.Session() as sess:
+            runs = [sess.run((differences, reduced_sizes), {path: p}) for p in paths]
+    for size, expected_shape, bound in ((299, (300, 400, 3), FAST_DECODE_BOUND[299]),
+                                        (64, (75, 100, 3), FAST_DECODE_BOUND[64])):
+        assert all(tuple(shapes[size]) == expected_shape for _, shapes in runs), size  # 1/2 and 1/8 scale
+        mean_difference = np.mean([difference[size] for difference, _ in runs])
+        assert 0.0 < mean_difference <= bound, (size, mean_difference * 255)
+
+
+def test_cached_training_epochs_cover_every_photo_once(tiny_data_dir):
+    info = onu_input.dataset_info(tiny_data_dir, 'encoded', 'train')
+    per_epoch = info.num_examples // 2
+    pictures = {}
+    for cache in (True, False):
+        with tf.Graph().as_default():
+            dataset = onu_input.make_dataset(info, 2, IMAGE_SIZE, training=True, augment=False, seed=3,
+                                             cache=cache)
+            images, labels = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+            with tf.compat.v1.Session() as sess:
+                epochs = [np.concatenate([sess.run(images) for _ in range(per_epoch)]) for _ in range(3)]
+        pictures[cache] = [epoch.reshape(len(epoch), -1) for epoch in epochs]
+    for epoch in pictures[True]:  # a cached epoch is one reshuffled pass over the photos
+        assert len(np.unique(epoch, axis=0)) == info.num_examples
+    assert not all(np.array_equal(pictures[True][0], other) for other in pictures[True][1:])
+    # The same pixels whether decoded once or every time.
+    np.testing.assert_array_equal(np.unique(np.concatenate(pictures[True]), axis=0),
+                                  np.unique(np.concatenate(pictures[False]), axis=0))
 
 
 def test_augmentation_varies_per_image(make_tiny_dataset):

@@ -55,7 +55,7 @@ def test_two_towers_on_half_batches_average_to_the_whole_batch_gradient():
         labels = tf.constant(rng.integers(0, 3, 8), tf.int32)
         optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.1)
         tower_grads, tower_losses = onu_multi_gpu_train.tower_gradients(
-            optimizer, linear_conv_loss, images, labels, ['/cpu:0', '/cpu:0'])
+            optimizer, linear_conv_loss, (images, labels), ['/cpu:0', '/cpu:0'])
         averaged = onu_multi_gpu_train.average_gradients(tower_grads)
         variables = tf.compat.v1.trainable_variables()
         # The same variables on the whole batch, as one-tower training computes it.
