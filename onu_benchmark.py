@@ -56,6 +56,11 @@ PIPELINE_IMAGE_SIZE = 299  # the study's input size; pipelines use it unless --i
 RECORD_WAYS = ('raw', 'encoded')
 TF_DATA_WAYS = ('images',) + RECORD_WAYS
 TRAINING_WAYS = TF_DATA_WAYS + ('serial_cv2', 'synthetic')
+# Issue 12's comparison, measured with the small model only (Inception-ResNet-v2 is not input-bound here).
+SMALL_MODEL_TRAINING_WAYS = ('encoded_decoding', 'encoded_on_model', 'plain_tf_image', 'study_serial')
+# variant -> what feeds: onu_input's default (decoded epoch cached), onu_input decoding every image,
+# onu_input with augmentation placed on the model, and the plain tf.image pipeline.
+AUGMENTATION_VARIANTS = ('cached', 'decoding', 'on_model', 'plain_tf_image')
 KERAS_WAYS = ('keras_layers', 'keras_reader')
 KERAS_AUGMENTATION = {'keras_layers': ' by Keras layers', 'keras_reader': ' by onu_input'}
 PIPELINE_WAYS = ('encoded', 'raw', 'images', 'serial_cv2') + KERAS_WAYS  # in table and plot order
@@ -69,6 +74,10 @@ ROW_TITLES = {
     'keras_reader': 'original images, Keras image_dataset_from_directory + onu_input augmentation',
     'decode_limit': 'decode limit: cores x one-core decode+resize',
     'synthetic': 'synthetic in-memory batch (no input)',
+    'encoded_decoding': 'encoded, onu_input without the decoded-epoch cache (decodes every image)',
+    'encoded_on_model': 'encoded, augmentation placed on the model (--augment_on=model)',
+    'plain_tf_image': 'original images, plain tf.image pipeline (full decode, per-image tf.image ops)',
+    'study_serial': 'original images, the study\'s serial loop as written (augments the full photo)',
 }
 QUICK_SETTINGS = {'repeats': 1, 'batches': 3, 'warmup_batches': 1, 'max_images_per_class': 32,
                   'train_steps': ['small:3', 'inception_resnet_v2:1'],
@@ -267,18 +276,140 @@ def _session(config=None):
     return tf.compat.v1.Session(config=config or onu_flags.session_config())
 
 
-def measure_pipeline(info, batch_size, image_size, augment, warmup, batches):
-    """Images/sec of onu_input's training pipeline (shuffled, repeated) over info.
+def measure_pipeline(info, batch_size, image_size, augment, warmup, batches, cache=None, augment_on='input'):
+    """Images/sec of onu_input's pipeline over info: training (augment) or eval preprocessing.
 
-    augment=False gives the eval preprocessing (resize and scale only) at the pipeline's steady
-    state; a read-once eval pipeline would also count its restart at every epoch end.
+    augment=False measures the eval pipeline (exact decode, resize, scale), restarted at each epoch
+    end. Training pipelines are shuffled and repeated; cache: make_dataset's; augment_on='model'
+    runs augment_batch in the graph after the pipeline, as training does with --augment_on=model.
     """
     with tf.Graph().as_default():
         with tf.device(onu_input.PIPELINE_DEVICE):
-            dataset = onu_input.make_dataset(info, batch_size, image_size, training=True, augment=augment)
+            if augment:
+                dataset = onu_input.make_dataset(info, batch_size, image_size, training=True, cache=cache,
+                                                 augment_on=augment_on)
+            else:
+                dataset = onu_input.make_dataset(info, batch_size, image_size, training=False).repeat()
+            batch = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+        images, labels = batch[:2]
+        fetch = _consumed(images, labels)
+        if augment_on == 'model':
+            # Grappler drops a control dependency on a stateless op: make the labels depend on its data.
+            augmented = onu_input.augment_batch(images, batch[2])
+            fetch = fetch + tf.cast(tf.reduce_max(augmented) > 1.0, tf.int32)  # never true: adds 0
+        with _session() as sess:
+            return _time_runs(sess, fetch, warmup, batches)
+
+
+def plain_tf_image_dataset(info, batch_size, image_size):
+    """The obvious tf.data code for the same training input: the yardstick of onu_input's pipeline.
+
+    Per image: full-size decode (or the raw pixels), resize, tf.image.random_saturation,
+    random_brightness, random_contrast and random_hue, one ImageProjectiveTransformV3 rotation,
+    clip, [-1, 1]. This was onu_input's own algorithm before the batched augmentation.
+    """
+    if info.data_format == 'images':
+        examples = tf.data.Dataset.from_tensor_slices((list(info.files), list(info.labels)))
+        examples = examples.shuffle(len(info.files)).repeat().map(
+            lambda path, label: (tf.io.decode_jpeg(tf.io.read_file(path), channels=3), label),
+            num_parallel_calls=tf.data.AUTOTUNE)
+    else:
+        key = onu_dataset.KEY_RAW if info.data_format == 'raw' else onu_dataset.KEY_ENCODED
+
+        def parse(record):
+            features = tf.io.parse_single_example(record, {
+                key: tf.io.FixedLenFeature([], tf.string),
+                onu_dataset.KEY_LABEL: tf.io.FixedLenFeature([], tf.int64),
+                onu_dataset.KEY_HEIGHT: tf.io.FixedLenFeature([], tf.int64),
+                onu_dataset.KEY_WIDTH: tf.io.FixedLenFeature([], tf.int64)})
+            if info.data_format == 'raw':
+                image = tf.reshape(tf.io.decode_raw(features[key], tf.uint8),
+                                   [features[onu_dataset.KEY_HEIGHT], features[onu_dataset.KEY_WIDTH], 3])
+            else:
+                image = tf.io.decode_jpeg(features[key], channels=3)
+            return image, tf.cast(features[onu_dataset.KEY_LABEL], tf.int32)
+        records = tf.data.Dataset.from_tensor_slices(list(info.files)).repeat().interleave(
+            tf.data.TFRecordDataset, cycle_length=min(len(info.files), 8), num_parallel_calls=tf.data.AUTOTUNE)
+        examples = records.shuffle(256).map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+    max_angle = math.radians(onu_input.MAX_ROTATION_DEGREES)
+
+    def augment(image, label):
+        image = tf.image.resize(image, [image_size, image_size]) / 255.0
+        image = tf.image.random_saturation(image, *onu_input.SATURATION_RANGE)
+        image = tf.image.random_brightness(image, onu_input.BRIGHTNESS_MAX_DELTA)
+        image = tf.image.random_contrast(image, *onu_input.CONTRAST_RANGE)
+        image = tf.image.random_hue(image, onu_input.HUE_MAX_DELTA)
+        angle = tf.random.uniform([1], -max_angle, max_angle)
+        image = tf.raw_ops.ImageProjectiveTransformV3(
+            images=image[tf.newaxis], transforms=onu_input.rotation_transforms(angle, image_size, image_size),
+            output_shape=[image_size, image_size], fill_value=onu_input.ROTATION_FILL_VALUE,
+            interpolation='BILINEAR', fill_mode='CONSTANT')[0]
+        return onu_input.to_model_range(tf.clip_by_value(image, 0.0, 1.0)), label
+    examples = examples.map(augment, num_parallel_calls=tf.data.AUTOTUNE)
+    return examples.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+
+def measure_plain_tf_image(info, batch_size, image_size, warmup, batches):
+    """Images/sec of plain_tf_image_dataset over info."""
+    with tf.Graph().as_default():
+        with tf.device(onu_input.PIPELINE_DEVICE):
+            dataset = plain_tf_image_dataset(info, batch_size, image_size)
             fetch = _consumed(*tf.compat.v1.data.make_one_shot_iterator(dataset).get_next())
         with _session() as sess:
             return _time_runs(sess, fetch, warmup, batches)
+
+
+class StudySerialLoop:
+    """The study's loader as the study wrote it: one photo at a time in Python, feed_dict per batch.
+
+    Per photo: cv2.imread, a random rotation (+/-10 degrees, grey corners) and a random exposure
+    (contrast x0.8-1.2, brightness +/-32) on the full-size photo, then resize and /255. Nothing runs
+    in parallel but what OpenCV itself threads.
+    """
+
+    def __init__(self, data_dir, batch_size, image_size, seed=None):
+        self.info = onu_input.dataset_info(data_dir, 'images', 'train')
+        self.batch_size = batch_size
+        self.image_size = image_size
+        self._rng = np.random.default_rng(seed)
+        with tf.device(onu_input.PIPELINE_DEVICE):
+            self.image_batch = tf.compat.v1.placeholder(tf.float32, [None, image_size, image_size, 3],
+                                                        name='study_images')
+            self.label_batch = tf.compat.v1.placeholder(tf.int32, [None], name='study_labels')
+            self.images = onu_input.to_model_range(self.image_batch)
+            self.labels = tf.identity(self.label_batch)
+
+    def read_image(self, path):
+        """Returns the photo at path augmented at full size, resized, float32 in [0, 1]."""
+        import cv2  # pylint: disable=import-outside-toplevel  (only the baselines use OpenCV)
+        image = cv2.imread(path, cv2.IMREAD_COLOR)
+        height, width = image.shape[:2]
+        angle = self._rng.uniform(-onu_input.MAX_ROTATION_DEGREES, onu_input.MAX_ROTATION_DEGREES)
+        rotation = cv2.getRotationMatrix2D((width / 2, height / 2), angle, 1.0)
+        image = cv2.warpAffine(image, rotation, (width, height), borderValue=(128, 128, 128))
+        image = cv2.convertScaleAbs(image, alpha=self._rng.uniform(*onu_input.CONTRAST_RANGE),
+                                    beta=self._rng.uniform(-32, 32))
+        image = cv2.resize(image, (self.image_size, self.image_size), interpolation=cv2.INTER_LINEAR)
+        return image / np.float32(255.0)
+
+    def feed_dicts(self):
+        """Yields endless feed dicts of one shuffled batch each."""
+        order = np.arange(self.info.num_examples)
+        while True:
+            self._rng.shuffle(order)
+            for start in range(0, len(order) - self.batch_size + 1, self.batch_size):
+                indices = order[start:start + self.batch_size]
+                yield {self.image_batch: np.stack([self.read_image(self.info.files[i]) for i in indices]),
+                       self.label_batch: np.array([self.info.labels[i] for i in indices])}
+
+
+def measure_study_serial(data_dir, batch_size, image_size, warmup, batches):
+    """Images/sec of StudySerialLoop."""
+    with tf.Graph().as_default():
+        loop = StudySerialLoop(data_dir, batch_size, image_size)
+        fetch = _consumed(loop.images, loop.labels)
+        with _session() as sess:
+            return _time_runs(sess, fetch, warmup, batches, feeds=loop.feed_dicts())
 
 
 def measure_serial_cv2(data_dir, batch_size, image_size, augment, warmup, batches):
@@ -312,8 +443,8 @@ def keras_dataset(data_dir, class_names, batch_size, image_size, augmentation):
     """Returns Keras's image_dataset_from_directory over data_dir/train, then the augmentation, in [-1, 1].
 
     augmentation: None (eval preprocessing), 'keras_layers' (Keras's augmentation layers on each
-    batch, what a Keras user writes) or 'keras_reader' (onu_input.distort_image on each image via
-    tf.map_fn: the same code as the pipelines, so only the reader differs).
+    batch, what a Keras user writes) or 'keras_reader' (onu_input.augment_batch on each batch, with
+    per-image draws: the same code as the pipelines, so only the reader differs).
     Keras decodes and resizes each file to float32 [0, 255]. It numbers the classes by sorted
     folder name: class_names is passed so the ids match.
     """
@@ -324,9 +455,11 @@ def keras_dataset(data_dir, class_names, batch_size, image_size, augmentation):
     layers = keras_augmentation_layers() if augmentation == 'keras_layers' else []
 
     def preprocess(images, labels):
-        unit = images * (1.0 / 255.0)
         if augmentation == 'keras_reader':
-            unit = tf.map_fn(onu_input.distort_image, unit)
+            pixels = tf.cast(tf.round(tf.clip_by_value(images, 0.0, 255.0)), tf.uint8)
+            draws = tf.random.uniform([tf.shape(images)[0], onu_input.NUM_DRAWS])
+            return onu_input.augment_batch(pixels, draws), tf.cast(labels, tf.int32)
+        unit = images * (1.0 / 255.0)
         for layer in layers:
             unit = layer(unit, training=True)
         return onu_input.to_model_range(tf.clip_by_value(unit, 0.0, 1.0)), tf.cast(labels, tf.int32)
@@ -417,16 +550,33 @@ def training_inputs(way, info_of, batch_size, image_size):
 
     info_of(way) -> the DatasetInfo that way reads (the photos' for serial_cv2 and synthetic).
     """
+    photos = info_of('images')
     if way == 'synthetic':
-        return _synthetic_inputs(batch_size, image_size, info_of('images').num_classes) + (None,)
-    if way == 'serial_cv2':
-        loader = onu_input.SerialCv2Loader(info_of('images').data_dir, 'train', batch_size, image_size,
-                                           augment=True)
+        return _synthetic_inputs(batch_size, image_size, photos.num_classes) + (None,)
+    if way in ('serial_cv2', 'study_serial'):
+        if way == 'serial_cv2':
+            loader = onu_input.SerialCv2Loader(photos.data_dir, 'train', batch_size, image_size, augment=True)
+        else:
+            loader = StudySerialLoop(photos.data_dir, batch_size, image_size)
         return loader.images, loader.labels, loader.feed_dicts()
     with tf.device(onu_input.PIPELINE_DEVICE):
-        dataset = onu_input.make_dataset(info_of(way), batch_size, image_size, training=True, augment=True)
-        images, labels = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
-    return images, labels, None
+        if way == 'plain_tf_image':
+            dataset = plain_tf_image_dataset(photos, batch_size, image_size)
+        else:
+            reads = way.split('_')[0]
+            dataset = onu_input.make_dataset(
+                info_of(reads), batch_size, image_size, training=True,
+                cache=False if way == 'encoded_decoding' else None,
+                augment_on='model' if way == 'encoded_on_model' else 'input')
+        batch = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+    if way == 'encoded_on_model':
+        return onu_input.augment_batch(batch[0], batch[2]), batch[1], None
+    return batch[0], batch[1], None
+
+
+def _epoch_batches(info, batch_size):
+    """Returns how many training batches make one epoch of info."""
+    return math.ceil(info.num_examples / batch_size)
 
 
 def measure_training(model_name, way, info_of, batch_size, image_size, warmup, steps, repeats):
@@ -600,7 +750,7 @@ def pipeline_tasks(settings, data_dir, info_of, one_core):
         for augment in (False, True):
             stage = 'train' if augment else 'eval'
             what = 'training augmentation' if augment else 'eval preprocessing'
-            for way in TF_DATA_WAYS:
+            for way in TF_DATA_WAYS if not augment else ():  # augmentation_tasks time their training
                 tasks.append(Task(
                     ('pipeline', way, stage), f'{way} pipeline, {what}{suffix}',
                     lambda way=way, augment=augment: measure_pipeline(
@@ -622,16 +772,24 @@ def pipeline_tasks(settings, data_dir, info_of, one_core):
 
 
 def training_tasks(settings, info_of):
-    """Tasks measuring each model fed by each way (repeats are windows within one session)."""
+    """Tasks measuring each model fed by each way (repeats are windows within one session).
+
+    The small model warms up for one epoch more, so that its windows time the pipelines' steady
+    state (the decoded epoch cached); Inception-ResNet-v2's few steps all fall in the first epoch.
+    """
     tasks = []
     for model_name in settings.models:
         batch = settings.train_batch_size[model_name]
         size = settings.train_image_size[model_name]
         warmup, steps = settings.train_warmup_steps[model_name], settings.train_steps[model_name]
+        ways = TRAINING_WAYS
+        if model_name == 'small':
+            warmup += _epoch_batches(info_of('images'), batch)
+            ways += SMALL_MODEL_TRAINING_WAYS
         step_seconds = (PRIOR_SEC_PER_STEP_32[model_name] * batch / 32
                         * (size / onu_model.DEFAULT_IMAGE_SIZE[model_name]) ** 2)
         estimate = PRIOR_BUILD_SECONDS[model_name] + step_seconds * (warmup + 1 + steps * settings.repeats)
-        for way in TRAINING_WAYS:
+        for way in ways:
             tasks.append(Task(
                 ('training', model_name, way), f'train {model_name} (batch {batch}, {size}x{size}) fed by {way}',
                 lambda model_name=model_name, way=way, batch=batch, size=size, warmup=warmup, steps=steps:
@@ -639,6 +797,60 @@ def training_tasks(settings, info_of):
                 lambda r: f'{r["sec_per_batch"]:.3f} sec/batch, {r["examples_per_sec"]:.1f} examples/sec',
                 estimate))
     return tasks
+
+
+def augmentation_tasks(settings, data_dir, info_of):
+    """Tasks measuring training preprocessing per mode and variant at each of AUGMENTATION_SIZES.
+
+    Each measurement warms up for one epoch more than --warmup_batches, so that the cached variant
+    is timed at its steady state; the others are timed at the same point.
+    """
+    batch, batches = settings.batch_size, settings.batches
+    warmup = settings.warmup_batches + _epoch_batches(info_of('images'), batch)
+    estimate = 3 + (warmup + batches) * batch / PRIOR_IMAGES_PER_SEC['pipeline']
+    tasks = []
+    for repeat in range(1, settings.repeats + 1):
+        suffix = f' (repeat {repeat}/{settings.repeats})'
+        for size in augmentation_sizes(settings):
+            for way in TF_DATA_WAYS:
+                for variant in AUGMENTATION_VARIANTS:
+                    if variant == 'on_model' and way != 'encoded':
+                        continue
+                    if variant == 'plain_tf_image':
+                        run = lambda way=way, size=size: measure_plain_tf_image(  # noqa: E731
+                            info_of(way), batch, size, warmup, batches)
+                    else:
+                        run = lambda way=way, size=size, variant=variant: measure_pipeline(  # noqa: E731
+                            info_of(way), batch, size, True, warmup, batches,
+                            cache=False if variant == 'decoding' else None,
+                            augment_on='model' if variant == 'on_model' else 'input')
+                    tasks.append(Task(('augment', way, size, variant),
+                                      f'{way} training preprocessing at {size}, {variant}{suffix}',
+                                      run, _cpu_ms_text, estimate))
+            tasks.append(Task(('augment', 'study_serial', size, 'serial'),
+                              f'the study\'s serial loop as written at {size}{suffix}',
+                              lambda size=size: measure_study_serial(data_dir, batch, size, 1, batches),
+                              _cpu_ms_text, 3 + (1 + batches) * batch / PRIOR_IMAGES_PER_SEC['serial_cv2']))
+            tasks.append(Task(('augment', 'serial_cv2', size, 'serial'),
+                              f'SerialCv2Loader (resize first, onu_input augmentation) at {size}{suffix}',
+                              lambda size=size: measure_serial_cv2(data_dir, batch, size, True, 1, batches),
+                              _cpu_ms_text, 3 + (1 + batches) * batch / PRIOR_IMAGES_PER_SEC['serial_cv2']))
+    return tasks
+
+
+def augmentation_sizes(settings):
+    """Returns the image sides training preprocessing is measured at: the pipelines' and the small model's."""
+    return tuple(dict.fromkeys((settings.image_size, onu_model.DEFAULT_IMAGE_SIZE['small'])))
+
+
+def _cpu_ms_text(result):
+    """Returns a pipeline result as '123.4 img/s on 1.9 cores = 15.4 CPU ms/img'."""
+    return f'{_rate_text(result)} = {cpu_ms_per_image(result):.2f} CPU ms/img'
+
+
+def cpu_ms_per_image(result):
+    """Returns the CPU milliseconds one image cost in a pipeline measurement (cores busy / images per second)."""
+    return 1000.0 * result['cores_busy'] / result['images_per_sec']
 
 
 # ----------------------------------------------------------------------------------------------
@@ -685,8 +897,9 @@ def _median(results, field):
     return statistics.median(result[field] for result in results)
 
 
-def assemble_rows(results, models):
+def assemble_rows(results, settings):
     """Returns {row name: {measure: median}} for every way and baseline (see ROW_ORDER)."""
+    models = settings.models
     read = results[('read_files',)]
     source_bytes = read[0]['bytes']
     rows = {'images': {'disk_bytes': source_bytes, 'disk_ratio': 1.0, 'read_seconds': _median(read, 'seconds')},
@@ -694,6 +907,7 @@ def assemble_rows(results, models):
             'keras_layers': {'disk_bytes': source_bytes, 'disk_ratio': 1.0},
             'keras_reader': {'disk_bytes': source_bytes, 'disk_ratio': 1.0},
             'decode_limit': {}, 'synthetic': {}}
+    rows.update({way: {} for way in SMALL_MODEL_TRAINING_WAYS})
     cores = onu_dataset.worker_count()
     for way in RECORD_WAYS:
         converted = results[('convert', way, cores)]
@@ -709,6 +923,10 @@ def assemble_rows(results, models):
                 continue
             rows[way][f'{stage}_images_per_sec'] = _median(measured, 'images_per_sec')
             rows[way][f'{stage}_cores_busy'] = _median(measured, 'cores_busy')
+    for way in TF_DATA_WAYS:  # training: onu_input's default pipeline at its steady state
+        measured = results[('augment', way, settings.image_size, 'cached')]
+        rows[way]['train_images_per_sec'] = _median(measured, 'images_per_sec')
+        rows[way]['train_cores_busy'] = _median(measured, 'cores_busy')
     limit = results[('decode_limit',)]
     rows['decode_limit'] = {'eval_images_per_sec': _median(limit, 'images_per_sec'), 'cores': limit[0]['cores'],
                             'single_core_images_per_sec': _median(limit, 'single_core_images_per_sec'),
@@ -716,13 +934,26 @@ def assemble_rows(results, models):
                             'cv2_single_core_images_per_sec': _median(limit, 'cv2_single_core_images_per_sec')}
     for model_name in models:
         synthetic = results[('training', model_name, 'synthetic')][0]
-        for way in TRAINING_WAYS:
+        for way in TRAINING_WAYS + (SMALL_MODEL_TRAINING_WAYS if model_name == 'small' else ()):
             measured = results[('training', model_name, way)][0]
             entry = {key: measured[key] for key in ('sec_per_batch', 'examples_per_sec', 'batch_size', 'image_size')}
             if way != 'synthetic':
                 entry['input_bound_fraction'] = max(0.0, 1.0 - synthetic['sec_per_batch'] / measured['sec_per_batch'])
             rows[way].setdefault('training', {})[model_name] = entry
-    return {name: rows[name] for name in ROW_ORDER}
+    return {name: rows[name] for name in ROW_ORDER + SMALL_MODEL_TRAINING_WAYS}
+
+
+def assemble_augmentation(results, settings):
+    """Returns {'way size variant': {images_per_sec, cores_busy, cpu_ms_per_image}} of training preprocessing."""
+    table = {}
+    for key, measured in results.items():
+        if key[0] != 'augment':
+            continue
+        images_per_sec, cores_busy = _median(measured, 'images_per_sec'), _median(measured, 'cores_busy')
+        table[' '.join(str(part) for part in key[1:])] = {
+            'images_per_sec': images_per_sec, 'cores_busy': cores_busy,
+            'cpu_ms_per_image': cpu_ms_per_image({'images_per_sec': images_per_sec, 'cores_busy': cores_busy})}
+    return table
 
 
 def _target(issue, text, measured, threshold, at_most=False):
@@ -732,8 +963,9 @@ def _target(issue, text, measured, threshold, at_most=False):
             'comparison': '<=' if at_most else '>=', 'passed': bool(passed)}
 
 
-def evaluate_targets(rows, models, cores):
-    """Returns the verdicts on the speed and size targets of issues 2, 3 and 7."""
+def evaluate_targets(rows, augmentation, settings, cores):
+    """Returns the verdicts on the speed and size targets of issues 2, 3, 7 and 12."""
+    models = settings.models
     raw, encoded, images = rows['raw'], rows['encoded'], rows['images']
     targets = [
         _target(2, 'encoded records / source photo bytes', encoded['disk_ratio'], 1.002, at_most=True),
@@ -754,6 +986,22 @@ def evaluate_targets(rows, models, cores):
         targets.append(_target(3, f'{way} training augmentation / Keras image_dataset_from_directory + the same '
                                   'augmentations as Keras layers',
                                train_rate / rows['keras_layers']['train_images_per_sec'], 1.2))
+    for size in augmentation_sizes(settings):
+        for way in TF_DATA_WAYS:
+            cached, plain = augmentation[f'{way} {size} cached'], augmentation[f'{way} {size} plain_tf_image']
+            targets.append(_target(12, f'{way} training preprocessing at {size}: CPU ms/img, onu_input / plain '
+                                       'tf.image pipeline (the previous onu_input algorithm)',
+                                   cached['cpu_ms_per_image'] / plain['cpu_ms_per_image'], 0.5, at_most=True))
+            targets.append(_target(12, f'{way} training preprocessing at {size}: img/s, onu_input / plain tf.image '
+                                       'pipeline', cached['images_per_sec'] / plain['images_per_sec'], 1.2))
+    study = augmentation[f'study_serial {settings.image_size} serial']
+    targets.append(_target(12, f'images training preprocessing at {settings.image_size}: img/s, onu_input / the '
+                               'study\'s serial loop as written',
+                           augmentation[f'images {settings.image_size} cached']['images_per_sec']
+                           / study['images_per_sec'], 2.5))
+    if 'small' in models:
+        targets.append(_target(12, 'main job (small model, encoded) input-bound fraction',
+                               rows['encoded']['training']['small']['input_bound_fraction'], 0.25, at_most=True))
     if 'inception_resnet_v2' in models:
         speeds = [rows[way]['training']['inception_resnet_v2']['examples_per_sec'] for way in TF_DATA_WAYS]
         targets.append(_target(7, 'Inception-ResNet-v2: fastest / slowest of images, raw, encoded',
@@ -831,7 +1079,8 @@ def markdown_report(report):
                        f'{rows[way]["training"][model_name].get("input_bound_fraction", 0):.0%}'
                        if way != 'synthetic' else '-',
                        _megabytes(rows[way]['disk_bytes']) if 'disk_bytes' in rows[way] else '-']
-                      for way in ('encoded', 'raw', 'images', 'serial_cv2', 'synthetic')]), '']
+                      for way in ('encoded', 'raw', 'images', 'serial_cv2', 'synthetic')
+                      + (SMALL_MODEL_TRAINING_WAYS if model_name == 'small' else ())]), '']
     lines += ['### Storage and conversion', '',
               _table(['way', 'data on disk', 'x source', 'seconds to make', ''], [
                   [ROW_TITLES['images'], _megabytes(rows['images']['disk_bytes']), '1.000',
@@ -852,12 +1101,37 @@ def markdown_report(report):
               f'One core decodes+resizes {rows["decode_limit"]["single_core_images_per_sec"]:.1f} img/s with '
               f'TensorFlow (the pipelines\' decoder; {rows["decode_limit"]["single_core_cores_busy"]:.2f} cores busy '
               f'while measured) and {rows["decode_limit"]["cv2_single_core_images_per_sec"]:.1f} img/s with cv2.', '',
+              '### Training preprocessing: CPU ms per image (images/sec in brackets)', '',
+              augmentation_table(report), '',
               '### Targets', '',
               _table(['issue', 'target', 'measured', 'verdict'], [
                   [target['issue'], f'{target["target"]} {target["comparison"]} {target["threshold"]:g}',
                    f'{target["measured"]:.3f}', 'PASS' if target['passed'] else 'FAIL']
                   for target in report['targets']])]
     return '\n'.join(lines) + '\n'
+
+
+def augmentation_table(report):
+    """Returns the Markdown table of training preprocessing: a row per mode and variant, a column per size."""
+    augmentation, sizes = report['augmentation'], augmentation_sizes(Settings(**dict(
+        report['settings'], models=tuple(report['settings']['models']))))
+    titles = {'cached': 'onu_input (default: decoded epoch cached, steady state)',
+              'decoding': 'onu_input, no cache (reads and decodes every image)',
+              'on_model': 'onu_input, augmentation on the model (--augment_on=model, here the CPU)',
+              'plain_tf_image': 'plain tf.image pipeline (the previous onu_input algorithm)',
+              'serial': ''}
+    table_rows = []
+    for key in dict.fromkeys(' '.join(name.split()[::2]) for name in augmentation):
+        way, variant = key.split()
+        title = {'study_serial': 'the study\'s serial loop as written (augments the full photo)',
+                 'serial_cv2': 'SerialCv2Loader (resizes first, onu_input augmentation)'}.get(way, way)
+        cells = []
+        for size in sizes:
+            result = augmentation.get(f'{way} {size} {variant}')
+            cells.append('-' if result is None else
+                         f'{result["cpu_ms_per_image"]:.2f} ({result["images_per_sec"]:.0f})')
+        table_rows.append([f'{title}, {titles[variant]}'.rstrip(', ')] + cells)
+    return _table(['way'] + [f'{size}x{size}' for size in sizes], table_rows)
 
 
 def plot_report(report, path):
@@ -985,8 +1259,10 @@ def benchmark(settings, work_dir):
             FreshPython(os.path.join(work_dir, 'one-core.log'), cpu=max(os.sched_getaffinity(0))) as one_core:
         results = run_tasks(conversion_tasks(data_dir, work_dir, paths, settings.repeats, converter)
                             + pipeline_tasks(settings, data_dir, info_of, one_core)
+                            + augmentation_tasks(settings, data_dir, info_of)
                             + training_tasks(settings, info_of))
-    rows = assemble_rows(results, settings.models)
+    rows = assemble_rows(results, settings)
+    augmentation = assemble_augmentation(results, settings)
     return {
         'timestamp': datetime.datetime.now().strftime('%Y%m%d-%H%M%S'),
         'command': ' '.join(['python onu_benchmark.py'] + [shlex.quote(arg) for arg in sys.argv[1:]]),
@@ -996,7 +1272,8 @@ def benchmark(settings, work_dir):
         'load_average_before': load_before, 'load_average_after': _load_average(),
         'other_processes': other_processes_summary(results),
         'seconds': time.time() - started,
-        'rows': rows, 'targets': evaluate_targets(rows, settings.models, onu_dataset.worker_count()),
+        'rows': rows, 'augmentation': augmentation,
+        'targets': evaluate_targets(rows, augmentation, settings, onu_dataset.worker_count()),
         'measurements': {' '.join(str(part) for part in key): value for key, value in results.items()},
     }
 

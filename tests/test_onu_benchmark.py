@@ -42,12 +42,12 @@ def test_quick_run_measures_every_row(make_tiny_dataset, tmp_path):
     report = json.loads((output_dir / outputs[0]).read_text())
     rows = report['rows']
     assert set(rows) == {'images', 'raw', 'encoded', 'serial_cv2', 'keras_layers', 'keras_reader', 'decode_limit',
-                         'synthetic'}
+                         'synthetic', 'encoded_decoding', 'encoded_on_model', 'plain_tf_image', 'study_serial'}
     for name in PIPELINE_ROWS:
         assert rows[name]['eval_images_per_sec'] > 0 and rows[name]['train_images_per_sec'] > 0, name
     # Without augmentation the two Keras ways are one pipeline, measured once.
     assert rows['keras_layers']['train_images_per_sec'] > 0 and 'eval_images_per_sec' not in rows['keras_layers']
-    for name in TRAINING_ROWS:
+    for name in TRAINING_ROWS + onu_benchmark.SMALL_MODEL_TRAINING_WAYS:
         entry = rows[name]['training']['small']
         assert entry['sec_per_batch'] > 0 and entry['examples_per_sec'] > 0, name
         assert entry['batch_size'] == 4 and entry['image_size'] == 32
@@ -67,11 +67,26 @@ def test_quick_run_measures_every_row(make_tiny_dataset, tmp_path):
         if not path.endswith('input_bound_fraction'):
             assert number > 0, path
 
+    # Training preprocessing at 32 (the pipelines' size) and 64 (the small model's): per size 3 ways x
+    # (cached, decoding, plain tf.image) + on the model + the study's loop + SerialCv2Loader.
+    augmentation = report['augmentation']
+    assert len(augmentation) == 2 * 12
+    for size in (32, 64):
+        for way in ('images', 'raw', 'encoded'):
+            for variant in ('cached', 'decoding', 'plain_tf_image'):
+                assert augmentation[f'{way} {size} {variant}']['cpu_ms_per_image'] > 0
+        for name in ('encoded', 'study_serial', 'serial_cv2'):
+            variant = {'encoded': 'on_model'}.get(name, 'serial')
+            result = augmentation[f'{name} {size} {variant}']
+            assert result['cpu_ms_per_image'] == pytest.approx(1000 * result['cores_busy'] / result['images_per_sec'])
+    assert '### Training preprocessing: CPU ms per image' in (output_dir / outputs[1]).read_text()
+
     assert report['settings']['models'] == ['small'] and report['data']['photos'] == 20
-    # 4 storage + 12 pipeline (decode limit, 5 ways eval, 6 train) + 5 training measurements, one repeat each
-    assert report['other_processes']['measurements'] == 21 == len(report['measurements'])
+    # 4 storage + 9 pipeline (decode limit, 5 ways eval, 3 train) + 24 training preprocessing
+    # + 9 training measurements, one repeat each
+    assert report['other_processes']['measurements'] == 46 == len(report['measurements'])
     assert report['hardware']['usable_cores'] >= 1 and report['hardware']['cpu_model']
-    assert {target['issue'] for target in report['targets']} == {2, 3}  # issue 7's targets need Inception-ResNet-v2
+    assert {target['issue'] for target in report['targets']} == {2, 3, 12}  # issue 7's need Inception-ResNet-v2
     assert all(isinstance(target['passed'], bool) for target in report['targets'])
     markdown = (output_dir / outputs[1]).read_text()
     assert 'serial cv2 loop + feed_dict' in markdown and '| issue | target | measured | verdict |' in markdown
@@ -129,7 +144,9 @@ def test_keras_baseline_rotates_up_to_the_same_angle(keras_layers):
     image = np.ones((64, 64, 3), np.float32)
     _, rotated = _augmented_copies(keras_layers['rotation'], image)
     uncovered = (rotated < 0.75).all(axis=-1).mean(axis=(1, 2))
-    at_max_angle = onu_input.rotate_image(tf.constant(image), math.radians(onu_input.MAX_ROTATION_DEGREES))
-    at_max = (at_max_angle.numpy() < 0.75).all(axis=-1).mean()
+    rotation_only = onu_input.AugmentOptions(saturation=False, brightness=False, contrast=False, hue=False)
+    at_max_angle = onu_input.augment_batch(tf.constant(np.full((1, 64, 64, 3), 255, np.uint8)),
+                                           tf.ones([1, onu_input.NUM_DRAWS]), rotation_only)
+    at_max = ((at_max_angle.numpy()[0] + 1.0) / 2.0 < 0.75).all(axis=-1).mean()
     assert 0.8 * at_max < uncovered.max() <= 1.1 * at_max, (uncovered.max(), at_max)
     assert uncovered.min() < 0.1 * at_max and np.mean(uncovered < 0.5 * at_max) > 0.3

@@ -18,6 +18,7 @@ from test_onu_train import checkpoint_step, event_tags
 
 import make_sample_data
 import onu_flags
+import onu_input
 import onu_model
 import onu_multi_gpu_train
 
@@ -107,6 +108,18 @@ def test_tower_devices_use_the_gpus_or_else_the_cpu():
     assert tf.DeviceSpec.from_string(product.device).device_index == 1
 
 
+def test_augmentation_on_the_model_builds_on_each_tower_device():
+    """--augment_on=model: the uint8 slice of a tower is augmented on that tower's GPU."""
+    with tf.Graph().as_default():
+        images = tf.zeros([4, 8, 8, 3], tf.uint8)
+        draws = tf.zeros([4, onu_input.NUM_DRAWS])
+        with tf.compat.v1.device(onu_multi_gpu_train.tower_device_function('/gpu:1')):
+            augmented = onu_input.augment_batch(images, draws)
+    assert augmented.dtype == tf.float32 and augmented.shape == (4, 8, 8, 3)
+    assert device_type(augmented.device) == 'GPU'
+    assert tf.DeviceSpec.from_string(augmented.device).device_index == 1
+
+
 @pytest.fixture(scope='module')
 def multi_gpu_run(tmp_path_factory):
     """A 6-step --num_gpus=2 run on 16 tiny photos: (data_dir, train_dir, completed process)."""
@@ -117,7 +130,8 @@ def multi_gpu_run(tmp_path_factory):
     # 2 towers x 2 = 4 examples a step, 16 a epoch: the learning rate halves every 4 steps.
     result = run_script('onu_multi_gpu_train.py', *TINY_FLAGS, '--num_gpus=2', f'--data_dir={data_dir}',
                         f'--train_dir={train_dir}', '--max_steps=6', '--model=small', '--learning_rate=0.01',
-                        '--num_epochs_per_decay=1', '--learning_rate_decay_factor=0.5', '--seed=1')
+                        '--num_epochs_per_decay=1', '--learning_rate_decay_factor=0.5', '--seed=1',
+                        '--augment_on=model')  # each tower augments its slice (onu_train.py tests the pipeline's)
     return data_dir, train_dir, result
 
 
@@ -138,6 +152,7 @@ def test_two_towers_on_the_cpu_train_once_per_step_with_the_effective_batch(mult
     rates = next(values for tag, values in tags.items() if tag.startswith('learning_rate'))
     assert set(np.round(rates, 6)) == {0.01, 0.005}  # decayed after 16 examples, i.e. 4 steps
     assert 'tower_0/losses/total' in tags and not any(tag.startswith('tower_1/') for tag in tags)
+    assert any(tag.startswith('tower_0/augmented_inputs') for tag in tags), sorted(tags)
     assert 'losses_averaged/total_loss' in tags and 'examples/sec' in tags
     config = onu_flags.load_run_config(train_dir)
     assert config['model'] == 'small' and config['flags']['num_gpus'] == 2
