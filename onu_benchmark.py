@@ -58,9 +58,10 @@ TF_DATA_WAYS = ('images',) + RECORD_WAYS
 TRAINING_WAYS = TF_DATA_WAYS + ('serial_cv2', 'synthetic')
 # Issue 12's comparison, measured with the small model only (Inception-ResNet-v2 is not input-bound here).
 SMALL_MODEL_TRAINING_WAYS = ('encoded_decoding', 'encoded_on_model', 'plain_tf_image', 'study_serial')
-# variant -> what feeds: onu_input's default (decoded epoch cached), onu_input decoding every image,
-# onu_input with augmentation placed on the model, and the plain tf.image pipeline.
-AUGMENTATION_VARIANTS = ('cached', 'decoding', 'on_model', 'plain_tf_image')
+# variant -> what feeds: onu_input's default (decoded epoch cached), onu_input decoding every image
+# exactly or at a reduced DCT scale, onu_input with augmentation placed on the model, and the plain
+# tf.image pipeline.
+AUGMENTATION_VARIANTS = ('cached', 'decoding', 'reduced_decode', 'on_model', 'plain_tf_image')
 KERAS_WAYS = ('keras_layers', 'keras_reader')
 KERAS_AUGMENTATION = {'keras_layers': ' by Keras layers', 'keras_reader': ' by onu_input'}
 PIPELINE_WAYS = ('encoded', 'raw', 'images', 'serial_cv2') + KERAS_WAYS  # in table and plot order
@@ -276,18 +277,19 @@ def _session(config=None):
     return tf.compat.v1.Session(config=config or onu_flags.session_config())
 
 
-def measure_pipeline(info, batch_size, image_size, augment, warmup, batches, cache=None, augment_on='input'):
+def measure_pipeline(info, batch_size, image_size, augment, warmup, batches, cache=None, augment_on='input',
+                     reduced_decode=False):
     """Images/sec of onu_input's pipeline over info: training (augment) or eval preprocessing.
 
     augment=False measures the eval pipeline (exact decode, resize, scale), restarted at each epoch
-    end. Training pipelines are shuffled and repeated; cache: make_dataset's; augment_on='model'
-    runs augment_batch in the graph after the pipeline, as training does with --augment_on=model.
+    end. Training pipelines are shuffled and repeated; cache and reduced_decode: make_dataset's;
+    augment_on='model' runs augment_batch in the graph after the pipeline, as --augment_on=model does.
     """
     with tf.Graph().as_default():
         with tf.device(onu_input.PIPELINE_DEVICE):
             if augment:
                 dataset = onu_input.make_dataset(info, batch_size, image_size, training=True, cache=cache,
-                                                 augment_on=augment_on)
+                                                 augment_on=augment_on, reduced_decode=reduced_decode)
             else:
                 dataset = onu_input.make_dataset(info, batch_size, image_size, training=False).repeat()
             batch = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
@@ -822,8 +824,9 @@ def augmentation_tasks(settings, data_dir, info_of):
                     else:
                         run = lambda way=way, size=size, variant=variant: measure_pipeline(  # noqa: E731
                             info_of(way), batch, size, True, warmup, batches,
-                            cache=False if variant == 'decoding' else None,
-                            augment_on='model' if variant == 'on_model' else 'input')
+                            cache=False if variant in ('decoding', 'reduced_decode') else None,
+                            augment_on='model' if variant == 'on_model' else 'input',
+                            reduced_decode=variant == 'reduced_decode')
                     tasks.append(Task(('augment', way, size, variant),
                                       f'{way} training preprocessing at {size}, {variant}{suffix}',
                                       run, _cpu_ms_text, estimate))
@@ -1117,6 +1120,7 @@ def augmentation_table(report):
         report['settings'], models=tuple(report['settings']['models']))))
     titles = {'cached': 'onu_input (default: decoded epoch cached, steady state)',
               'decoding': 'onu_input, no cache (reads and decodes every image)',
+              'reduced_decode': 'onu_input, no cache, JPEGs decoded at a reduced DCT scale (--reduced_decode)',
               'on_model': 'onu_input, augmentation on the model (--augment_on=model, here the CPU)',
               'plain_tf_image': 'plain tf.image pipeline (the previous onu_input algorithm)',
               'serial': ''}

@@ -599,17 +599,18 @@ def fits_in_cache(info, image_size):
     return info.num_examples * image_size * image_size * 3 <= DECODED_CACHE_BYTES
 
 
-def _training_examples(info, image_size, seed, deterministic, cache):
+def _training_examples(info, image_size, seed, deterministic, cache, reduced_decode):
     """Returns an endless shuffled dataset of (uint8 [size, size, 3] image, label) for training.
 
-    Decoding is the fast, reduced-scale one; cache: decode one epoch, keep it in memory and
-    reshuffle it every epoch, instead of reading and decoding every epoch.
+    cache: decode one epoch, keep it in memory and reshuffle it every epoch, instead of reading and
+    decoding every epoch. reduced_decode: decode JPEGs at a reduced DCT scale (decode_image_bytes).
     """
     repeat = not cache
+    at_least = image_size if reduced_decode else None
     if info.data_format == 'images':
-        examples = _decoded_files(info, True, seed, at_least=image_size, repeat=repeat)
+        examples = _decoded_files(info, True, seed, at_least=at_least, repeat=repeat)
     else:
-        examples = _decoded_records(info, True, seed, deterministic, at_least=image_size, repeat=repeat)
+        examples = _decoded_records(info, True, seed, deterministic, at_least=at_least, repeat=repeat)
     examples = examples.map(lambda image, label: (resize_for_training(image, image_size), label),
                             num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
     if cache:
@@ -619,13 +620,14 @@ def _training_examples(info, image_size, seed, deterministic, cache):
 
 
 def make_dataset(info, batch_size, image_size, training, augment=True, seed=None,
-                 augment_on='input', cache=None):
+                 augment_on='input', cache=None, reduced_decode=False):
     """Returns a tf.data.Dataset of batches for the split described by info.
 
     training: shuffle, repeat forever, drop the final partial batch, and give each image its
     augmentation draws. With augment_on='input' the batches are augmented here: (images, labels);
     with 'model' they are (uint8 images, labels, draws) for augment_batch on the model's device.
-    cache: keep the decoded epoch in memory (None: when fits_in_cache).
+    cache: keep the decoded epoch in memory (None: when fits_in_cache). reduced_decode: decode JPEGs
+    at a reduced DCT scale: cheaper, but the pixels differ from eval's (see README).
     Otherwise read each example once in order, eval preprocessing, keep the partial batch.
     seed: makes the order and the augmentations reproducible.
     """
@@ -642,7 +644,7 @@ def make_dataset(info, batch_size, image_size, training, augment=True, seed=None
                                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
         return examples.batch(batch_size).prefetch(tf.data.AUTOTUNE)
     cache = fits_in_cache(info, image_size) if cache is None else cache
-    batches = _training_examples(info, image_size, seed, deterministic, cache).batch(
+    batches = _training_examples(info, image_size, seed, deterministic, cache, reduced_decode).batch(
         batch_size, drop_remainder=True)
     options = AugmentOptions.of(augment)
 
@@ -664,33 +666,36 @@ def _next_batch(dataset):
 
 
 def distorted_inputs(data_dir, data_format, batch_size, image_size, augment=True, seed=None,
-                     summaries=True, augment_on='input', cache=None):
+                     summaries=True, augment_on='input', cache=None, reduced_decode=False):
     """Returns training (images, labels): shuffled, repeated, augmented, static batch dimension.
 
     augment: True, False or AugmentOptions. summaries: add an image summary of a few inputs.
     augment_on='model': the pipeline stops at resized uint8 images, which are augmented here in the
-    caller's device scope (the model's) by the same augment_batch. cache: make_dataset's.
+    caller's device scope (the model's) by the same augment_batch. cache, reduced_decode:
+    make_dataset's.
     """
     if augment_on == 'model':
         images, labels, draws = undistorted_inputs(data_dir, data_format, batch_size, image_size,
-                                                   seed=seed, cache=cache)
+                                                   seed=seed, cache=cache, reduced_decode=reduced_decode)
         images = augment_batch(images, draws, augment)
     else:
         info = dataset_info(data_dir, data_format, 'train')
         with tf.device(PIPELINE_DEVICE):
-            images, labels = _next_batch(make_dataset(info, batch_size, image_size, training=True,
-                                                      augment=augment, seed=seed, cache=cache))
+            images, labels = _next_batch(make_dataset(
+                info, batch_size, image_size, training=True, augment=augment, seed=seed, cache=cache,
+                reduced_decode=reduced_decode))
     if summaries:
         add_input_summary(images)
     return images, labels
 
 
-def undistorted_inputs(data_dir, data_format, batch_size, image_size, seed=None, cache=None):
+def undistorted_inputs(data_dir, data_format, batch_size, image_size, seed=None, cache=None,
+                       reduced_decode=False):
     """Returns training (uint8 images, labels, draws): resized, not augmented, for augment_batch."""
     info = dataset_info(data_dir, data_format, 'train')
     with tf.device(PIPELINE_DEVICE):
         return _next_batch(make_dataset(info, batch_size, image_size, training=True, seed=seed,
-                                        augment_on='model', cache=cache))
+                                        augment_on='model', cache=cache, reduced_decode=reduced_decode))
 
 
 def inputs(eval_data, data_dir, data_format, batch_size, image_size):

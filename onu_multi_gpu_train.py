@@ -139,11 +139,12 @@ def build_multi_gpu_graph(config, examples_per_step, replicas=None):
         batch_size = FLAGS.batch_size * len(devices)
         if FLAGS.augment_on == 'model':  # each tower augments its own slice on its own device
             batch = onu_input.undistorted_inputs(FLAGS.data_dir, FLAGS.data_format, batch_size,
-                                                 config['image_size'], seed=FLAGS.seed)
+                                                 config['image_size'], seed=FLAGS.seed,
+                                                 reduced_decode=FLAGS.reduced_decode)
         else:
             batch = onu_input.distorted_inputs(
                 FLAGS.data_dir, FLAGS.data_format, batch_size, config['image_size'],
-                augment=onu_train.augment_options(), seed=FLAGS.seed)
+                augment=onu_train.augment_options(), seed=FLAGS.seed, reduced_decode=FLAGS.reduced_decode)
         labels = batch[1]
         optimizer = onu_train.make_optimizer(config, global_step, examples_per_step)
         tower_outputs = []

@@ -68,12 +68,12 @@ def test_quick_run_measures_every_row(make_tiny_dataset, tmp_path):
             assert number > 0, path
 
     # Training preprocessing at 32 (the pipelines' size) and 64 (the small model's): per size 3 ways x
-    # (cached, decoding, plain tf.image) + on the model + the study's loop + SerialCv2Loader.
+    # (cached, decoding, reduced decode, plain tf.image) + on the model + the study's loop + SerialCv2Loader.
     augmentation = report['augmentation']
-    assert len(augmentation) == 2 * 12
+    assert len(augmentation) == 2 * 15
     for size in (32, 64):
         for way in ('images', 'raw', 'encoded'):
-            for variant in ('cached', 'decoding', 'plain_tf_image'):
+            for variant in ('cached', 'decoding', 'reduced_decode', 'plain_tf_image'):
                 assert augmentation[f'{way} {size} {variant}']['cpu_ms_per_image'] > 0
         for name in ('encoded', 'study_serial', 'serial_cv2'):
             variant = {'encoded': 'on_model'}.get(name, 'serial')
@@ -82,9 +82,9 @@ def test_quick_run_measures_every_row(make_tiny_dataset, tmp_path):
     assert '### Training preprocessing: CPU ms per image' in (output_dir / outputs[1]).read_text()
 
     assert report['settings']['models'] == ['small'] and report['data']['photos'] == 20
-    # 4 storage + 9 pipeline (decode limit, 5 ways eval, 3 train) + 24 training preprocessing
+    # 4 storage + 9 pipeline (decode limit, 5 ways eval, 3 train) + 30 training preprocessing
     # + 9 training measurements, one repeat each
-    assert report['other_processes']['measurements'] == 46 == len(report['measurements'])
+    assert report['other_processes']['measurements'] == 52 == len(report['measurements'])
     assert report['hardware']['usable_cores'] >= 1 and report['hardware']['cpu_model']
     assert {target['issue'] for target in report['targets']} == {2, 3, 12}  # issue 7's need Inception-ResNet-v2
     assert all(isinstance(target['passed'], bool) for target in report['targets'])
