@@ -56,6 +56,10 @@ PIPELINE_IMAGE_SIZE = 299  # the study's input size; pipelines use it unless --i
 RECORD_WAYS = ('raw', 'encoded')
 TF_DATA_WAYS = ('images',) + RECORD_WAYS
 TRAINING_WAYS = TF_DATA_WAYS + ('serial_cv2', 'synthetic')
+# Issue 13's: each model fed a synthetic batch (the model alone) and the encoded pipeline (end to end),
+# in mixed precision and with XLA, next to the float32 rows of TRAINING_WAYS.
+PRECISION_WAYS = ('synthetic', 'encoded')
+PRECISION_VARIANTS = ('mixed', 'xla')
 # Issue 12's comparison, measured with the small model only (Inception-ResNet-v2 is not input-bound here).
 SMALL_MODEL_TRAINING_WAYS = ('encoded_decoding', 'encoded_on_model', 'plain_tf_image', 'study_serial')
 # variant -> what feeds: onu_input's default (decoded epoch cached), onu_input decoding every image
@@ -581,10 +585,12 @@ def _epoch_batches(info, batch_size):
     return math.ceil(info.num_examples / batch_size)
 
 
-def measure_training(model_name, way, info_of, batch_size, image_size, warmup, steps, repeats):
+def measure_training(model_name, way, info_of, batch_size, image_size, warmup, steps, repeats,
+                     compute_dtype='float32', xla=False):
     """Sec/batch of training model_name fed by way: the median over repeats of steps steps each.
 
     The graph is onu_train's (inference, loss, train op with EMA) without its summaries.
+    compute_dtype and xla: the session's graph rewrites (onu_model.set_precision_options).
     """
     info = info_of('images')
     with tf.Graph().as_default():
@@ -593,8 +599,9 @@ def measure_training(model_name, way, info_of, batch_size, image_size, warmup, s
         logits, end_points = onu_model.inference(images, info.num_classes, model_name, is_training=True)
         total_loss = onu_model.loss(logits, labels, end_points)
         train_op = onu_model.train(total_loss, global_step, info.num_examples, batch_size,
-                                   learning_rate=onu_model.DEFAULT_LEARNING_RATE[model_name])
-        with _session() as sess:
+                                   learning_rate=onu_model.DEFAULT_LEARNING_RATE[model_name],
+                                   compute_dtype=compute_dtype)
+        with _session(onu_model.set_precision_options(onu_flags.session_config(), compute_dtype, xla)) as sess:
             sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
             step = [train_op, total_loss]  # one fetch list throughout: a new one sets up a new executor
             for _ in range(warmup):
@@ -791,14 +798,30 @@ def training_tasks(settings, info_of):
         step_seconds = (PRIOR_SEC_PER_STEP_32[model_name] * batch / 32
                         * (size / onu_model.DEFAULT_IMAGE_SIZE[model_name]) ** 2)
         estimate = PRIOR_BUILD_SECONDS[model_name] + step_seconds * (warmup + 1 + steps * settings.repeats)
-        for way in ways:
+        variants = [(way, None) for way in ways] + [
+            (way, variant) for variant in PRECISION_VARIANTS for way in PRECISION_WAYS]
+        for way, variant in variants:
+            key = ('training', model_name, way) + ((variant,) if variant else ())
             tasks.append(Task(
-                ('training', model_name, way), f'train {model_name} (batch {batch}, {size}x{size}) fed by {way}',
-                lambda model_name=model_name, way=way, batch=batch, size=size, warmup=warmup, steps=steps:
-                    measure_training(model_name, way, info_of, batch, size, warmup, steps, settings.repeats),
+                key, f'train {model_name} (batch {batch}, {size}x{size}) fed by {way}'
+                     + (f', {variant}' if variant else ''),
+                lambda model_name=model_name, way=way, batch=batch, size=size, warmup=warmup, steps=steps,
+                variant=variant: measure_training(
+                    model_name, way, info_of, batch, size, warmup, steps, settings.repeats,
+                    compute_dtype=mixed_compute_dtype() if variant == 'mixed' else 'float32',
+                    xla=variant == 'xla'),
                 lambda r: f'{r["sec_per_batch"]:.3f} sec/batch, {r["examples_per_sec"]:.1f} examples/sec',
                 estimate))
     return tasks
+
+
+def mixed_compute_dtype():
+    """Returns what --precision=mixed computes in on this machine's fastest device, fast path or not.
+
+    The benchmark turns the rewrite on even where the hardware lacks the fast path (where training
+    would warn and stay float32), so that it measures what the rewrite costs there.
+    """
+    return 'float16' if tf.config.list_physical_devices('GPU') else 'bfloat16'
 
 
 def augmentation_tasks(settings, data_dir, info_of):
@@ -946,6 +969,20 @@ def assemble_rows(results, settings):
     return {name: rows[name] for name in ROW_ORDER + SMALL_MODEL_TRAINING_WAYS}
 
 
+def assemble_precision(results, settings):
+    """Returns {model: {'way variant': training result}} for float32, mixed and XLA rows of PRECISION_WAYS."""
+    table = {}
+    for model_name in settings.models:
+        entries = table[model_name] = {}
+        for way in PRECISION_WAYS:
+            for variant in ('float32',) + PRECISION_VARIANTS:
+                key = ('training', model_name, way) + ((variant,) if variant != 'float32' else ())
+                measured = results[key][0]
+                entries[f'{way} {variant}'] = {name: measured[name] for name in (
+                    'sec_per_batch', 'examples_per_sec', 'final_loss', 'batch_size', 'image_size')}
+    return table
+
+
 def assemble_augmentation(results, settings):
     """Returns {'way size variant': {images_per_sec, cores_busy, cpu_ms_per_image}} of training preprocessing."""
     table = {}
@@ -966,8 +1003,8 @@ def _target(issue, text, measured, threshold, at_most=False):
             'comparison': '<=' if at_most else '>=', 'passed': bool(passed)}
 
 
-def evaluate_targets(rows, augmentation, settings, cores):
-    """Returns the verdicts on the speed and size targets of issues 2, 3, 7 and 12."""
+def evaluate_targets(rows, augmentation, precision, settings, cores):
+    """Returns the verdicts on the speed and size targets of issues 2, 3, 7, 12 and 13."""
     models = settings.models
     raw, encoded, images = rows['raw'], rows['encoded'], rows['images']
     targets = [
@@ -1005,6 +1042,20 @@ def evaluate_targets(rows, augmentation, settings, cores):
     if 'small' in models:
         targets.append(_target(12, 'main job (small model, encoded) input-bound fraction',
                                rows['encoded']['training']['small']['input_bound_fraction'], 0.25, at_most=True))
+    fast_path = bool(onu_model.detect_hardware().cpu_bfloat16_flags)
+    for model_name, threshold in (('small', 1.8), ('inception_resnet_v2', 1.25)):
+        if model_name in models and fast_path:
+            entries = precision[model_name]
+            targets.append(_target(13, f'{model_name}, model only (synthetic batch): mixed / float32 examples/sec',
+                                   entries['synthetic mixed']['examples_per_sec']
+                                   / entries['synthetic float32']['examples_per_sec'], threshold))
+    if 'small' in models:
+        main_job = (precision['small']['encoded mixed'] if fast_path else
+                    rows['encoded']['training']['small'])['examples_per_sec']
+        targets.append(_target(
+            13, f'main job ({"mixed" if fast_path else "float32"}, encoded) / plain-TF float32 version '
+                '(plain tf.image pipeline + small CNN) examples/sec',
+            main_job / rows['plain_tf_image']['training']['small']['examples_per_sec'], 2.0 if fast_path else 1.5))
     if 'inception_resnet_v2' in models:
         speeds = [rows[way]['training']['inception_resnet_v2']['examples_per_sec'] for way in TF_DATA_WAYS]
         targets.append(_target(7, 'Inception-ResNet-v2: fastest / slowest of images, raw, encoded',
@@ -1104,6 +1155,8 @@ def markdown_report(report):
               f'One core decodes+resizes {rows["decode_limit"]["single_core_images_per_sec"]:.1f} img/s with '
               f'TensorFlow (the pipelines\' decoder; {rows["decode_limit"]["single_core_cores_busy"]:.2f} cores busy '
               f'while measured) and {rows["decode_limit"]["cv2_single_core_images_per_sec"]:.1f} img/s with cv2.', '',
+              '### Precision and XLA: examples/sec (loss after the timed steps in brackets)', '',
+              precision_table(report), '',
               '### Training preprocessing: CPU ms per image (images/sec in brackets)', '',
               augmentation_table(report), '',
               '### Targets', '',
@@ -1112,6 +1165,22 @@ def markdown_report(report):
                    f'{target["measured"]:.3f}', 'PASS' if target['passed'] else 'FAIL']
                   for target in report['targets']])]
     return '\n'.join(lines) + '\n'
+
+
+def precision_table(report):
+    """Returns the Markdown table of float32, mixed and XLA training, model only and end to end."""
+    table_rows = []
+    for model_name, entries in report['precision'].items():
+        for way in PRECISION_WAYS:
+            base = entries[f'{way} float32']
+            cells = [f'{entries[f"{way} {variant}"]["examples_per_sec"]:.1f} '
+                     f'({entries[f"{way} {variant}"]["final_loss"]:.3f})' for variant in ('float32',) + PRECISION_VARIANTS]
+            speedups = [f'{entries[f"{way} {variant}"]["examples_per_sec"] / base["examples_per_sec"]:.2f}x'
+                        for variant in PRECISION_VARIANTS]
+            table_rows.append([f'{model_name}, batch {base["batch_size"]}, {base["image_size"]}px',
+                               'model only (synthetic batch)' if way == 'synthetic' else 'end to end (encoded)']
+                              + cells + speedups)
+    return _table(['model', 'fed by', 'float32', 'mixed', 'XLA', 'mixed / float32', 'XLA / float32'], table_rows)
 
 
 def augmentation_table(report):
@@ -1267,6 +1336,7 @@ def benchmark(settings, work_dir):
                             + training_tasks(settings, info_of))
     rows = assemble_rows(results, settings)
     augmentation = assemble_augmentation(results, settings)
+    precision = assemble_precision(results, settings)
     return {
         'timestamp': datetime.datetime.now().strftime('%Y%m%d-%H%M%S'),
         'command': ' '.join(['python onu_benchmark.py'] + [shlex.quote(arg) for arg in sys.argv[1:]]),
@@ -1276,8 +1346,8 @@ def benchmark(settings, work_dir):
         'load_average_before': load_before, 'load_average_after': _load_average(),
         'other_processes': other_processes_summary(results),
         'seconds': time.time() - started,
-        'rows': rows, 'augmentation': augmentation,
-        'targets': evaluate_targets(rows, augmentation, settings, onu_dataset.worker_count()),
+        'rows': rows, 'augmentation': augmentation, 'precision': precision,
+        'targets': evaluate_targets(rows, augmentation, precision, settings, onu_dataset.worker_count()),
         'measurements': {' '.join(str(part) for part in key): value for key, value in results.items()},
     }
 

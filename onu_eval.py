@@ -155,10 +155,11 @@ def count_predictions(session, labels, predictions, losses, num_classes, limit):
 
 
 def evaluate(checkpoint_path, run_config, eval_data='val', batch_size=32, num_examples=None,
-             allow_raw_weights=False, device='cpu'):
+             allow_raw_weights=False, device='cpu', compute_dtype='float32'):
     """Evaluates one checkpoint on the examples of eval_data (each once); returns its EvalResult.
 
     run_config: model, image_size, data_dir, data_format, class_names, moving_average_decay.
+    compute_dtype: a Precision's (bfloat16 or float16 rewrite the graph; variables stay float32).
     Raises CheckpointGone when the checkpoint is deleted while it is read.
     """
     data_dir, data_format = run_config['data_dir'], run_config['data_format']
@@ -172,7 +173,9 @@ def evaluate(checkpoint_path, run_config, eval_data='val', batch_size=32, num_ex
                                         is_training=False, create_aux_logits=False)
         losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
         predictions = tf.argmax(logits, axis=1, output_type=tf.int32)
-        with tf.compat.v1.Session(config=onu_flags.session_config(hide_gpus=device == 'cpu')) as session:
+        config = onu_model.set_precision_options(onu_flags.session_config(hide_gpus=device == 'cpu'),
+                                                 compute_dtype)
+        with tf.compat.v1.Session(config=config) as session:
             step, weights = restore_checkpoint(session, checkpoint_path, run_config, allow_raw_weights)
             with onu_input.damaged_records_as_data_error(data_dir, data_format, eval_data):
                 confusion, loss_sum = count_predictions(session, labels, predictions, losses,
@@ -311,7 +314,7 @@ def no_checkpoint_error(checkpoint_dir, waited_secs=None):
         f'--train_dir={checkpoint_dir}) or point --checkpoint_dir at the training run')
 
 
-def evaluate_checkpoints(writer):
+def evaluate_checkpoints(writer, precision):
     """Evaluates each new checkpoint of --checkpoint_dir once, until the final step, --timeout or --run_once."""
     checkpoint_dir, eval_data = FLAGS.checkpoint_dir, FLAGS.eval_data
     run_config = None
@@ -332,7 +335,7 @@ def evaluate_checkpoints(writer):
         path = pending[0]
         try:
             result = evaluate(path, run_config, eval_data, FLAGS.batch_size, FLAGS.num_examples,
-                              FLAGS.allow_raw_weights, FLAGS.device)
+                              FLAGS.allow_raw_weights, FLAGS.device, precision.compute_dtype)
         except CheckpointGone:
             newer = [p for p in list_checkpoints(checkpoint_dir) if p not in done and p != path]
             done.update([path] + newer[:-1])
@@ -372,15 +375,20 @@ def define_flags():
         'Evaluate the raw weights when a checkpoint has no moving averages of them.')
     flags.DEFINE_enum('device', 'cpu', DEVICES,
                       'cpu leaves the GPU to a trainer running beside; gpu takes GPU memory as needed.')
+    onu_flags.define_precision_flag(
+        'float32', 'float32 (default), mixed (bfloat16 on a CPU with AMX/AVX512_BF16, float16 on a GPU of '
+        'compute capability 7.0+) or auto (mixed where there is such a fast path). Any precision reads '
+        'checkpoints of any other.')
 
 
 def evaluate_from_flags():
     """Evaluates the checkpoints the flags name, writing summaries and results to --eval_dir."""
     use_device(FLAGS.device)
+    precision = onu_flags.resolve_precision(FLAGS.precision, use_gpus=FLAGS.device == 'gpu')
     os.makedirs(FLAGS.eval_dir, exist_ok=True)
     writer = summary_writer(FLAGS.eval_dir)
     try:
-        evaluate_checkpoints(writer)
+        evaluate_checkpoints(writer, precision)
     except KeyboardInterrupt:
         print('Stopped.', file=sys.stderr)
         return 130

@@ -4,6 +4,7 @@ Every script imports this module, so a flag used by several scripts is declared 
 The run configuration (train_dir/run_config.json) is the contract between training and
 everything after it: eval, export and predict rebuild the same model from it.
 """
+import dataclasses
 import json
 import os
 import sys
@@ -42,6 +43,30 @@ def define_checkpoint_dir_flag(help_text):
 def define_allow_raw_weights_flag(help_text):
     """Declares --allow_raw_weights, the way out when a checkpoint has no moving averages."""
     flags.DEFINE_boolean('allow_raw_weights', False, help_text)
+
+
+def define_precision_flag(default, help_text):
+    """Declares --precision: auto (the hardware decides), float32 or mixed (see onu_model.choose_precision)."""
+    flags.DEFINE_enum('precision', default, ('auto',) + onu_model.PRECISIONS, help_text)
+
+
+def resolve_precision(requested, use_gpus=True):
+    """Returns the onu_model.Precision that --precision gives here; prints the devices, it and any warning.
+
+    use_gpus False: the model runs on the CPU even where GPUs are visible (onu_eval --device=cpu).
+    """
+    hardware = onu_model.detect_hardware()
+    if not use_gpus:
+        hardware = dataclasses.replace(hardware, gpus=())
+    precision, warning = onu_model.choose_precision(requested, hardware)
+    if warning:
+        print(f'warning: {warning}', file=sys.stderr, flush=True)
+    gpus = ', '.join(f'{name} (compute capability {".".join(map(str, capability))})'
+                     for name, capability in hardware.gpus) or 'none visible' + ('' if use_gpus else ' (--device=cpu)')
+    bfloat16 = ', '.join(hardware.cpu_bfloat16_flags) or 'no bfloat16 instructions'
+    print(f'GPUs: {gpus}; CPU: {hardware.cpu_model or "unknown"} ({bfloat16}); precision: '
+          f'{precision.describe()}', flush=True)
+    return precision
 
 
 def session_config(hide_gpus=False):

@@ -90,6 +90,11 @@ flags.DEFINE_boolean('reduced_decode', False,
                      'Decode training JPEGs at a reduced DCT scale (1/2, 1/4 or 1/8, as --image_size '
                      'allows): less CPU per photo, but smoother pixels than evaluation\'s exact decode; on '
                      'the sample data at 64x64 it cost 6 points of precision (README).')
+onu_flags.define_precision_flag(
+    'auto', 'float32; mixed: bfloat16 compute through oneDNN on the CPU, float16 with dynamic loss '
+    'scaling on a GPU (variables and checkpoints stay float32); auto: mixed where the hardware has a '
+    'fast path (a CPU with AMX or AVX512_BF16, a GPU of compute capability 7.0+), else float32.')
+flags.DEFINE_boolean('xla', False, 'Compile the training graph with XLA auto-clustering.')
 flags.DEFINE_list('ps_hosts', [], 'Multi-machine training: host:port of each parameter server '
                   '(or set TF_CONFIG).')
 flags.DEFINE_list('worker_hosts', [], 'Multi-machine training: host:port of each worker; worker 0 is '
@@ -126,10 +131,12 @@ def prepare_data(data_dir, data_format):
         convert_to_tfrecord.convert(data_dir, formats=(data_format,))
 
 
-def build_run_config(model_name, image_size, info):
+def build_run_config(model_name, image_size, info, precision):
     """Returns the run configuration that eval and export read back."""
     return {
         'model': model_name,
+        'precision': precision.name,
+        'compute_dtype': precision.compute_dtype,
         'image_size': image_size,
         'data_dir': os.path.abspath(FLAGS.data_dir),
         'data_format': FLAGS.data_format,
@@ -285,7 +292,7 @@ def add_training_summaries(logits, labels, end_points, total_loss, losses=None):
     return average_op
 
 
-def prepare_run(save_config=True):
+def prepare_run(precision, save_config=True):
     """Resolves model and data, saves the run configuration (if save_config); returns it."""
     model_name = FLAGS.model or default_model_name()
     if not FLAGS.model:
@@ -294,7 +301,7 @@ def prepare_run(save_config=True):
     image_size = FLAGS.image_size or onu_model.DEFAULT_IMAGE_SIZE[model_name]
     prepare_data(FLAGS.data_dir, FLAGS.data_format)
     info = onu_input.dataset_info(FLAGS.data_dir, FLAGS.data_format, 'train')
-    config = build_run_config(model_name, image_size, info)
+    config = build_run_config(model_name, image_size, info, precision)
     check_resumable(FLAGS.train_dir, config)
     if save_config:
         onu_flags.save_run_config(FLAGS.train_dir, config)
@@ -332,7 +339,7 @@ def make_optimizer(config, global_step, examples_per_step):
         global_step, initial_learning_rate(config), FLAGS.learning_rate_schedule,
         config['num_examples_per_epoch'], examples_per_step, FLAGS.num_epochs_per_decay,
         FLAGS.learning_rate_decay_factor)
-    return onu_model.make_optimizer(FLAGS.optimizer, rate)
+    return onu_model.loss_scaled(onu_model.make_optimizer(FLAGS.optimizer, rate), config['compute_dtype'])
 
 
 def apply_gradients(optimizer, grads_and_vars, global_step, update_ops=None, replicas=None):
@@ -431,16 +438,18 @@ def train_model(build_graph, examples_per_batch):
     worker trains on.
     """
     task = cluster_task()
-    server = conf = None
+    precision = onu_flags.resolve_precision(FLAGS.precision)
+    conf = onu_model.set_precision_options(onu_flags.session_config(), precision.compute_dtype, FLAGS.xla)
+    server = None
     if task:
-        conf = onu_cluster.session_config(onu_flags.session_config(), task)
+        conf = onu_cluster.session_config(conf, task)
         server = onu_cluster.start_server(task, conf)
         print(f'{task.name} of a cluster of {task.num_ps} ps and {task.num_workers} worker(s): '
               f'serving at {server.target}', flush=True)
         if task.job_name == onu_cluster.PS_JOB:
             onu_cluster.serve_until_workers_done(task, server.target, conf)
             return
-    config = prepare_run(save_config=not task or task.is_chief)
+    config = prepare_run(precision, save_config=not task or task.is_chief)
     print(f'Training {config["model"]} at {config["image_size"]}x{config["image_size"]} on '
           f'{config["num_examples_per_epoch"]} {FLAGS.data_format} examples of '
           f'{config["num_classes"]} classes ({", ".join(config["class_names"])}) into {FLAGS.train_dir}',
@@ -452,7 +461,8 @@ def train_model(build_graph, examples_per_batch):
             train_op, total_loss, global_step, learning_rate = build_graph(
                 config, examples_per_step, replicas)
         if not task:
-            run_training(train_op, total_loss, global_step, learning_rate, examples_per_step, config)
+            run_training(train_op, total_loss, global_step, learning_rate, examples_per_step, config,
+                         session_conf=conf)
             return
         if not task.is_chief:
             onu_cluster.wait_for_chief(server.target, conf)

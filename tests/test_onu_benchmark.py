@@ -82,11 +82,19 @@ def test_quick_run_measures_every_row(make_tiny_dataset, tmp_path):
     assert '### Training preprocessing: CPU ms per image' in (output_dir / outputs[1]).read_text()
 
     assert report['settings']['models'] == ['small'] and report['data']['photos'] == 20
+    # Mixed precision and XLA, model only and end to end, next to float32.
+    entries = report['precision']['small']
+    assert set(entries) == {f'{way} {variant}' for way in ('synthetic', 'encoded')
+                            for variant in ('float32', 'mixed', 'xla')}
+    for name, entry in entries.items():
+        assert entry['examples_per_sec'] > 0 and np.isfinite(entry['final_loss']), name
+    assert '### Precision and XLA' in (output_dir / outputs[1]).read_text()
+
     # 4 storage + 9 pipeline (decode limit, 5 ways eval, 3 train) + 30 training preprocessing
-    # + 9 training measurements, one repeat each
-    assert report['other_processes']['measurements'] == 52 == len(report['measurements'])
+    # + 9 training measurements in float32 + 4 in mixed precision or XLA, one repeat each
+    assert report['other_processes']['measurements'] == 56 == len(report['measurements'])
     assert report['hardware']['usable_cores'] >= 1 and report['hardware']['cpu_model']
-    assert {target['issue'] for target in report['targets']} == {2, 3, 12}  # issue 7's need Inception-ResNet-v2
+    assert {target['issue'] for target in report['targets']} == {2, 3, 12, 13}  # issue 7's need Inception-ResNet-v2
     assert all(isinstance(target['passed'], bool) for target in report['targets'])
     markdown = (output_dir / outputs[1]).read_text()
     assert 'serial cv2 loop + feed_dict' in markdown and '| issue | target | measured | verdict |' in markdown

@@ -489,3 +489,100 @@ def test_variables_to_restore_in_a_training_graph_maps_each_variable_once():
     assert restore['SmallNet/conv1/weights/ExponentialMovingAverage'] is conv1
     assert len(set(map(id, restore.values()))) == len(restore)
     assert not [name for name, var in restore.items() if var.op.name.endswith('ExponentialMovingAverage')]
+
+
+# ---------------------------------------------------------------------------------------------
+# Precision.
+
+def test_choose_precision_follows_the_hardware():
+    epyc = onu_model.Hardware('AMD EPYC', ())
+    zen4 = onu_model.Hardware('AMD EPYC', ('avx512_bf16',))
+    xeon = onu_model.Hardware('Intel Xeon', ('amx_bf16', 'avx512_bf16'))
+    v100 = onu_model.Hardware('AMD EPYC', (), (('Tesla V100', (7, 0)),))
+    p100 = onu_model.Hardware('Intel Xeon', ('avx512_bf16',), (('Tesla P100', (6, 0)),))
+    choose = onu_model.choose_precision
+    assert choose('auto', xeon) == (onu_model.Precision('mixed', 'cpu'), None)
+    assert choose('auto', zen4)[0].compute_dtype == 'bfloat16'
+    assert choose('auto', v100) == (onu_model.Precision('mixed', 'gpu'), None)
+    assert choose('auto', v100)[0].compute_dtype == 'float16'
+    for hardware in (epyc, p100):  # no fast path where the model runs: auto is float32, silently
+        assert choose('auto', hardware) == (onu_model.Precision('float32'), None)
+        precision, warning = choose('mixed', hardware)
+        assert precision.compute_dtype == 'float32'
+        assert warning.startswith('--precision=mixed: ') and warning.endswith('training in float32 instead')
+        assert '\n' not in warning
+    assert 'AMD EPYC' in choose('mixed', epyc)[1] and 'Tesla P100' in choose('mixed', p100)[1]
+    assert choose('float32', xeon) == (onu_model.Precision('float32'), None)
+    with pytest.raises(ValueError, match='half'):
+        choose('half', xeon)
+
+
+def test_cpu_flags_come_from_proc_cpuinfo(tmp_path):
+    cpuinfo = tmp_path / 'cpuinfo'
+    cpuinfo.write_text('processor\t: 0\nmodel name\t: Test CPU 9000\nflags\t\t: fpu sse avx512f avx512_bf16\n\n'
+                       'processor\t: 1\nmodel name\t: Test CPU 9000\nflags\t\t: fpu sse avx512f avx512_bf16\n')
+    model, cpu_flags = onu_model.read_cpu_info(str(cpuinfo))
+    assert model == 'Test CPU 9000' and {'avx512_bf16', 'avx512f'} <= cpu_flags and 'amx_bf16' not in cpu_flags
+    assert onu_model.read_cpu_info(str(tmp_path / 'missing')) == ('', set())
+    model, cpu_flags = onu_model.read_cpu_info()  # this machine
+    hardware = onu_model.detect_hardware()
+    assert hardware.cpu_bfloat16_flags == tuple(f for f in onu_model.CPU_BFLOAT16_FLAGS if f in cpu_flags)
+
+
+def test_precision_options_turn_on_the_matching_rewrite():
+    rewriter = tf.compat.v1.ConfigProto().graph_options.rewrite_options
+    for dtype, on in (('bfloat16', 'auto_mixed_precision_onednn_bfloat16'), ('float16', 'auto_mixed_precision'),
+                      ('float32', None)):
+        config = onu_model.set_precision_options(tf.compat.v1.ConfigProto(), dtype)
+        switches = {name: getattr(config.graph_options.rewrite_options, name) for name in
+                    ('auto_mixed_precision', 'auto_mixed_precision_onednn_bfloat16')}
+        assert {name for name, value in switches.items() if value == rewriter.ON} == ({on} if on else set())
+        assert config.graph_options.optimizer_options.global_jit_level == 0
+    config = onu_model.set_precision_options(tf.compat.v1.ConfigProto(), 'float32', xla=True)
+    assert config.graph_options.optimizer_options.global_jit_level == tf.compat.v1.OptimizerOptions.ON_1
+
+
+def _loss_scaled_step(initial_loss_scale, checkpoint_prefix, loss_factor=1.0):
+    """One float16-path training step of a tiny model on the CPU, then a checkpoint at checkpoint_prefix.
+
+    loss_factor multiplies the loss, so that a large loss scale overflows it. Returns (weights before,
+    weights after, loss scale before, loss scale after, loss), the weights of every trainable variable.
+    """
+    with tf.Graph().as_default():
+        images = tf.constant(np.random.default_rng(0).uniform(-1, 1, (4, 16, 16, 3)), tf.float32)
+        labels = tf.constant([0, 1, 0, 1])
+        global_step = tf.compat.v1.train.get_or_create_global_step()
+        logits, end_points = onu_model.inference(images, 2, 'small', is_training=True)
+        total_loss = onu_model.loss(logits, labels, end_points) * loss_factor
+        optimizer = onu_model.loss_scaled(tf.compat.v1.train.GradientDescentOptimizer(0.1), 'float16',
+                                          initial_loss_scale=initial_loss_scale)
+        train_op = onu_model.apply_gradients(optimizer, optimizer.compute_gradients(total_loss), global_step)
+        weights = tf.concat([tf.reshape(v, [-1]) for v in tf.compat.v1.trainable_variables()], 0)
+        scale = optimizer._loss_scale()  # pylint: disable=protected-access
+        assert not any('loss_scale' in v.op.name or 'good_steps' in v.op.name
+                       for v in tf.compat.v1.global_variables())
+        assert any('current_loss_scale' in v.op.name for v in tf.compat.v1.local_variables())
+        saver = tf.compat.v1.train.Saver()
+        config = onu_model.set_precision_options(tf.compat.v1.ConfigProto(), 'float16')
+        with tf.compat.v1.Session(config=config) as sess:
+            sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
+            before, scale_before = sess.run([weights, scale])
+            _, loss = sess.run([train_op, total_loss])
+            after, scale_after = sess.run([weights, scale])
+            saver.save(sess, checkpoint_prefix)
+    return before, after, scale_before, scale_after, loss
+
+
+def test_float16_loss_scaling_skips_an_overflowing_step_without_error(tmp_path):
+    """The GPU's float16 path, run on the CPU: the optimizer wrapping and the loss-scale variables."""
+    prefix = str(tmp_path / 'overflow' / 'model.ckpt')
+    # 2^127 x a loss of about 700 overflows float32: the scaled gradients are not finite.
+    before, after, scale_before, scale_after, loss = _loss_scaled_step(2.0 ** 127, prefix, loss_factor=1000.0)
+    assert np.isfinite(loss)
+    np.testing.assert_array_equal(before, after)  # skipped, not applied as inf/NaN
+    assert scale_after == scale_before / 2
+    names = [name for name, _ in tf.train.list_variables(prefix)]
+    assert 'global_step' in names and not any('loss_scale' in name or 'good_steps' in name for name in names)
+    before, after, scale_before, scale_after, loss = _loss_scaled_step(2.0 ** 10, str(tmp_path / 'ok' / 'model.ckpt'))
+    assert np.isfinite(loss) and not np.array_equal(before, after) and scale_after == scale_before
+    assert np.isfinite(after).all()

@@ -13,6 +13,7 @@ import tensorflow as tf
 from conftest import REPO_ROOT
 
 import onu_flags
+import onu_model
 
 TIMEOUT_SECS = 240
 TINY_FLAGS = ['--image_size=32', '--batch_size=4', '--log_frequency=1', '--save_summaries_steps=1',
@@ -205,3 +206,57 @@ def test_run_config_round_trips(tmp_path):
         f.write('{not json')
     with pytest.raises(onu_flags.onu_dataset.DataError, match='unreadable run configuration'):
         onu_flags.load_run_config(str(tmp_path))
+
+
+def _checkpoint_dtypes(train_dir):
+    """Returns {variable: dtype name} of train_dir's latest checkpoint."""
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(train_dir))
+    return {name: dtype.name for name, dtype in reader.get_variable_to_dtype_map().items()}
+
+
+def test_precision_is_printed_and_saved_and_runs_resume_in_the_other(trained, tmp_path):
+    data_dir, train_dir, result = trained
+    assert result.returncode == 0, result.stderr[-3000:]
+    hardware = onu_model.detect_hardware()
+    expected, _ = onu_model.choose_precision('auto', hardware)  # the default --precision=auto
+    assert f'precision: {expected.describe()}' in result.stdout
+    assert 'GPUs: none visible' in result.stdout and (hardware.cpu_model or 'unknown') in result.stdout
+    config = onu_flags.load_run_config(train_dir)
+    assert (config['precision'], config['compute_dtype']) == (expected.name, expected.compute_dtype)
+    assert config['flags']['precision'] == 'auto' and config['flags']['xla'] is False
+    dtypes = _checkpoint_dtypes(train_dir)
+    assert set(dtypes.values()) == {'float32', 'int64'} and dtypes['global_step'] == 'int64'
+    assert not any('loss_scale' in name or 'good_steps' in name for name in dtypes)
+
+    other = 'float32' if expected.name == 'mixed' else 'mixed'
+    resumed_dir = str(tmp_path / 'resumed')
+    shutil.copytree(train_dir, resumed_dir)
+    resumed = run_train(f'--data_dir={data_dir}', f'--train_dir={resumed_dir}', '--max_steps=8',
+                        f'--precision={other}')
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert logged_steps(resumed.stdout)[-1] == 8 and checkpoint_step(resumed_dir) == 8
+    assert _checkpoint_dtypes(resumed_dir) == dtypes  # the same float32 variables, whatever computed them
+    if other == 'mixed' and not hardware.cpu_bfloat16_flags:  # no fast path: one warning, then float32
+        warnings = [line for line in resumed.stderr.splitlines() if '--precision=mixed' in line]
+        assert len(warnings) == 1 and 'training in float32 instead' in warnings[0]
+        assert onu_flags.load_run_config(resumed_dir)['precision'] == 'float32'
+
+
+def test_xla_trains_and_writes_the_same_variables(trained, tmp_path):
+    data_dir, train_dir, _ = trained
+    xla_dir = str(tmp_path / 'xla')
+    result = run_train(f'--data_dir={data_dir}', f'--train_dir={xla_dir}', '--max_steps=3', '--xla',
+                       '--precision=float32')
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert checkpoint_step(xla_dir) == 3
+    assert _checkpoint_dtypes(xla_dir) == _checkpoint_dtypes(train_dir)
+    assert onu_flags.load_run_config(xla_dir)['flags']['xla'] is True
+
+
+def test_bad_precision_is_a_one_line_error(trained, tmp_path):
+    data_dir, _, _ = trained
+    result = run_train(f'--data_dir={data_dir}', f'--train_dir={tmp_path / "bad"}', '--precision=half')
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if '--precision=half' in line]
+    assert len(lines) == 1 and 'auto|float32|mixed' in lines[0]
+    assert 'Traceback' not in result.stderr and not os.path.exists(tmp_path / 'bad')
