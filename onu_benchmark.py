@@ -57,7 +57,7 @@ RECORD_WAYS = ('raw', 'encoded')
 TF_DATA_WAYS = ('images',) + RECORD_WAYS
 TRAINING_WAYS = TF_DATA_WAYS + ('serial_cv2', 'synthetic')
 # Issue 13's: each model fed a synthetic batch (the model alone) and the encoded pipeline (end to end),
-# in mixed precision and with XLA, next to the float32 rows of TRAINING_WAYS.
+# in float32, mixed precision and with XLA, measured side by side.
 PRECISION_WAYS = ('synthetic', 'encoded')
 PRECISION_VARIANTS = ('mixed', 'xla')
 # Issue 12's comparison, measured with the small model only (Inception-ResNet-v2 is not input-bound here).
@@ -585,37 +585,84 @@ def _epoch_batches(info, batch_size):
     return math.ceil(info.num_examples / batch_size)
 
 
-def measure_training(model_name, way, info_of, batch_size, image_size, warmup, steps, repeats,
-                     compute_dtype='float32', xla=False):
+class TrainingRun:
+    """A training graph of model_name fed by way, in its own session: run warmup, then time windows."""
+
+    def __init__(self, model_name, way, info_of, batch_size, image_size, compute_dtype='float32', xla=False):
+        info = info_of('images')
+        self.graph = tf.Graph()
+        with self.graph.as_default():
+            images, labels, self._feeds = training_inputs(way, info_of, batch_size, image_size)
+            global_step = tf.compat.v1.train.get_or_create_global_step()
+            logits, end_points = onu_model.inference(images, info.num_classes, model_name, is_training=True)
+            total_loss = onu_model.loss(logits, labels, end_points)
+            train_op = onu_model.train(total_loss, global_step, info.num_examples, batch_size,
+                                       learning_rate=onu_model.DEFAULT_LEARNING_RATE[model_name],
+                                       compute_dtype=compute_dtype)
+            self._step = [train_op, total_loss]  # one fetch list throughout: a new one sets up a new executor
+            self.session = _session(onu_model.set_precision_options(onu_flags.session_config(), compute_dtype, xla))
+            self.session.run([tf.compat.v1.global_variables_initializer(),
+                              tf.compat.v1.local_variables_initializer()])
+        self.windows, self.final_loss = [], None
+
+    def run(self, steps):
+        """Runs steps training steps."""
+        for _ in range(steps):
+            _, self.final_loss = self.session.run(self._step, next(self._feeds) if self._feeds else None)
+
+    def time_window(self, steps):
+        """Times steps training steps; appends their sec/batch to windows."""
+        started = time.perf_counter()
+        self.run(steps)
+        self.windows.append((time.perf_counter() - started) / steps)
+
+    def result(self, batch_size, image_size):
+        """Returns the median window and the details as a result dict; closes the session."""
+        self.session.close()
+        sec_per_batch = statistics.median(self.windows)
+        return {'sec_per_batch': sec_per_batch, 'examples_per_sec': batch_size / sec_per_batch,
+                'sec_per_batch_repeats': self.windows, 'batch_size': batch_size, 'image_size': image_size,
+                'final_loss': float(self.final_loss)}
+
+
+def measure_training(model_name, way, info_of, batch_size, image_size, warmup, steps, repeats):
     """Sec/batch of training model_name fed by way: the median over repeats of steps steps each.
 
     The graph is onu_train's (inference, loss, train op with EMA) without its summaries.
-    compute_dtype and xla: the session's graph rewrites (onu_model.set_precision_options).
     """
-    info = info_of('images')
-    with tf.Graph().as_default():
-        images, labels, feeds = training_inputs(way, info_of, batch_size, image_size)
-        global_step = tf.compat.v1.train.get_or_create_global_step()
-        logits, end_points = onu_model.inference(images, info.num_classes, model_name, is_training=True)
-        total_loss = onu_model.loss(logits, labels, end_points)
-        train_op = onu_model.train(total_loss, global_step, info.num_examples, batch_size,
-                                   learning_rate=onu_model.DEFAULT_LEARNING_RATE[model_name],
-                                   compute_dtype=compute_dtype)
-        with _session(onu_model.set_precision_options(onu_flags.session_config(), compute_dtype, xla)) as sess:
-            sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
-            step = [train_op, total_loss]  # one fetch list throughout: a new one sets up a new executor
-            for _ in range(warmup):
-                sess.run(step, next(feeds) if feeds else None)
-            windows = []
-            for _ in range(repeats):
-                started = time.perf_counter()
-                for _ in range(steps):
-                    _, final_loss = sess.run(step, next(feeds) if feeds else None)
-                windows.append((time.perf_counter() - started) / steps)
-    sec_per_batch = statistics.median(windows)
-    return {'sec_per_batch': sec_per_batch, 'examples_per_sec': batch_size / sec_per_batch,
-            'sec_per_batch_repeats': windows, 'batch_size': batch_size, 'image_size': image_size,
-            'final_loss': float(final_loss)}
+    run = TrainingRun(model_name, way, info_of, batch_size, image_size)
+    run.run(warmup)
+    for _ in range(repeats):
+        run.time_window(steps)
+    return run.result(batch_size, image_size)
+
+
+def measure_training_variants(model_name, way, info_of, batch_size, image_size, warmup, steps, repeats,
+                              interleave):
+    """{variant: measure_training's result} for float32, mixed and XLA (PRECISION_VARIANTS) training.
+
+    interleave: keep the three sessions open and alternate their timed windows, so that a slow
+    spell of the machine slows all three alike (the ratios are what matters); otherwise measure one
+    after the other (for a model too large to hold three times).
+    """
+    options = {'float32': {}, 'mixed': {'compute_dtype': mixed_compute_dtype()}, 'xla': {'xla': True}}
+    results = {}
+    if interleave:
+        runs = {name: TrainingRun(model_name, way, info_of, batch_size, image_size, **options[name])
+                for name in ('float32',) + PRECISION_VARIANTS}
+        for run in runs.values():
+            run.run(warmup)
+        for _ in range(repeats):
+            for run in runs.values():
+                run.time_window(steps)
+        return {name: run.result(batch_size, image_size) for name, run in runs.items()}
+    for name in ('float32',) + PRECISION_VARIANTS:
+        run = TrainingRun(model_name, way, info_of, batch_size, image_size, **options[name])
+        run.run(warmup)
+        for _ in range(repeats):
+            run.time_window(steps)
+        results[name] = run.result(batch_size, image_size)
+    return results
 
 
 # ----------------------------------------------------------------------------------------------
@@ -798,20 +845,22 @@ def training_tasks(settings, info_of):
         step_seconds = (PRIOR_SEC_PER_STEP_32[model_name] * batch / 32
                         * (size / onu_model.DEFAULT_IMAGE_SIZE[model_name]) ** 2)
         estimate = PRIOR_BUILD_SECONDS[model_name] + step_seconds * (warmup + 1 + steps * settings.repeats)
-        variants = [(way, None) for way in ways] + [
-            (way, variant) for variant in PRECISION_VARIANTS for way in PRECISION_WAYS]
-        for way, variant in variants:
-            key = ('training', model_name, way) + ((variant,) if variant else ())
+        for way in ways:
             tasks.append(Task(
-                key, f'train {model_name} (batch {batch}, {size}x{size}) fed by {way}'
-                     + (f', {variant}' if variant else ''),
-                lambda model_name=model_name, way=way, batch=batch, size=size, warmup=warmup, steps=steps,
-                variant=variant: measure_training(
-                    model_name, way, info_of, batch, size, warmup, steps, settings.repeats,
-                    compute_dtype=mixed_compute_dtype() if variant == 'mixed' else 'float32',
-                    xla=variant == 'xla'),
+                ('training', model_name, way), f'train {model_name} (batch {batch}, {size}x{size}) fed by {way}',
+                lambda model_name=model_name, way=way, batch=batch, size=size, warmup=warmup, steps=steps:
+                    measure_training(model_name, way, info_of, batch, size, warmup, steps, settings.repeats),
                 lambda r: f'{r["sec_per_batch"]:.3f} sec/batch, {r["examples_per_sec"]:.1f} examples/sec',
                 estimate))
+        for way in PRECISION_WAYS:
+            tasks.append(Task(
+                ('precision', model_name, way),
+                f'train {model_name} (batch {batch}, {size}x{size}) fed by {way}: float32, mixed, XLA',
+                lambda model_name=model_name, way=way, batch=batch, size=size, warmup=warmup, steps=steps:
+                    measure_training_variants(model_name, way, info_of, batch, size, warmup, steps,
+                                              settings.repeats, interleave=model_name == 'small'),
+                lambda r: ', '.join(f'{name} {result["examples_per_sec"]:.1f}' for name, result in r.items())
+                + ' examples/sec', estimate * 3))
     return tasks
 
 
@@ -975,11 +1024,12 @@ def assemble_precision(results, settings):
     for model_name in settings.models:
         entries = table[model_name] = {}
         for way in PRECISION_WAYS:
+            measured_variants = results[('precision', model_name, way)][0]
             for variant in ('float32',) + PRECISION_VARIANTS:
-                key = ('training', model_name, way) + ((variant,) if variant != 'float32' else ())
-                measured = results[key][0]
+                measured = measured_variants[variant]
                 entries[f'{way} {variant}'] = {name: measured[name] for name in (
-                    'sec_per_batch', 'examples_per_sec', 'final_loss', 'batch_size', 'image_size')}
+                    'sec_per_batch', 'examples_per_sec', 'final_loss', 'batch_size', 'image_size',
+                    'sec_per_batch_repeats')}
     return table
 
 

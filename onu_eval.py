@@ -26,8 +26,8 @@ from absl import flags
 import numpy as np
 import tensorflow as tf
 
+import onu_checkpoint
 import onu_dataset
-import onu_export
 import onu_flags
 import onu_input
 import onu_model
@@ -43,10 +43,6 @@ DEVICES = ('cpu', 'gpu')
 FLAGS = flags.FLAGS
 
 
-class CheckpointGone(Exception):
-    """The checkpoint's files disappeared while it was read (the trainer keeps only the newest few)."""
-
-
 @dataclasses.dataclass
 class EvalResult:
     """What one evaluation of one checkpoint found; confusion[true, predicted] counts examples."""
@@ -55,7 +51,7 @@ class EvalResult:
     class_names: tuple
     confusion: np.ndarray
     loss: float
-    weights: str  # onu_export.WEIGHTS_AVERAGED or WEIGHTS_RAW
+    weights: str  # onu_checkpoint.WEIGHTS_AVERAGED or WEIGHTS_RAW
 
     @property
     def num_examples(self):
@@ -74,39 +70,18 @@ class EvalResult:
                 for i, name in enumerate(self.class_names)}
 
 
-# ----------------------------------------------------------------------------------------------
-# Checkpoints
-
-def checkpoint_exists(path):
-    """Returns whether both the index and the data files of the checkpoint path are on disk."""
-    return tf.io.gfile.exists(path + '.index') and bool(tf.io.gfile.glob(path + '.data-*'))
-
-
-def list_checkpoints(checkpoint_dir):
-    """Returns the checkpoints of checkpoint_dir still on disk, oldest first."""
-    state = tf.train.get_checkpoint_state(checkpoint_dir)
-    if not state:
-        return []
-    paths = list(state.all_model_checkpoint_paths) or [state.model_checkpoint_path]
-    # The state file holds absolute paths: a copied or moved run is read from where it is now.
-    in_dir = [os.path.join(checkpoint_dir, os.path.basename(path)) for path in paths]
-    paths = [here if checkpoint_exists(here) else path for here, path in zip(in_dir, paths)]
-    return [path for path in paths if checkpoint_exists(path)]
-
-
 def restore_checkpoint(session, checkpoint_path, run_config, allow_raw_weights):
     """Restores the model of the session's graph; returns (global step, weights used).
 
-    Raises CheckpointGone when the checkpoint's files vanish while they are read.
+    Raises onu_checkpoint.CheckpointGone when the checkpoint's files vanish while they are read,
+    onu_checkpoint.DamagedCheckpoint when they are damaged.
     """
     try:
-        step = onu_export.checkpoint_step(checkpoint_path)
-        weights = onu_export.restore_weights(session, checkpoint_path, run_config, allow_raw_weights)
-    except (tf.errors.OpError, ValueError) as e:
-        if not checkpoint_exists(checkpoint_path):
-            raise CheckpointGone(checkpoint_path) from None
-        raise onu_dataset.DataError(f'{checkpoint_path}: unreadable checkpoint '
-                                    f'({onu_export.one_line(e)}); evaluate another one') from None
+        step = onu_checkpoint.checkpoint_step(checkpoint_path)
+    except onu_checkpoint.READ_ERRORS as e:
+        raise onu_checkpoint.read_error(checkpoint_path, e) from None
+    weights = onu_checkpoint.restore(session, checkpoint_path, run_config.get('moving_average_decay'),
+                                     allow_raw_weights)
     return step, weights
 
 
@@ -160,7 +135,7 @@ def evaluate(checkpoint_path, run_config, eval_data='val', batch_size=32, num_ex
 
     run_config: model, image_size, data_dir, data_format, class_names, moving_average_decay.
     compute_dtype: a Precision's (bfloat16 or float16 rewrite the graph; variables stay float32).
-    Raises CheckpointGone when the checkpoint is deleted while it is read.
+    Raises onu_checkpoint.CheckpointGone when the checkpoint is deleted while it is read.
     """
     data_dir, data_format = run_config['data_dir'], run_config['data_format']
     info = onu_input.dataset_info(data_dir, data_format, eval_data)
@@ -240,7 +215,7 @@ def summary_writer(eval_dir):
 
 def report(result, record, writer, eval_dir):
     """Prints the precision line, writes the summaries and appends record to eval_dir/results.jsonl."""
-    raw = ', raw weights' if result.weights == onu_export.WEIGHTS_RAW else ''
+    raw = ', raw weights' if result.weights == onu_checkpoint.WEIGHTS_RAW else ''
     print(f'{datetime.now()}: step {result.step}, precision @ 1 = {result.precision_at_1:.3f} '
           f'(loss {result.loss:.4f}, {result.num_examples} {record["eval_data"]} examples{raw})',
           flush=True)
@@ -293,7 +268,7 @@ def wait_for_checkpoints(checkpoint_dir, done, interval_secs, timeout_secs):
     started = time.monotonic()
     announced = False
     while True:
-        pending = [path for path in list_checkpoints(checkpoint_dir) if path not in done]
+        pending = [path for path in onu_checkpoint.list_checkpoints(checkpoint_dir) if path not in done]
         waited = time.monotonic() - started
         if pending or (timeout_secs is not None and waited >= timeout_secs):
             return pending
@@ -314,20 +289,59 @@ def no_checkpoint_error(checkpoint_dir, waited_secs=None):
         f'--train_dir={checkpoint_dir}) or point --checkpoint_dir at the training run')
 
 
+def reported_results(eval_dir, eval_data):
+    """Returns {global step: results.jsonl record} of what eval_dir already holds for eval_data."""
+    path = os.path.join(eval_dir, RESULTS_FILENAME)
+    records = {}
+    if not os.path.isfile(path):
+        return records
+    with open(path, encoding='utf-8') as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue  # a line cut short by a crash: that checkpoint is evaluated again
+            if record.get('eval_data') == eval_data and isinstance(record.get('step'), int):
+                records[record['step']] = record
+    return records
+
+
 def evaluate_checkpoints(writer, precision):
-    """Evaluates each new checkpoint of --checkpoint_dir once, until the final step, --timeout or --run_once."""
+    """Evaluates each new checkpoint of --checkpoint_dir once, until the final step, --timeout or --run_once.
+
+    Checkpoints whose step results.jsonl already holds (an earlier run of the evaluator) are not
+    evaluated again; damaged ones are skipped with a note.
+    """
     checkpoint_dir, eval_data = FLAGS.checkpoint_dir, FLAGS.eval_data
     run_config = None
-    done = set()  # evaluated, or passed over after a deletion
+    reported = reported_results(FLAGS.eval_dir, eval_data)
+    results_path = os.path.join(FLAGS.eval_dir, RESULTS_FILENAME)
+    # Evaluated, reported by an earlier run, damaged, or passed over after a deletion.
+    done = {path for path in onu_checkpoint.list_checkpoints(checkpoint_dir)
+            if onu_checkpoint.listed_step(path) in reported}
+    if done and not FLAGS.run_once:
+        print(f'{len(done)} checkpoint(s) of {checkpoint_dir} already in {results_path}: not evaluating '
+              f'them again.', flush=True)
+    if not FLAGS.run_once and final_step(checkpoint_dir) in reported:
+        print(f'Step {final_step(checkpoint_dir)}, the training run\'s final step, is already evaluated: done.',
+              flush=True)
+        return
     while True:
         if FLAGS.run_once:
-            pending = list_checkpoints(checkpoint_dir)[-1:]
+            latest = onu_checkpoint.list_checkpoints(checkpoint_dir)[-1:]
+            if latest and latest[0] in done and onu_checkpoint.listed_step(latest[0]) in reported:
+                record = reported[onu_checkpoint.listed_step(latest[0])]
+                print(f'Step {record["step"]} is already in {results_path} (precision @ 1 = '
+                      f'{record["precision_at_1"]:.3f}): not evaluating it again.', flush=True)
+                return
+            pending = [path for path in onu_checkpoint.list_checkpoints(checkpoint_dir) if path not in done][-1:]
         else:
             pending = wait_for_checkpoints(checkpoint_dir, done, FLAGS.eval_interval_secs, FLAGS.timeout)
         if not pending and not done:
             raise no_checkpoint_error(checkpoint_dir, None if FLAGS.run_once else FLAGS.timeout)
         if not pending:
-            print(f'No new checkpoint in {checkpoint_dir} for {FLAGS.timeout:g} s: stopping.', flush=True)
+            if not FLAGS.run_once:
+                print(f'No new checkpoint in {checkpoint_dir} for {FLAGS.timeout:g} s: stopping.', flush=True)
             return
         if run_config is None:
             run_config = eval_run_config(checkpoint_dir)
@@ -336,11 +350,15 @@ def evaluate_checkpoints(writer, precision):
         try:
             result = evaluate(path, run_config, eval_data, FLAGS.batch_size, FLAGS.num_examples,
                               FLAGS.allow_raw_weights, FLAGS.device, precision.compute_dtype)
-        except CheckpointGone:
-            newer = [p for p in list_checkpoints(checkpoint_dir) if p not in done and p != path]
+        except onu_checkpoint.CheckpointGone:
+            newer = [p for p in onu_checkpoint.list_checkpoints(checkpoint_dir) if p not in done and p != path]
             done.update([path] + newer[:-1])
             print(f'{path} was deleted while being read (the trainer keeps only the newest '
                   f'--keep_checkpoint_max): skipping to the newest checkpoint.', flush=True)
+            continue
+        except onu_checkpoint.DamagedCheckpoint as e:
+            done.add(path)
+            print(f'skipping {e}', flush=True)
             continue
         done.add(path)
         report(result, result_record(result, run_config, eval_data), writer, FLAGS.eval_dir)

@@ -32,6 +32,7 @@ from absl import app
 from absl import flags
 import tensorflow as tf
 
+import onu_checkpoint
 import onu_dataset
 import onu_flags
 import onu_input
@@ -48,44 +49,12 @@ OUTPUT_CLASS_NAMES = 'class_names'
 SAVED_MODEL_TAGS = [tf.saved_model.SERVING]
 METADATA_SUBDIR = 'assets.extra'  # TF Serving's place for files that are not part of the graph
 EXPORT_LOG_FILENAME = 'exports.jsonl'
-WEIGHTS_AVERAGED = 'moving_averages'
-WEIGHTS_RAW = 'raw'
 _TEMP_DIR = re.compile(r'^\.tmp-(\d+)-(\d+)$')  # .tmp-<step>-<pid>, hidden from TF Serving
-
-
-def one_line(error):
-    """Returns the first non-empty line of an exception's message (TensorFlow's can be long)."""
-    message = getattr(error, 'message', None) or str(error) or type(error).__name__
-    return next((line.strip() for line in message.splitlines() if line.strip()), type(error).__name__)
 
 
 def default_export_dir(train_dir):
     """Returns where a training run's exports go: train_dir/export."""
     return os.path.join(train_dir, EXPORT_SUBDIR)
-
-
-def find_checkpoint(checkpoint_dir, checkpoint_path=None):
-    """Returns checkpoint_path, or the latest checkpoint in checkpoint_dir; DataError if there is none."""
-    path = checkpoint_path or tf.train.latest_checkpoint(checkpoint_dir)
-    if not path:
-        raise onu_dataset.DataError(
-            f'{checkpoint_dir}: no checkpoint; train first (python onu_train.py '
-            f'--train_dir={checkpoint_dir}) or pass --checkpoint_path')
-    try:
-        tf.train.load_checkpoint(path)
-    except (tf.errors.OpError, ValueError) as e:
-        raise onu_dataset.DataError(f'{path}: not a readable checkpoint ({one_line(e)}); pass the '
-                                    f'prefix of an existing one, e.g. {checkpoint_dir}/model.ckpt-1000')
-    return path
-
-
-def checkpoint_step(checkpoint_path):
-    """Returns the global step stored in a checkpoint."""
-    reader = tf.train.load_checkpoint(checkpoint_path)
-    if not reader.has_tensor('global_step'):
-        raise onu_dataset.DataError(f'{checkpoint_path}: no global_step in this checkpoint; export '
-                                    f'a checkpoint written by onu_train.py')
-    return int(reader.get_tensor('global_step'))
 
 
 def load_training_config(train_dir):
@@ -125,43 +94,6 @@ def build_serving_graph(run_config):
             IMAGES_SIGNATURE: ({IMAGES_INPUT: images}, images_outputs)}
 
 
-def weights_to_restore(checkpoint_path, moving_average_decay, allow_raw_weights=False):
-    """Returns ({checkpoint name: model variable of the default graph}, WEIGHTS_AVERAGED or WEIGHTS_RAW).
-
-    DataError when the checkpoint lacks a model variable, has another shape, or (unless
-    allow_raw_weights) lacks the moving averages training kept.
-    """
-    restore = onu_model.variables_to_restore(moving_average_decay, checkpoint_path)
-    shapes = tf.train.load_checkpoint(checkpoint_path).get_variable_to_shape_map()
-    for name, var in restore.items():
-        if name not in shapes:
-            raise onu_dataset.DataError(
-                f'{checkpoint_path}: {name} is not in this checkpoint, so it was not written for this '
-                f'run configuration; export with the --checkpoint_dir that trained it')
-        if list(shapes[name]) != var.shape.as_list():
-            raise onu_dataset.DataError(
-                f'{checkpoint_path}: {var.op.name} has shape {shapes[name]} but the model needs '
-                f'{var.shape.as_list()}; export with the --checkpoint_dir that trained it')
-    if not moving_average_decay:
-        return restore, WEIGHTS_RAW
-    averaged = {v.op.name for v in onu_model.averaged_variables()}
-    raw = sorted(name for name in restore if name in averaged)
-    if raw and not allow_raw_weights:
-        raise onu_dataset.DataError(
-            f'{checkpoint_path}: no moving average of {raw[0]} (and {len(raw) - 1} more variables); '
-            f'pass --allow_raw_weights to use the raw weights instead')
-    return restore, WEIGHTS_RAW if raw else WEIGHTS_AVERAGED
-
-
-def restore_weights(session, checkpoint_path, run_config, allow_raw_weights=False):
-    """Restores the model of the session's graph from checkpoint_path; returns which weights it used."""
-    with session.graph.as_default():
-        restore, weights = weights_to_restore(checkpoint_path, run_config.get('moving_average_decay'),
-                                              allow_raw_weights)
-        tf.compat.v1.train.Saver(restore).restore(session, checkpoint_path)
-    return weights
-
-
 def _write_saved_model(directory, checkpoint_path, run_config, allow_raw_weights):
     """Writes the serving graph with the checkpoint's weights as a SavedModel; returns the weights used."""
     with tf.Graph().as_default() as graph:
@@ -169,7 +101,8 @@ def _write_saved_model(directory, checkpoint_path, run_config, allow_raw_weights
         # The CPU is enough to copy weights, and keeps an export during training off the GPU.
         config = tf.compat.v1.ConfigProto(device_count={'GPU': 0})
         with tf.compat.v1.Session(graph=graph, config=config) as session:
-            weights = restore_weights(session, checkpoint_path, run_config, allow_raw_weights)
+            weights = onu_checkpoint.restore(session, checkpoint_path, run_config.get('moving_average_decay'),
+                                             allow_raw_weights)
             builder = tf.compat.v1.saved_model.Builder(directory)
             builder.add_meta_graph_and_variables(
                 session, SAVED_MODEL_TAGS, strip_default_attrs=True,
@@ -219,7 +152,7 @@ def export_saved_model(checkpoint_path, run_config, export_dir, allow_raw_weight
     version folder nor its temporary folder.
     """
     started = time.time()
-    step = checkpoint_step(checkpoint_path)
+    step = onu_checkpoint.checkpoint_step(checkpoint_path)
     version_dir = os.path.join(export_dir, str(step))
     if os.path.exists(version_dir):
         print(f'{version_dir} already exists: left unchanged (nothing exported); delete it to '
@@ -306,7 +239,7 @@ class PeriodicExportListener(tf.compat.v1.train.CheckpointSaverListener):
             entry['version_dir'] = export_saved_model(entry['checkpoint_path'], self._run_config,
                                                       self._export_dir)
         except Exception as e:  # pylint: disable=broad-except  (an export must never stop training)
-            entry['error'] = f'{type(e).__name__}: {one_line(e)}'
+            entry['error'] = f'{type(e).__name__}: {onu_checkpoint.one_line(e)}'
             print(f'warning: export of step {step} failed ({entry["error"]}); training continues; '
                   f'retry with python onu_export.py --checkpoint_path={entry["checkpoint_path"]} '
                   f'--export_dir={self._export_dir}', file=sys.stderr, flush=True)
@@ -348,7 +281,7 @@ def export_from_flags():
     if FLAGS.checkpoint_path and not FLAGS['checkpoint_dir'].present:
         checkpoint_dir = os.path.dirname(FLAGS.checkpoint_path) or '.'
     run_config = load_training_config(checkpoint_dir)
-    checkpoint_path = find_checkpoint(checkpoint_dir, FLAGS.checkpoint_path)
+    checkpoint_path = onu_checkpoint.find_checkpoint(checkpoint_dir, FLAGS.checkpoint_path)
     export_dir = FLAGS.export_dir or default_export_dir(checkpoint_dir)
     export_saved_model(checkpoint_path, run_config, export_dir, FLAGS.allow_raw_weights)
 

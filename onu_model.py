@@ -11,8 +11,9 @@ Models (chosen by name, see MODEL_NAMES), both fed float32 RGB images in [-1, 1]
     train_op = train(total_loss, global_step, num_examples_per_epoch, batch_size)
 
 Multi-tower training reuses the pieces of train(): make_learning_rate, make_optimizer,
-variables_to_train and apply_gradients. Evaluation restores the moving averages of the weights
-and batch-norm statistics with variables_to_restore.
+variables_to_train and apply_gradients. Training keeps moving averages of the weights and
+batch-norm statistics (averaged_variables, named by moving_average_name), which evaluation
+restores through onu_checkpoint.
 
 Precision: choose_precision picks float32 or mixed (bfloat16 compute through oneDNN on CPUs with
 AMX/AVX512_BF16, float16 with dynamic loss scaling on GPUs of compute capability 7.0+);
@@ -577,29 +578,6 @@ def moving_average_name(var):
     """Returns the checkpoint name of var's moving average: <var>/ExponentialMovingAverage."""
     # ExponentialMovingAverage.average_name would uniquify the name in a graph that already holds it.
     return f'{var.op.name}/{MOVING_AVERAGE_NAME}'
-
-
-def variables_to_restore(moving_average_decay=DEFAULT_MOVING_AVERAGE_DECAY, checkpoint_path=None):
-    """Returns {checkpoint name: variable} for a Saver that loads moving averages into the model.
-
-    Averaged variables (averaged_variables()) load from their moving_average_name(); with
-    checkpoint_path, a variable whose average the checkpoint lacks loads its own value.
-    moving_average_decay 0 or None restores plain values. Shadow variables in the graph itself
-    (a training graph) are left out: their variables load from them.
-    """
-    averaged = averaged_variables() if moving_average_decay else []
-    shadow_names = {moving_average_name(v) for v in averaged}
-    in_checkpoint = None
-    if checkpoint_path:
-        in_checkpoint = set(tf.train.load_checkpoint(checkpoint_path).get_variable_to_shape_map())
-    restore = {}
-    for var in tf.compat.v1.global_variables():
-        if var.op.name in shadow_names:
-            continue
-        shadow = moving_average_name(var)
-        use_shadow = shadow in shadow_names and (in_checkpoint is None or shadow in in_checkpoint)
-        restore[shadow if use_shadow else var.op.name] = var
-    return restore
 
 
 # ----------------------------------------------------------------------------------------------

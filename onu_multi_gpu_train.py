@@ -180,7 +180,7 @@ def build_multi_gpu_graph(config, examples_per_step, replicas=None):
 
 def train():
     """Trains the model described by the flags on --num_gpus towers."""
-    onu_train.train_model(build_multi_gpu_graph, FLAGS.batch_size * FLAGS.num_gpus)
+    return onu_train.train_model(build_multi_gpu_graph, FLAGS.batch_size * FLAGS.num_gpus)
 
 
 def main(argv):

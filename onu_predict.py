@@ -26,6 +26,7 @@ from absl import flags
 import tensorflow as tf
 
 import convert_to_tfrecord
+import onu_checkpoint
 import onu_dataset
 import onu_export
 import onu_flags
@@ -76,13 +77,17 @@ def _saved_model_classifier(version_dir):
 def _checkpoint_classifier(train_dir, allow_raw_weights):
     """Returns a Classifier over the serving graph with train_dir's latest checkpoint."""
     run_config = onu_export.load_training_config(train_dir)
-    checkpoint_path = onu_export.find_checkpoint(train_dir)
+    checkpoint_path = onu_checkpoint.find_checkpoint(
+        train_dir, use_instead=lambda alternative: f'export it (python onu_export.py --checkpoint_dir={train_dir} '
+                                                   f'--checkpoint_path={alternative}) and classify with '
+                                                   f'--model_dir={onu_export.default_export_dir(train_dir)}')
     graph = tf.Graph()
     with graph.as_default():
         inputs, outputs = onu_export.build_serving_graph(run_config)[onu_export.SERVING_SIGNATURE]
     session = tf.compat.v1.Session(graph=graph)
     try:
-        weights = onu_export.restore_weights(session, checkpoint_path, run_config, allow_raw_weights)
+        weights = onu_checkpoint.restore(session, checkpoint_path, run_config.get('moving_average_decay'),
+                                         allow_raw_weights)
     except BaseException:
         session.close()
         raise
@@ -102,7 +107,7 @@ def load_classifier(model_dir, allow_raw_weights=False):
             return _checkpoint_classifier(model_dir, allow_raw_weights)
     except (tf.errors.OpError, OSError, RuntimeError) as e:
         raise onu_dataset.DataError(
-            f'{model_dir}: cannot load the model ({onu_export.one_line(e)}); export it again with '
+            f'{model_dir}: cannot load the model ({onu_checkpoint.one_line(e)}); export it again with '
             f'python onu_export.py, or pass another --model_dir') from None
     raise onu_dataset.DataError(
         f'{model_dir}: neither a SavedModel, nor a folder of exported versions, nor a training run; '
@@ -153,7 +158,7 @@ def _classify_batch(classifier, batch):
         probabilities = classifier.classify([data for _, data in batch])[onu_export.OUTPUT_PROBABILITIES]
     except tf.errors.InvalidArgumentError as e:
         if len(batch) == 1:
-            yield batch[0][0], None, f'cannot be decoded ({onu_export.one_line(e)})'
+            yield batch[0][0], None, f'cannot be decoded ({onu_checkpoint.one_line(e)})'
             return
         for item in batch:  # find the image that broke the batch; classify the rest
             yield from _classify_batch(classifier, [item])

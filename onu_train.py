@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import math
 import os
+import signal
 import sys
 import time
 from datetime import datetime
@@ -32,6 +33,7 @@ import tensorflow as tf
 
 import convert_to_tfrecord
 import make_sample_data
+import onu_checkpoint
 import onu_dataset
 import onu_export
 import onu_flags
@@ -149,20 +151,6 @@ def build_run_config(model_name, image_size, info, precision):
     }
 
 
-def check_resumable(train_dir, config):
-    """Fails clearly when train_dir holds a run that this configuration cannot resume."""
-    if not tf.train.latest_checkpoint(train_dir):
-        return
-    saved = onu_flags.load_run_config(train_dir)
-    if not saved:
-        return
-    for key in ('model', 'image_size', 'class_names'):
-        if saved.get(key) != config[key]:
-            raise onu_dataset.DataError(
-                f'{train_dir} holds a run with {key}={saved.get(key)!r}, not {config[key]!r}; '
-                f'pass the same flags to resume, or a new --train_dir to start over')
-
-
 class LoggerHook(tf.compat.v1.train.SessionRunHook):
     """Prints loss and speed every log_frequency steps and writes examples/sec to TensorBoard."""
 
@@ -222,46 +210,6 @@ class NanLossHook(tf.compat.v1.train.SessionRunHook):
                 f'lower --learning_rate and rerun to resume from it')
 
 
-def warm_start_saver(checkpoint_path, exclude_scopes):
-    """Returns (saver, path) restoring the model variables found in checkpoint_path, logging what it skips."""
-    if os.path.isdir(checkpoint_path):
-        path = tf.train.latest_checkpoint(checkpoint_path)
-        if not path:
-            raise onu_dataset.DataError(f'{checkpoint_path}: no checkpoint in this folder; '
-                                        f'give a checkpoint file prefix to --checkpoint_path')
-    else:
-        path = checkpoint_path
-    try:
-        shapes = tf.train.load_checkpoint(path).get_variable_to_shape_map()
-    except (tf.errors.OpError, ValueError) as e:
-        raise onu_dataset.DataError(f'{checkpoint_path}: not a readable checkpoint '
-                                    f'({onu_export.one_line(e)}); check --checkpoint_path')
-    exclude_scopes = onu_model.scope_list(exclude_scopes)
-    restore, excluded, missing = {}, [], []
-    for var in tf.compat.v1.model_variables() or tf.compat.v1.trainable_variables():
-        name = var.op.name
-        if onu_model.in_scopes(name, exclude_scopes) or name in exclude_scopes:
-            excluded.append(name)
-        elif name not in shapes:
-            missing.append(name)
-        elif list(shapes[name]) != var.shape.as_list():
-            raise onu_dataset.DataError(
-                f'{path}: {name} has shape {shapes[name]} in the checkpoint but '
-                f'{var.shape.as_list()} in the model; add its scope to --checkpoint_exclude_scopes')
-        else:
-            restore[name] = var
-    print(f'Fine-tuning from {path}: {len(restore)} variables restored, {len(excluded)} excluded, '
-          f'{len(missing)} not in the checkpoint.', flush=True)
-    for name in excluded:
-        print(f'  excluded (freshly initialised): {name}')
-    for name in missing:
-        print(f'  not in the checkpoint (freshly initialised): {name}')
-    if not restore:
-        raise onu_dataset.DataError(f'{path}: no model variable matches this checkpoint; '
-                                    f'check --model and --checkpoint_path')
-    return tf.compat.v1.train.Saver(restore), path
-
-
 def augment_options():
     """Returns the onu_input.AugmentOptions selected by --augmentations."""
     names = set(FLAGS.augmentations)
@@ -302,7 +250,7 @@ def prepare_run(precision, save_config=True):
     prepare_data(FLAGS.data_dir, FLAGS.data_format)
     info = onu_input.dataset_info(FLAGS.data_dir, FLAGS.data_format, 'train')
     config = build_run_config(model_name, image_size, info, precision)
-    check_resumable(FLAGS.train_dir, config)
+    onu_checkpoint.check_resumable(FLAGS.train_dir, config, onu_flags.load_run_config(FLAGS.train_dir))
     if save_config:
         onu_flags.save_run_config(FLAGS.train_dir, config)
     return config
@@ -356,18 +304,43 @@ def initial_learning_rate(config):
     return FLAGS.learning_rate or onu_model.DEFAULT_LEARNING_RATE[config['model']]
 
 
-def make_scaffold(train_dir):
+def make_scaffold(train_dir, resume_from):
     """Returns the Scaffold: a Saver keeping --keep_checkpoint_max, and the fine-tune restore if due."""
     init_fn = None
-    if FLAGS.checkpoint_path and not tf.train.latest_checkpoint(train_dir):
-        saver, path = warm_start_saver(FLAGS.checkpoint_path, FLAGS.checkpoint_exclude_scopes)
+    if FLAGS.checkpoint_path and not resume_from:
+        saver, path = onu_checkpoint.warm_start_saver(FLAGS.checkpoint_path, FLAGS.checkpoint_exclude_scopes)
         init_fn = lambda scaffold, sess: saver.restore(sess, path)  # noqa: E731
     elif FLAGS.checkpoint_path:
         print(f'{train_dir} already has a checkpoint: resuming from it, not from '
               f'--checkpoint_path.', flush=True)
-    return tf.compat.v1.train.Scaffold(
-        init_fn=init_fn,
-        saver=tf.compat.v1.train.Saver(max_to_keep=FLAGS.keep_checkpoint_max))
+    return tf.compat.v1.train.Scaffold(init_fn=init_fn,
+                                       saver=onu_checkpoint.training_saver(FLAGS.keep_checkpoint_max))
+
+
+class StopSignals:
+    """Within it, SIGTERM and SIGINT ask training to stop after the current step; a second one stops at once."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self):
+        self.received = None
+        self._previous = {}
+
+    def __enter__(self):
+        self._previous = {number: signal.signal(number, self._handle) for number in self.SIGNALS}
+        return self
+
+    def _handle(self, number, frame):
+        if self.received is not None:  # asked twice: stop now, as without this handler
+            signal.signal(number, self._previous[number])
+            signal.raise_signal(number)
+            return
+        self.received = number
+        print(f'{signal.Signals(number).name} received: stopping after this step.', flush=True)
+
+    def __exit__(self, *exc_info):
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
 
 
 def run_training(train_op, total_loss, global_step, learning_rate, examples_per_step, config,
@@ -375,7 +348,9 @@ def run_training(train_op, total_loss, global_step, learning_rate, examples_per_
                  stop_grace_period_secs=120):
     """Runs train_op under a MonitoredTrainingSession until --max_steps, resuming from train_dir.
 
-    Returns how many steps this process ran (in a cluster, its share of the global steps).
+    Returns (how many steps this process ran, the signal that stopped it or None). In a cluster
+    the steps are this process's share of the global steps. SIGTERM or SIGINT stops training after
+    the current step; the chief then saves a checkpoint at that step.
 
     checkpoint_listeners: CheckpointSaverListeners called around each checkpoint the chief saves
     (--export_every_n_epochs adds onu_export's).
@@ -386,33 +361,45 @@ def run_training(train_op, total_loss, global_step, learning_rate, examples_per_
                         FLAGS.train_dir if is_chief else None)] + list(extra_hooks)
     save_secs = None if FLAGS.save_checkpoint_steps else FLAGS.save_checkpoint_secs
     save_steps = FLAGS.save_checkpoint_steps
-    scaffold = make_scaffold(FLAGS.train_dir)
+    if is_chief:  # damaged checkpoints set aside, the state file made relative to this folder
+        resume_from = onu_checkpoint.prepare_resume(FLAGS.train_dir)
+    else:
+        resume_from = (onu_checkpoint.list_checkpoints(FLAGS.train_dir) or [None])[-1]
+    scaffold = make_scaffold(FLAGS.train_dir, resume_from)
     listeners = list(checkpoint_listeners)
     if FLAGS.export_every_n_epochs:
         listeners.append(onu_export.PeriodicExportListener(
             FLAGS.train_dir, config, onu_export.default_export_dir(FLAGS.train_dir),
             FLAGS.export_every_n_epochs, examples_per_step))
-    if is_chief and listeners and (save_secs or save_steps):
-        # MonitoredTrainingSession takes no listeners: its saver hook is replaced by one that does,
-        # at the same place among the hooks (after its own, before the caller's).
+    # The chief saves through its own CheckpointSaverHook, which also saves when the session closes,
+    # so that a stop by signal keeps the current step. It takes the listeners, which
+    # MonitoredTrainingSession cannot pass on; it goes first among the hooks, where that session's own would.
+    if is_chief:
         hooks.insert(0, tf.compat.v1.train.CheckpointSaverHook(
-            FLAGS.train_dir, save_secs=save_secs, save_steps=save_steps, scaffold=scaffold,
-            listeners=listeners))
-        save_secs = save_steps = None
-    with onu_input.damaged_records_as_data_error(FLAGS.data_dir, FLAGS.data_format, 'train'):
+            FLAGS.train_dir, save_secs=save_secs if save_secs or save_steps else 10 ** 9,
+            save_steps=save_steps, scaffold=scaffold, listeners=listeners))
+    with onu_input.damaged_records_as_data_error(FLAGS.data_dir, FLAGS.data_format, 'train'), \
+            StopSignals() as stop:
         with tf.compat.v1.train.MonitoredTrainingSession(
                 master=master, is_chief=is_chief, checkpoint_dir=FLAGS.train_dir,
-                scaffold=scaffold, hooks=hooks,
-                save_checkpoint_secs=save_secs, save_checkpoint_steps=save_steps,
+                scaffold=scaffold, hooks=hooks, save_checkpoint_secs=None, save_checkpoint_steps=None,
                 save_summaries_steps=FLAGS.save_summaries_steps, log_step_count_steps=None,
                 config=session_conf or onu_flags.session_config(),
                 stop_grace_period_secs=stop_grace_period_secs) as sess:
             steps_run = 0
-            while not sess.should_stop():
+            while not sess.should_stop() and stop.received is None:
                 sess.run(train_op)
                 steps_run += 1
-    print(f'Training stopped at step {FLAGS.max_steps}; checkpoints in {FLAGS.train_dir}', flush=True)
-    return steps_run
+    if stop.received is None:
+        print(f'Training stopped at step {FLAGS.max_steps}; checkpoints in {FLAGS.train_dir}', flush=True)
+    elif is_chief:
+        saved = onu_checkpoint.list_checkpoints(FLAGS.train_dir)[-1]
+        print(f'Stopped by {signal.Signals(stop.received).name} at step {onu_checkpoint.listed_step(saved)}: '
+              f'checkpoint saved as {saved}; run the same command again to resume from it.', flush=True)
+    else:
+        print(f'Stopped by {signal.Signals(stop.received).name}: this worker stops; the chief keeps '
+              f'the checkpoints.', flush=True)
+    return steps_run, stop.received
 
 
 def cluster_task():
@@ -435,7 +422,7 @@ def train_model(build_graph, examples_per_batch):
 
     build_graph(config, examples_per_step, replicas) builds the training graph and returns
     (train_op, total_loss, global_step, learning_rate); examples_per_batch is what one step of one
-    worker trains on.
+    worker trains on. Returns the exit code: None, or 128 + the signal that stopped training.
     """
     task = cluster_task()
     precision = onu_flags.resolve_precision(FLAGS.precision)
@@ -461,30 +448,31 @@ def train_model(build_graph, examples_per_batch):
             train_op, total_loss, global_step, learning_rate = build_graph(
                 config, examples_per_step, replicas)
         if not task:
-            run_training(train_op, total_loss, global_step, learning_rate, examples_per_step, config,
-                         session_conf=conf)
-            return
+            _, stopped_by = run_training(train_op, total_loss, global_step, learning_rate, examples_per_step,
+                                         config, session_conf=conf)
+            return stopped_by and 128 + stopped_by
         if not task.is_chief:
             onu_cluster.wait_for_chief(server.target, conf)
-        steps_run = run_training(
+        steps_run, stopped_by = run_training(
             train_op, total_loss, global_step, learning_rate, examples_per_step, config,
             master=server.target, is_chief=task.is_chief, session_conf=conf,
             extra_hooks=replicas.hooks() if replicas else (),
             stop_grace_period_secs=onu_cluster.STOP_GRACE_PERIOD_SECS)
     print(f'{task.name} ran {steps_run} training steps.', flush=True)
     onu_cluster.signal_worker_done(task, server.target, conf)
+    return stopped_by and 128 + stopped_by
 
 
 def train():
-    """Trains the model described by the flags."""
-    train_model(build_training_graph, FLAGS.batch_size)
+    """Trains the model described by the flags; returns the exit code (see train_model)."""
+    return train_model(build_training_graph, FLAGS.batch_size)
 
 
 def run_main(train_fn, argv):
     """Runs train_fn for a script's main: a user error or a NaN loss becomes one `error:` line."""
     def body():
         try:
-            train_fn()
+            return train_fn()
         except NanLossError as e:
             print(f'error: {e}', file=sys.stderr)
             return 1

@@ -15,9 +15,9 @@ from PIL import Image
 from conftest import REPO_ROOT
 
 import make_sample_data
+import onu_checkpoint
 import onu_dataset
 import onu_eval
-import onu_export
 import onu_input
 import onu_model
 
@@ -35,10 +35,10 @@ RACE_DRIVER = '''
 import sys
 from absl import app
 import tensorflow as tf
-import onu_eval, onu_export
+import onu_checkpoint, onu_eval
 
 doomed = sys.argv.pop(1)
-read_step = onu_export.checkpoint_step
+read_step = onu_checkpoint.checkpoint_step
 
 def step_then_deleted_by_the_trainer(path):
     step = read_step(path)
@@ -47,7 +47,7 @@ def step_then_deleted_by_the_trainer(path):
             tf.io.gfile.remove(name)
     return step
 
-onu_export.checkpoint_step = step_then_deleted_by_the_trainer
+onu_checkpoint.checkpoint_step = step_then_deleted_by_the_trainer
 onu_eval.define_flags()
 app.run(onu_eval.main)
 '''
@@ -213,7 +213,7 @@ def test_eval_uses_the_moving_averages_not_the_raw_weights(handmade_checkpoints,
     with_raw = reference_metrics(*reference_logits(path, tiny_data_dir, IMAGE_SIZE, shadows=False))
     assert abs(with_raw[1] - with_shadows[1]) > 0.05  # the two weight sets really give different losses
     assert result.step == 7
-    assert result.weights == onu_export.WEIGHTS_AVERAGED
+    assert result.weights == onu_checkpoint.WEIGHTS_AVERAGED
     assert_matches(result, with_shadows)
 
 
@@ -227,7 +227,7 @@ def test_checkpoint_without_moving_averages_is_a_clear_error_unless_raw_weights_
     assert path in message and '--allow_raw_weights' in message
     assert 'not found in checkpoint' not in message and '\n' not in message
     result = onu_eval.evaluate(path, config, 'val', batch_size=3, allow_raw_weights=True)
-    assert result.weights == onu_export.WEIGHTS_RAW
+    assert result.weights == onu_checkpoint.WEIGHTS_RAW
     assert_matches(result, reference_metrics(*reference_logits(path, tiny_data_dir, IMAGE_SIZE, shadows=False)))
 
 
@@ -283,7 +283,7 @@ def test_results_file_has_a_line_per_checkpoint_counting_each_example_once(polle
             name: pytest.approx(confusion[i, i] / VAL_PER_CLASS) for i, name in enumerate(CLASS_NAMES)}
         assert entry['checkpoint'] == os.path.join(train_dir, f'model.ckpt-{entry["step"]}')
         assert (entry['eval_data'], entry['weights'], entry['model'], entry['image_size'], entry['data_dir']) == (
-            'val', onu_export.WEIGHTS_AVERAGED, 'small', IMAGE_SIZE, data_dir)
+            'val', onu_checkpoint.WEIGHTS_AVERAGED, 'small', IMAGE_SIZE, data_dir)
         assert np.isfinite(entry['loss']) and entry['loss'] > 0
         assert f'step {entry["step"]}, precision @ 1 = {entry["precision_at_1"]:.3f}' in evaluator.stdout
 

@@ -12,6 +12,7 @@ import tensorflow as tf
 from conftest import REPO_ROOT
 
 import make_sample_data
+import onu_checkpoint
 import onu_dataset
 import onu_export
 import onu_flags
@@ -75,7 +76,7 @@ def eval_graph_softmax(checkpoint_path, moving_average_decay, data_dir, data_for
         logits, _ = onu_model.inference(images, 2, 'small', is_training=False)
         probabilities = tf.nn.softmax(logits)
         saver = tf.compat.v1.train.Saver(
-            onu_model.variables_to_restore(moving_average_decay, checkpoint_path))
+            onu_checkpoint.variables_to_restore(moving_average_decay, checkpoint_path))
         with tf.compat.v1.Session() as session:
             saver.restore(session, checkpoint_path)
             return session.run([probabilities, images])
@@ -111,7 +112,7 @@ def test_training_exports_a_version_every_n_epochs(run):
         info = onu_export.load_export_config(version_dir)
         assert info['export']['global_step'] == step
         assert info['export']['checkpoint_path'] == checkpoint(run, step)
-        assert info['export']['weights'] == onu_export.WEIGHTS_AVERAGED
+        assert info['export']['weights'] == onu_checkpoint.WEIGHTS_AVERAGED
         assert info['class_names'] == ['F603', 'F663N'] and info['image_size'] == IMAGE_SIZE
         assert onu_dataset.read_labels(os.path.join(version_dir, 'assets.extra', 'labels.txt')) == [
             'F603', 'F663N']
@@ -274,7 +275,7 @@ def test_checkpoint_without_moving_averages_needs_allow_raw_weights(run, tmp_pat
     assert not os.path.exists(os.path.join(export_dir, '0'))
 
     version_dir = onu_export.export_saved_model(path, run.config, export_dir, allow_raw_weights=True)
-    assert onu_export.load_export_config(version_dir)['export']['weights'] == onu_export.WEIGHTS_RAW
+    assert onu_export.load_export_config(version_dir)['export']['weights'] == onu_checkpoint.WEIGHTS_RAW
 
 
 def test_checkpoint_of_another_model_is_a_clear_error(run, tmp_path):
@@ -324,4 +325,4 @@ def test_train_dir_without_run_config_is_a_clear_error(tmp_path):
         f'{tmp_path}/run_config.json not found: pass the --checkpoint_dir (train_dir) that '
         f'onu_train.py wrote, which holds the model, image size and class names')
     with pytest.raises(onu_dataset.DataError, match=f'{tmp_path}: no checkpoint; train first'):
-        onu_export.find_checkpoint(str(tmp_path))
+        onu_checkpoint.find_checkpoint(str(tmp_path))

@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 import tf_slim as slim
 
+import onu_checkpoint
 import onu_model
 
 IRV2 = 'inception_resnet_v2'
@@ -464,7 +465,7 @@ def test_variables_to_restore_loads_the_moving_averages_a_checkpoint_holds(tmp_p
     for path, reader, suffix in ((averaged_path, averaged, '/ExponentialMovingAverage'), (plain_path, plain, '')):
         with tf.Graph().as_default():
             onu_model.inference(tf.zeros([1, 32, 32, 3]), 2, 'small', is_training=False)
-            restore = onu_model.variables_to_restore(0.9999, checkpoint_path=path)
+            restore = onu_checkpoint.variables_to_restore(0.9999, checkpoint_path=path)
             conv1, moving_mean = small_variables('conv1/weights', 'conv1/BatchNorm/moving_mean')
             assert restore['SmallNet/conv1/weights' + suffix] is conv1
             assert restore['SmallNet/conv1/BatchNorm/moving_mean' + suffix] is moving_mean
@@ -477,14 +478,14 @@ def test_variables_to_restore_loads_the_moving_averages_a_checkpoint_holds(tmp_p
                               averaged.get_tensor('SmallNet/conv1/weights'))
     with tf.Graph().as_default():
         onu_model.inference(tf.zeros([1, 32, 32, 3]), 2, 'small', is_training=False)
-        assert 'SmallNet/Logits/biases/ExponentialMovingAverage' in onu_model.variables_to_restore(0.9999)
-        assert 'SmallNet/Logits/biases' in onu_model.variables_to_restore(None)
+        assert 'SmallNet/Logits/biases/ExponentialMovingAverage' in onu_checkpoint.variables_to_restore(0.9999)
+        assert 'SmallNet/Logits/biases' in onu_checkpoint.variables_to_restore(None)
 
 
 def test_variables_to_restore_in_a_training_graph_maps_each_variable_once():
     with tf.Graph().as_default():
         build_small_training()
-        restore = onu_model.variables_to_restore(0.9999)
+        restore = onu_checkpoint.variables_to_restore(0.9999)
         conv1 = small_variables('conv1/weights')[0]
     assert restore['SmallNet/conv1/weights/ExponentialMovingAverage'] is conv1
     assert len(set(map(id, restore.values()))) == len(restore)
