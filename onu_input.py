@@ -11,8 +11,14 @@ All three give the same pixels for the same photo: upright (EXIF applied), RGB, 
 
 Images are float32 [batch, size, size, 3] in [-1, 1] (what Inception checkpoints expect), labels
 int32 [batch]. preprocess_for_eval is the one eval/serving preprocessing; export reuses it with
-decode_image_bytes. SerialCv2Loader is the study's original loader, kept only as the benchmark's
-baseline.
+decode_image_bytes. Training decodes and resizes each photo to uint8, keeps the decoded epoch in
+memory when it fits, and augments whole batches with augment_batch (one XLA function, per-image
+draws), in the pipeline or, with augment_on='model', on the model's device:
+
+    images, labels, draws = undistorted_inputs(data_dir, 'encoded', 32, 299)   # uint8, for the model
+    images = augment_batch(images, draws)
+
+SerialCv2Loader is a loader in the study's style, kept only as the benchmark's baseline.
 """
 import contextlib
 import dataclasses
