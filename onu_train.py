@@ -91,7 +91,7 @@ flags.DEFINE_enum('augment_on', 'input', onu_input.AUGMENT_PLACEMENTS,
 flags.DEFINE_boolean('reduced_decode', False,
                      'Decode training JPEGs at a reduced DCT scale (1/2, 1/4 or 1/8, as --image_size '
                      'allows): less CPU per photo, but smoother pixels than evaluation\'s exact decode; on '
-                     'the sample data at 64x64 it cost 6 points of precision (README).')
+                     'the sample data at 64x64 it cost 5 points of precision (README).')
 onu_flags.define_precision_flag(
     'auto', 'float32; mixed: bfloat16 compute through oneDNN on the CPU, float16 with dynamic loss '
     'scaling on a GPU (variables and checkpoints stay float32); auto: mixed where the hardware has a '
