@@ -625,12 +625,13 @@ class TrainingRun:
                 'final_loss': float(self.final_loss)}
 
 
-def measure_training(model_name, way, info_of, batch_size, image_size, warmup, steps, repeats):
+def measure_training(model_name, way, info_of, batch_size, image_size, warmup, steps, repeats, **options):
     """Sec/batch of training model_name fed by way: the median over repeats of steps steps each.
 
-    The graph is onu_train's (inference, loss, train op with EMA) without its summaries.
+    The graph is onu_train's (inference, loss, train op with EMA) without its summaries;
+    options: TrainingRun's compute_dtype and xla.
     """
-    run = TrainingRun(model_name, way, info_of, batch_size, image_size)
+    run = TrainingRun(model_name, way, info_of, batch_size, image_size, **options)
     run.run(warmup)
     for _ in range(repeats):
         run.time_window(steps)
@@ -646,23 +647,17 @@ def measure_training_variants(model_name, way, info_of, batch_size, image_size, 
     after the other (for a model too large to hold three times).
     """
     options = {'float32': {}, 'mixed': {'compute_dtype': mixed_compute_dtype()}, 'xla': {'xla': True}}
-    results = {}
-    if interleave:
-        runs = {name: TrainingRun(model_name, way, info_of, batch_size, image_size, **options[name])
-                for name in ('float32',) + PRECISION_VARIANTS}
-        for run in runs.values():
-            run.run(warmup)
-        for _ in range(repeats):
-            for run in runs.values():
-                run.time_window(steps)
-        return {name: run.result(batch_size, image_size) for name, run in runs.items()}
-    for name in ('float32',) + PRECISION_VARIANTS:
-        run = TrainingRun(model_name, way, info_of, batch_size, image_size, **options[name])
+    names = ('float32',) + PRECISION_VARIANTS
+    if not interleave:
+        return {name: measure_training(model_name, way, info_of, batch_size, image_size, warmup, steps,
+                                       repeats, **options[name]) for name in names}
+    runs = {name: TrainingRun(model_name, way, info_of, batch_size, image_size, **options[name]) for name in names}
+    for run in runs.values():
         run.run(warmup)
-        for _ in range(repeats):
+    for _ in range(repeats):
+        for run in runs.values():
             run.time_window(steps)
-        results[name] = run.result(batch_size, image_size)
-    return results
+    return {name: run.result(batch_size, image_size) for name, run in runs.items()}
 
 
 # ----------------------------------------------------------------------------------------------

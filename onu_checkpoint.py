@@ -124,17 +124,17 @@ def find_checkpoint(checkpoint_dir, checkpoint_path=None, use_instead=None):
         raise onu_dataset.DataError(
             f'{checkpoint_dir}: no checkpoint; train first (python onu_train.py '
             f'--train_dir={checkpoint_dir}) or pass --checkpoint_path')
+    if checkpoint_path and not listed_step(path) and not os.path.isfile(path + '.index'):
+        raise onu_dataset.DataError(f'{path}: not a checkpoint prefix (no {path}.index); pass the '
+                                    f'prefix of an existing one, e.g. {checkpoint_dir}/model.ckpt-1000')
     try:
         check_readable(path)
     except DamagedCheckpoint as e:
         alternative, _ = newest_readable(os.path.dirname(path) or '.', before=path)
-        advice = ((use_instead or (lambda p: f'pass --checkpoint_path={p}'))(alternative) if alternative
-                  else 'no older checkpoint there is readable; train again')
-        if not os.path.isfile(path + '.index') and checkpoint_path and not listed_step(path):
-            raise onu_dataset.DataError(f'{path}: not a checkpoint prefix (no {path}.index); pass the '
-                                        f'prefix of an existing one, e.g. {checkpoint_dir}/model.ckpt-1000')
-        raise onu_dataset.DataError(f'{e}; the newest readable one is {alternative}: {advice}'
-                                    if alternative else f'{e}; {advice}') from None
+        if not alternative:
+            raise onu_dataset.DataError(f'{e}; no older checkpoint there is readable; train again') from None
+        advice = (use_instead or (lambda p: f'pass --checkpoint_path={p}'))(alternative)
+        raise onu_dataset.DataError(f'{e}; the newest readable one is {alternative}: {advice}') from None
     return path
 
 
@@ -297,7 +297,9 @@ def warm_start_saver(checkpoint_path, exclude_scopes, report=print):
     """
     path = checkpoint_path
     if os.path.isdir(checkpoint_path):
-        path = tf.train.latest_checkpoint(checkpoint_path) or (list_checkpoints(checkpoint_path) or [None])[-1]
+        # The folder's own newest model.ckpt-N, not the state file's absolute path (a copied folder);
+        # the state file only for checkpoints named otherwise.
+        path = (list_checkpoints(checkpoint_path) or [None])[-1] or tf.train.latest_checkpoint(checkpoint_path)
         if not path:
             raise onu_dataset.DataError(f'{checkpoint_path}: no checkpoint in this folder; '
                                         f'give a checkpoint file prefix to --checkpoint_path')
