@@ -273,25 +273,23 @@ class SyncReplicas:
         """Returns how many worker batches one global step averages."""
         return self._task.num_workers
 
-    def apply_gradients(self, optimizer, grads_and_vars, global_step, moving_average_decay,
-                        update_ops=None):
-        """Returns the worker's train op: push its gradients, wait for the step's averaged update."""
+    def wrap(self, optimizer, global_step, moving_average_decay):
+        """Returns optimizer made synchronous; onu_model.build_train_op then leaves the averages to it."""
         averages = None
         if moving_average_decay:
-            # The averages onu_model.apply_gradients keeps (same shadow names), updated by the chief.
+            # The averages onu_model.build_train_op keeps (same shadow names), updated by the chief.
             averages = tf.compat.v1.train.ExponentialMovingAverage(moving_average_decay,
                                                                    num_updates=global_step)
         self._optimizer = tf.compat.v1.train.SyncReplicasOptimizer(
             optimizer, replicas_to_aggregate=self.num_replicas, total_num_replicas=self.num_replicas,
             variable_averages=averages,
             variables_to_average=onu_model.averaged_variables() if averages else None)
-        return onu_model.apply_gradients(self._optimizer, grads_and_vars, global_step,
-                                         moving_average_decay=None, update_ops=update_ops)
+        return self._optimizer
 
     def hooks(self):
         """Returns the session hooks that initialise and drive the synchronous updates."""
         if self._optimizer is None:
-            raise ValueError('SyncReplicas.hooks() needs apply_gradients() first')
+            raise ValueError('SyncReplicas.hooks() needs wrap() first')
         if self._task.is_chief:
             return [_SyncChiefHook(self._optimizer, RELEASE_TOKENS_PER_WORKER * self.num_replicas)]
         return [self._optimizer.make_session_run_hook(is_chief=False)]

@@ -17,6 +17,7 @@ import os
 
 from PIL import Image
 
+DEFAULT_DATA_DIR = '/tmp/onu_data'  # every script's default --data_dir: the built-in sample data
 SPLITS = ('train', 'val')
 RECORD_FORMATS = ('raw', 'encoded')
 DATA_FORMATS = ('images',) + RECORD_FORMATS

@@ -1,28 +1,24 @@
-"""Flags shared by the onu scripts, and the run configuration that training saves for them.
+"""Flags shared by the onu scripts that train, evaluate, export and predict.
 
-Every script imports this module, so a flag used by several scripts is declared here once.
-The run configuration (train_dir/run_config.json) is the contract between training and
-everything after it: eval, export and predict rebuild the same model from it.
+A flag used by several scripts is declared here once, with one meaning everywhere. Importing this
+module declares the model and data flags; the training flags (onu_train.py, onu_multi_gpu_train.py,
+run_local_cluster.py) come from define_training_flags(). Scripts import onu_cli first.
 """
 import dataclasses
-import json
 import os
 import sys
 
 from absl import flags
-from absl import logging
 import tensorflow as tf
 
+import onu_cli
 import onu_dataset
+import onu_input
 import onu_model
 
-DEFAULT_DATA_DIR = '/tmp/onu_data'
 DEFAULT_TRAIN_DIR = '/tmp/onu_train'
-RUN_CONFIG_FILENAME = 'run_config.json'
 
-flags.DEFINE_string('data_dir', DEFAULT_DATA_DIR,
-                    'Folder with train/<class>/ and val/<class>/ photos (and tfrecords/ after '
-                    'convert_to_tfrecord.py).')
+onu_cli.define_data_dir_flag()
 flags.DEFINE_enum('data_format', 'encoded', onu_dataset.DATA_FORMATS,
                   'How images are fed: the original files (images), TFRecords of decoded pixels '
                   '(raw) or of the original file bytes (encoded).')
@@ -78,19 +74,87 @@ def session_config(hide_gpus=False):
     return config
 
 
-def run_script(body, argv, takes_arguments=False, user_errors=()):
-    """Runs body() for a script's main; a DataError (or user_errors) becomes `error: <message>`, exit 2."""
-    if len(argv) > 1 and not takes_arguments:
-        print(f'error: unexpected arguments {argv[1:]}; see --help', file=sys.stderr)
-        return 2
-    if not FLAGS['verbosity'].present:  # TensorFlow's INFO and deprecation lines drown the script's own
-        logging.set_verbosity(logging.WARNING)
-        tf.get_logger().setLevel('ERROR')
-    try:
-        return body() or 0
-    except (onu_dataset.DataError,) + tuple(user_errors) as e:
-        print(f'error: {e}', file=sys.stderr)
-        return 2
+def define_training_flags():
+    """Declares the flags of the training scripts (onu_train.py, onu_multi_gpu_train.py, every cluster task)."""
+    flags.DEFINE_string('train_dir', DEFAULT_TRAIN_DIR,
+                        'Where checkpoints, event files and run_config.json go; training resumes from it.')
+    flags.DEFINE_integer('max_steps', 2000, 'Global step at which training stops (counted across restarts).',
+                         lower_bound=1)
+    flags.DEFINE_integer('log_frequency', 10, 'Print loss and speed every this many steps.', lower_bound=1)
+    flags.DEFINE_integer('save_checkpoint_secs', 120, 'Save a checkpoint every this many seconds.')
+    flags.DEFINE_integer('save_checkpoint_steps', None,
+                         'Save a checkpoint every this many steps (replaces --save_checkpoint_secs).')
+    flags.DEFINE_integer('keep_checkpoint_max', 5, 'How many recent checkpoints to keep.', lower_bound=1)
+    flags.DEFINE_integer('export_every_n_epochs', 0,
+                         'Every this many epochs, export a SavedModel to <train_dir>/export/<step>/ from the '
+                         'first checkpoint at or after the boundary (0: never; see onu_export.py).',
+                         lower_bound=0)
+    flags.DEFINE_integer('save_summaries_steps', 100, 'Write TensorBoard summaries every this many steps.')
+    flags.DEFINE_boolean('histograms', False, 'Also write weight and activation histograms.')
+    onu_cli.define_seed_flag('Seed for shuffling, augmentation and initialisation (each worker of a cluster, '
+                                 'and each restart, mixes in its task index and start step).')
+    flags.DEFINE_string('fine_tune_checkpoint', None,
+                        'Checkpoint (or folder) to fine-tune from when train_dir has no checkpoint yet, '
+                        'e.g. inception_resnet_v2_2016_08_30.ckpt.')
+    flags.DEFINE_list('checkpoint_exclude_scopes', [],
+                      'Variable scopes not restored from --fine_tune_checkpoint, e.g. '
+                      'InceptionResnetV2/Logits,InceptionResnetV2/AuxLogits.')
+    flags.DEFINE_list('trainable_scopes', [], 'Train only variables in these scopes (default: all).')
+    flags.DEFINE_enum('optimizer', 'momentum', onu_model.OPTIMIZER_NAMES, 'Optimizer.')
+    flags.DEFINE_float('learning_rate', None, 'Initial learning rate; default: the model\'s own '
+                       f'({onu_model.DEFAULT_LEARNING_RATE}).')
+    flags.DEFINE_enum('learning_rate_schedule', 'exponential', onu_model.LR_SCHEDULES,
+                      'fixed, or exponential decay every --num_epochs_per_decay epochs.')
+    flags.DEFINE_float('num_epochs_per_decay', 2.0, 'Epochs between learning-rate decays.')
+    flags.DEFINE_float('learning_rate_decay_factor', 0.94, 'Learning-rate decay factor.')
+    flags.DEFINE_float('moving_average_decay', onu_model.DEFAULT_MOVING_AVERAGE_DECAY,
+                       'Decay of the moving averages of the weights that eval restores (0: none).')
+    flags.DEFINE_float('weight_decay', None, 'L2 weight decay; default: the model\'s own.')
+    flags.DEFINE_float('label_smoothing', 0.0, 'Label smoothing of the cross-entropy.')
+    flags.DEFINE_list('augmentations', [f.name for f in dataclasses.fields(onu_input.AugmentOptions)],
+                      'Training augmentations to apply (empty: none).')
+    flags.register_validator(
+        'augmentations',
+        lambda names: set(names) <= {f.name for f in dataclasses.fields(onu_input.AugmentOptions)},
+        message='--augmentations takes a comma-separated subset of '
+                + ','.join(f.name for f in dataclasses.fields(onu_input.AugmentOptions)))
+    flags.DEFINE_enum('augment_on', 'input', onu_input.AUGMENT_PLACEMENTS,
+                      'Where training augmentation runs: in the input pipeline on the CPU (input), or in '
+                      'the training graph on the model\'s device, each GPU tower its own share (model); the '
+                      'pipeline then only reads, decodes and resizes. Same augmentations either way.')
+    flags.DEFINE_boolean('reduced_decode', False,
+                         'Decode training JPEGs at a reduced DCT scale (1/2, 1/4 or 1/8, as --image_size '
+                         'allows): less CPU per photo, but smoother pixels than evaluation\'s exact decode; on '
+                         'the sample data at 64x64 it cost 5 points of precision (README).')
+    define_precision_flag(
+        'auto', 'float32; mixed: bfloat16 compute through oneDNN on the CPU, float16 with dynamic loss '
+        'scaling on a GPU (variables and checkpoints stay float32); auto: mixed where the hardware has a '
+        'fast path (a CPU with AMX or AVX512_BF16, a GPU of compute capability 7.0+), else float32.')
+    flags.DEFINE_boolean('xla', False, 'Compile the training graph with XLA auto-clustering.')
+    flags.DEFINE_list('ps_hosts', [], 'Multi-machine training: host:port of each parameter server '
+                      '(or set TF_CONFIG).')
+    flags.DEFINE_list('worker_hosts', [], 'Multi-machine training: host:port of each worker; worker 0 is '
+                      'the chief, which alone writes checkpoints and summaries.')
+    flags.DEFINE_enum('job_name', None, onu_cluster.JOB_NAMES, 'Multi-machine training: this task\'s job.')
+    flags.DEFINE_integer('task_index', 0, 'Multi-machine training: this task\'s index within its job.',
+                         lower_bound=0)
+    flags.DEFINE_boolean('sync_replicas', False,
+                         'Multi-machine training: each step averages one batch from every worker '
+                         '(SyncReplicasOptimizer) instead of asynchronous updates.')
+    onu_cli.define_deprecated_alias('checkpoint_path', 'fine_tune_checkpoint')
+
+
+def define_num_gpus_flag():
+    """Declares --num_gpus, the towers of onu_multi_gpu_train.py."""
+    flags.DEFINE_integer('num_gpus', 1, 'How many GPUs to train on, one tower each; without GPUs the '
+                         'towers run on the CPU.', lower_bound=1)
+
+
+def augment_options():
+    """Returns the onu_input.AugmentOptions selected by --augmentations."""
+    names = set(FLAGS.augmentations)
+    return onu_input.AugmentOptions(
+        **{f.name: f.name in names for f in dataclasses.fields(onu_input.AugmentOptions)})
 
 
 def project_flag_values():
@@ -100,41 +164,13 @@ def project_flag_values():
     for module, module_flags in FLAGS.flags_by_module_dict().items():
         name = os.path.splitext(os.path.basename(module))[0]
         if os.path.isfile(os.path.join(repo_dir, name + '.py')):
-            values.update((flag.name, flag.value) for flag in module_flags)
+            values.update((flag.name, flag.value) for flag in module_flags
+                          if not onu_cli.is_deprecated_alias(flag.name))
     return values
 
 
-def run_config_path(train_dir):
-    """Returns the path of the run configuration in train_dir."""
-    return os.path.join(train_dir, RUN_CONFIG_FILENAME)
-
-
-def save_run_config(train_dir, config):
-    """Writes config as JSON to train_dir/run_config.json, atomically."""
-    os.makedirs(train_dir, exist_ok=True)
-    path = run_config_path(train_dir)
-    tmp_path = path + '.tmp'
-    with open(tmp_path, 'w', encoding='utf-8') as f:
-        json.dump(config, f, indent=2, sort_keys=True, ensure_ascii=False)
-        f.write('\n')
-    os.replace(tmp_path, path)
-
-
-def load_run_config(train_dir):
-    """Returns the run configuration saved in train_dir, or None when there is none."""
-    path = run_config_path(train_dir)
-    if not os.path.exists(path):
-        return None
-    try:
-        with open(path, encoding='utf-8') as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:
-        raise onu_dataset.DataError(
-            f'{path}: unreadable run configuration ({e}); restore it or train into a new --train_dir')
-
-
-def value_or_saved(flag_name, run_config, config_key=None):
-    """Returns the flag's value when given on the command line, else the training run's saved one."""
+def value_or_saved(flag_name, run_config):
+    """Returns the flag's value when given on the command line, else the training run's (a RunConfig)."""
     if FLAGS[flag_name].present or not run_config:
         return FLAGS[flag_name].value
-    return run_config.get(config_key or flag_name, FLAGS[flag_name].value)
+    return getattr(run_config, flag_name)

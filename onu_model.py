@@ -474,29 +474,33 @@ def make_learning_rate(global_step, initial_learning_rate, schedule='exponential
 
 
 def get_learning_rate(graph=None):
-    """Returns the learning-rate tensor make_learning_rate (or train) put in graph (default graph)."""
+    """Returns the learning-rate tensor make_learning_rate put in graph (default graph)."""
     rates = (graph or tf.compat.v1.get_default_graph()).get_collection(LEARNING_RATE_COLLECTION)
     if not rates:
-        raise ValueError('this graph has no learning rate; build it with make_learning_rate or train')
+        raise ValueError('this graph has no learning rate; build it with make_learning_rate')
     return rates[-1]
 
 
-def make_optimizer(name, learning_rate, momentum=0.9, rmsprop_decay=0.9, epsilon=None):
-    """Returns the tf.compat.v1 optimizer called name (see OPTIMIZER_NAMES).
+def make_optimizer(name, learning_rate, compute_dtype='float32', momentum=0.9, rmsprop_decay=0.9,
+                   epsilon=None):
+    """Returns the tf.compat.v1 optimizer called name (see OPTIMIZER_NAMES), loss-scaled for float16.
 
-    epsilon None means 1.0 for rmsprop (as Inception was trained) and 1e-8 for adam.
+    compute_dtype: a Precision's (see loss_scaled). epsilon None means 1.0 for rmsprop (as
+    Inception was trained) and 1e-8 for adam.
     """
     train = tf.compat.v1.train
     if name == 'sgd':
-        return train.GradientDescentOptimizer(learning_rate)
-    if name == 'momentum':
-        return train.MomentumOptimizer(learning_rate, momentum)
-    if name == 'rmsprop':
-        return train.RMSPropOptimizer(learning_rate, decay=rmsprop_decay, momentum=momentum,
-                                      epsilon=1.0 if epsilon is None else epsilon)
-    if name == 'adam':
-        return train.AdamOptimizer(learning_rate, epsilon=1e-8 if epsilon is None else epsilon)
-    raise ValueError(f'unknown optimizer {name!r}; choose one of {", ".join(OPTIMIZER_NAMES)}')
+        optimizer = train.GradientDescentOptimizer(learning_rate)
+    elif name == 'momentum':
+        optimizer = train.MomentumOptimizer(learning_rate, momentum)
+    elif name == 'rmsprop':
+        optimizer = train.RMSPropOptimizer(learning_rate, decay=rmsprop_decay, momentum=momentum,
+                                           epsilon=1.0 if epsilon is None else epsilon)
+    elif name == 'adam':
+        optimizer = train.AdamOptimizer(learning_rate, epsilon=1e-8 if epsilon is None else epsilon)
+    else:
+        raise ValueError(f'unknown optimizer {name!r}; choose one of {", ".join(OPTIMIZER_NAMES)}')
+    return loss_scaled(optimizer, compute_dtype)
 
 
 def scope_list(scopes):
@@ -541,37 +545,23 @@ def _apply_moving_average(moving_average_decay, global_step, variables):
     return ema.apply(variables)
 
 
-def apply_gradients(optimizer, grads_and_vars, global_step, moving_average_decay=DEFAULT_MOVING_AVERAGE_DECAY,
-                    update_ops=None):
-    """Returns the train op: batch-norm update_ops, the gradient step, then the moving averages.
+def build_train_op(optimizer, grads_and_vars, global_step, moving_average_decay=DEFAULT_MOVING_AVERAGE_DECAY,
+                   update_ops=None, extra_ops=()):
+    """Returns the train op: batch-norm updates, the gradient step, the moving averages, extra_ops.
 
-    update_ops defaults to the graph's UPDATE_OPS collection; moving_average_decay 0 or None
-    keeps no moving averages. The averages count global_step as their number of updates.
+    The one train-op builder of the project. update_ops defaults to the graph's UPDATE_OPS;
+    moving_average_decay 0 or None keeps no moving averages; they count global_step as their
+    number of updates. A SyncReplicasOptimizer (onu_cluster.SyncReplicas) keeps them itself, on
+    the chief, after each averaged step. extra_ops (e.g. the loss averages) run with the step.
     """
     if update_ops is None:
         update_ops = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)
     with tf.control_dependencies(update_ops):
-        apply_op = optimizer.apply_gradients(grads_and_vars, global_step=global_step)
-    if not moving_average_decay:
-        return tf.group(apply_op, name='train_op')
-    with tf.control_dependencies([apply_op]):
-        average_op = _apply_moving_average(moving_average_decay, global_step, averaged_variables())
-    return tf.group(average_op, name='train_op')
-
-
-def train(total_loss, global_step, num_examples_per_epoch, batch_size, optimizer='momentum',
-          learning_rate=0.01, lr_schedule='exponential', num_epochs_per_decay=2.0, lr_decay_factor=0.94,
-          moving_average_decay=DEFAULT_MOVING_AVERAGE_DECAY, trainable_scopes=None, momentum=0.9,
-          compute_dtype='float32'):
-    """Returns the op that takes one training step on total_loss (see apply_gradients).
-
-    compute_dtype: a Precision's; float16 scales the loss (loss_scaled).
-    """
-    rate = make_learning_rate(global_step, learning_rate, lr_schedule, num_examples_per_epoch, batch_size,
-                              num_epochs_per_decay, lr_decay_factor)
-    opt = loss_scaled(make_optimizer(optimizer, rate, momentum=momentum), compute_dtype)
-    grads_and_vars = opt.compute_gradients(total_loss, var_list=variables_to_train(trainable_scopes))
-    return apply_gradients(opt, grads_and_vars, global_step, moving_average_decay)
+        step_op = optimizer.apply_gradients(grads_and_vars, global_step=global_step)
+    if moving_average_decay and not isinstance(optimizer, tf.compat.v1.train.SyncReplicasOptimizer):
+        with tf.control_dependencies([step_op]):
+            step_op = _apply_moving_average(moving_average_decay, global_step, averaged_variables())
+    return tf.group(step_op, *extra_ops, name='train_op')
 
 
 def moving_average_name(var):

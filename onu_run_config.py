@@ -1,0 +1,104 @@
+"""The run configuration: what a training run is, saved as train_dir/run_config.json.
+
+It is the contract between training and everything after it: onu_eval.py, onu_export.py and
+onu_predict.py rebuild the same model from it, and a restarted run checks it can resume.
+Every script calls it run_config. A library module: no flags, no TensorFlow.
+
+Format 2 (this one) adds format_version and drops num_classes (it is len(class_names)). Files of
+format 1 (no format_version; precision and compute_dtype absent before mixed precision) load as
+float32 runs; a file from a newer version fails with a line saying to upgrade.
+"""
+import dataclasses
+import json
+import os
+
+import onu_dataset
+
+RUN_CONFIG_FILENAME = 'run_config.json'
+FORMAT_VERSION = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """A training run: model, input, classes, precision, and the flags it was started with."""
+    model: str
+    image_size: int
+    class_names: tuple = ()
+    num_examples_per_epoch: int = 0
+    data_dir: str = ''
+    data_format: str = 'encoded'
+    precision: str = 'float32'
+    compute_dtype: str = 'float32'
+    max_steps: int = None
+    moving_average_decay: float = None  # None or 0: the run kept no moving averages
+    flags: dict = dataclasses.field(default_factory=dict, compare=False)
+    export: dict = None  # in an exported SavedModel's copy: what was exported, from which checkpoint
+
+    def __post_init__(self):
+        object.__setattr__(self, 'class_names', tuple(self.class_names))
+
+    @property
+    def num_classes(self):
+        """Returns the number of classes the model predicts."""
+        return len(self.class_names)
+
+    def replace(self, **changes):
+        """Returns a copy with the named fields changed."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self):
+        """Returns the JSON-ready dictionary of run_config.json (format FORMAT_VERSION)."""
+        values = dataclasses.asdict(self)
+        values['class_names'] = list(self.class_names)
+        if values['export'] is None:
+            del values['export']
+        return dict(values, format_version=FORMAT_VERSION)
+
+    @classmethod
+    def from_dict(cls, values, source='run configuration'):
+        """Returns the RunConfig of a run_config.json dictionary of this or the previous format."""
+        version = values.get('format_version', 1)
+        if not isinstance(version, int) or version > FORMAT_VERSION:
+            raise onu_dataset.DataError(
+                f'{source}: format_version {version!r} is newer than this onu-classifier reads '
+                f'({FORMAT_VERSION}); upgrade it (git pull) to use this run')
+        missing = [name for name in ('model', 'image_size') if name not in values]
+        if missing:
+            raise onu_dataset.DataError(
+                f'{source}: no {" or ".join(missing)}; it was not written by onu_train.py: '
+                f'restore it or train into a new --train_dir')
+        names = {field.name for field in dataclasses.fields(cls)}
+        return cls(**{name: value for name, value in values.items() if name in names})
+
+    def save(self, directory):
+        """Writes the configuration to directory/run_config.json, atomically."""
+        os.makedirs(directory, exist_ok=True)
+        path = path_in(directory)
+        tmp_path = path + '.tmp'
+        with open(tmp_path, 'w', encoding='utf-8') as f:
+            json.dump(self.to_dict(), f, indent=2, sort_keys=True, ensure_ascii=False)
+            f.write('\n')
+        os.replace(tmp_path, path)
+
+    @classmethod
+    def load(cls, directory):
+        """Returns the RunConfig saved in directory, or None when there is none."""
+        path = path_in(directory)
+        if not os.path.exists(path):
+            return None
+        try:
+            with open(path, encoding='utf-8') as f:
+                values = json.load(f)
+        except (OSError, ValueError) as e:
+            raise onu_dataset.DataError(
+                f'{path}: unreadable run configuration ({e}); restore it or train into a new '
+                f'--train_dir') from None
+        if not isinstance(values, dict):
+            raise onu_dataset.DataError(f'{path}: not a run configuration (a JSON object); restore it '
+                                        f'or train into a new --train_dir')
+        return cls.from_dict(values, source=path)
+
+
+def path_in(directory):
+    """Returns the path of the run configuration in directory."""
+    return os.path.join(directory, RUN_CONFIG_FILENAME)
