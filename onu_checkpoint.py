@@ -194,15 +194,16 @@ def training_saver(max_to_keep):
     return tf.compat.v1.train.Saver(max_to_keep=max_to_keep, save_relative_paths=True)
 
 
-def check_resumable(train_dir, config, saved_config):
-    """Fails clearly when train_dir holds a run (saved_config) that config cannot resume."""
-    if not saved_config or not list_checkpoints(train_dir):
+def check_resumable(train_dir, run_config, saved):
+    """Fails clearly when train_dir holds a run (saved, a RunConfig) that run_config cannot resume."""
+    if not saved or not list_checkpoints(train_dir):
         return
     for key in ('model', 'image_size', 'class_names'):
-        if saved_config.get(key) != config[key]:
+        if getattr(saved, key) != getattr(run_config, key):
             raise onu_dataset.DataError(
-                f'{train_dir} holds a run with {key}={saved_config.get(key)!r}, not {config[key]!r}; '
-                f'pass the same flags to resume, or a new --train_dir to start over')
+                f'{train_dir} holds a run with {key}={getattr(saved, key)!r}, not '
+                f'{getattr(run_config, key)!r}; pass the same flags to resume, or a new --train_dir to '
+                f'start over')
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,13 +1,19 @@
 """What every onu script does first and last: a quiet start, deprecated flag spellings, one-line errors.
 
-Each script imports this module before TensorFlow (before any onu module that imports it): on
-import it sets TensorFlow's C++ logging to errors only, unless the user set TF_CPP_MIN_LOG_LEVEL
-or passed --verbose, and filters the known harmless deprecation warnings of tf-slim and the legacy
-layers. Real warnings (a skipped photo, a damaged record, a precision fallback) are the scripts'
-own lines and always print. This module imports no TensorFlow itself.
+Each script imports this module first, before TensorFlow and any onu module that imports it. On
+import, unless the user set TF_CPP_MIN_LOG_LEVEL or passed --verbose, it sets TensorFlow's C++
+logging to errors only and filters the known harmless deprecation warnings of tf-slim and the
+legacy layers, in this one place. A script that uses TensorFlow then calls import_tensorflow():
+TensorFlow 2.21 writes its start-up lines (oneDNN, CUDA probing) through absl before its log level
+applies, so they are dropped from the process's stderr while TensorFlow loads and probes its
+devices. Real warnings (a skipped photo, a damaged record, a precision fallback) are the scripts'
+own lines and always print. The data scripts never import TensorFlow, nor do their workers.
 """
+import contextlib
 import os
+import re
 import sys
+import tempfile
 import warnings
 
 from absl import flags
@@ -17,11 +23,20 @@ import onu_dataset  # no TensorFlow there either
 
 FLAGS = flags.FLAGS
 VERBOSE_FLAG = 'verbose'
+TF_LOG_LEVEL_ENV = 'TF_CPP_MIN_LOG_LEVEL'
 TF_LOG_LEVEL_ERRORS_ONLY = '2'  # TF_CPP_MIN_LOG_LEVEL: 0 everything, 1 no INFO, 2 no WARNING
+SET_BY_ONU_ENV = 'ONU_SET_TF_CPP_MIN_LOG_LEVEL'  # inherited by child processes: not the user's setting
+USER_SET_TF_LOG_LEVEL = TF_LOG_LEVEL_ENV in os.environ and SET_BY_ONU_ENV not in os.environ
 # Deprecation warnings that tf-slim and the tf.compat.v1 layers give on every run, about code that is
-# theirs: "`tf.layers.batch_normalization` is deprecated", "Call initializer instance with the dtype
-# argument", "`layer.apply` is deprecated", ... (Python warnings and TensorFlow's own logger).
-HARMLESS_WARNING_MODULES = r'(tf_slim|tf_keras|tensorflow|keras|absl)(\.|$)'
+# theirs: "`layer.apply` is deprecated", "`tf.layers.flatten` is deprecated", ... (Python warnings;
+# TensorFlow's own logger is set to errors in run_script).
+HARMLESS_WARNING_MODULES = r'(tf_slim|tf_keras|tensorflow|keras)(\.|$)'
+HARMLESS_WARNING_MESSAGES = r'.*(deprecated|dtype argument)'
+# TensorFlow's C++ lines at start-up: INFO and WARNING lines, absl's note that logging is not
+# initialised yet, and the CUDA driver probe failing on a machine without a GPU.
+NATIVE_START_UP_LINE = re.compile(r'([IW]\d{4} [\d:.]+ +\d+ \S+:\d+\] |'
+                                  r'WARNING: All log messages before absl::InitializeLog\(\) |'
+                                  r'E\d{4} .*\] failed call to cuInit: )')
 
 
 def verbose_requested(argv=None):
@@ -33,14 +48,51 @@ def verbose_requested(argv=None):
 def quiet_start(verbose):
     """Quiets TensorFlow's C++ start-up lines and the known deprecation warnings, unless verbose."""
     if verbose:
+        if SET_BY_ONU_ENV in os.environ:  # a parent onu script's quiet setting: not for a verbose run
+            os.environ.pop(TF_LOG_LEVEL_ENV, None)
+            os.environ.pop(SET_BY_ONU_ENV)
         return
-    os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', TF_LOG_LEVEL_ERRORS_ONLY)
+    if not USER_SET_TF_LOG_LEVEL:
+        os.environ[TF_LOG_LEVEL_ENV] = TF_LOG_LEVEL_ERRORS_ONLY
+        os.environ[SET_BY_ONU_ENV] = '1'
     warnings.filterwarnings('ignore', category=DeprecationWarning, module=HARMLESS_WARNING_MODULES)
     warnings.filterwarnings('ignore', category=FutureWarning, module=HARMLESS_WARNING_MODULES)
-    warnings.filterwarnings('ignore', category=UserWarning, module=r'(tf_slim|tf_keras)(\.|$)')
+    warnings.filterwarnings('ignore', message=HARMLESS_WARNING_MESSAGES, category=UserWarning,
+                            module=HARMLESS_WARNING_MODULES)
 
 
 quiet_start(verbose_requested())
+
+
+@contextlib.contextmanager
+def native_start_up_lines_dropped():
+    """Within it, what native code writes to stderr (fd 2) is kept back; after it, all but the start-up lines print."""
+    sys.stderr.flush()
+    saved_fd = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved_fd, 2)
+            os.close(saved_fd)
+            captured.seek(0)
+            kept = [line for line in captured.read().decode(errors='replace').splitlines(keepends=True)
+                    if not NATIVE_START_UP_LINE.match(line)]
+            sys.stderr.write(''.join(kept))
+            sys.stderr.flush()
+
+
+def import_tensorflow():
+    """Imports TensorFlow and lets it probe its devices, quietly unless --verbose or the user's log level."""
+    if verbose_requested() or USER_SET_TF_LOG_LEVEL:
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+        return tf
+    with native_start_up_lines_dropped():
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+        tf.config.list_physical_devices('GPU')
+    return tf
 
 flags.DEFINE_boolean(VERBOSE_FLAG, False, 'Show everything: TensorFlow\'s C++ log, its INFO lines and '
                      'the deprecation warnings a normal run hides.')
@@ -93,11 +145,11 @@ def apply_deprecated_aliases():
         new.present = old.present
 
 
-def run_script(body, argv, takes_arguments=False, user_errors=()):
+def run_script(body, argv, takes_arguments=False, user_errors=(), failures=()):
     """Runs body() for a script's main; a user error becomes one `error: <message>` line, exit 2.
 
     user_errors: exception types whose message is for the user (onu_dataset.DataError and
-    flags.Error always are).
+    flags.Error always are); failures: those that end a run that went wrong (one line, exit 1).
     """
     if len(argv) > 1 and not takes_arguments:
         print(f'error: unexpected arguments {argv[1:]}; see --help', file=sys.stderr)
@@ -112,3 +164,6 @@ def run_script(body, argv, takes_arguments=False, user_errors=()):
     except (onu_dataset.DataError, flags.Error) + tuple(user_errors) as e:
         print(f'error: {e}', file=sys.stderr)
         return 2
+    except tuple(failures) as e:
+        print(f'error: {e}', file=sys.stderr)
+        return 1

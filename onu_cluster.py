@@ -24,6 +24,7 @@ The known traps, and how they are handled here:
 
 A library module: explicit arguments only, no flags.
 """
+import contextlib
 import dataclasses
 import json
 import time
@@ -93,13 +94,29 @@ class ClusterTask:
         return tf.train.ClusterSpec({PS_JOB: list(self.ps_hosts), WORKER_JOB: list(self.worker_hosts)})
 
 
-def resolve_task(ps_hosts, worker_hosts, job_name, task_index, tf_config=None):
+def resolve_task(ps_hosts, worker_hosts, job_name, task_index, tf_config=None, sync_replicas=False,
+                 model_given=True):
     """Returns this process's ClusterTask, or None for training on one machine.
 
     The flags' values (ps_hosts, worker_hosts, job_name, task_index) win when any is given;
     otherwise tf_config (the TF_CONFIG JSON string) describes the cluster. A TF_CONFIG cluster
-    of a single worker or chief and no ps means one machine.
+    of a single worker or chief and no ps means one machine. sync_replicas needs a cluster; a
+    worker needs model_given (every worker must build the same model).
     """
+    task = _described_task(ps_hosts, worker_hosts, job_name, task_index, tf_config)
+    if task is None and sync_replicas:
+        raise ClusterConfigError(
+            '--sync_replicas needs a cluster (--ps_hosts and --worker_hosts, or TF_CONFIG); on one '
+            'machine onu_multi_gpu_train.py trains synchronously on several GPUs')
+    if task and task.job_name == WORKER_JOB and not model_given:
+        raise ClusterConfigError(
+            f'{task.name}: give --model on a cluster; every worker must build the same model and the '
+            f'default depends on the machine\'s GPUs')
+    return task
+
+
+def _described_task(ps_hosts, worker_hosts, job_name, task_index, tf_config):
+    """Returns the ClusterTask the flags' values or else tf_config describe, or None."""
     if ps_hosts or worker_hosts or job_name:
         task = ClusterTask(tuple(ps_hosts), tuple(worker_hosts), job_name, task_index)
         _check_task(task, '--ps_hosts, --worker_hosts, --job_name and --task_index')
@@ -166,7 +183,7 @@ def _check_task(task, source):
                                  f'its own host:port')
 
 
-def session_config(base_config, task):
+def task_session_config(base_config, task):
     """Returns base_config restricted to the devices this task talks to (the device filters).
 
     A worker sees the parameter servers and itself, never its peers, so it neither waits for a
@@ -255,6 +272,89 @@ def wait_for_chief(target, config, poll_secs=CHIEF_POLL_SECS, timeout_secs=CHIEF
             time.sleep(poll_secs)
     if announced:
         print(f'The chief is ready (waited {time.time() - started:.1f} s).', flush=True)
+
+
+class Role:
+    """This process's part in training: the one worker of a single machine, or one task of a cluster.
+
+    The training scripts call the same methods either way; on one machine they do nothing.
+    """
+
+    def __init__(self, session_config, task=None, server=None, replicas=None):
+        self.session_config = session_config
+        self.task = task
+        self._server = server
+        self._replicas = replicas
+
+    @property
+    def is_ps(self):
+        """True for a parameter server, which only serves variables."""
+        return bool(self.task) and self.task.job_name == PS_JOB
+
+    @property
+    def is_chief(self):
+        """True where checkpoints and summaries are written: one machine, or the cluster's worker 0."""
+        return not self.task or self.task.is_chief
+
+    @property
+    def task_index(self):
+        """Returns the worker's index in its job (0 on one machine)."""
+        return self.task.task_index if self.task else 0
+
+    @property
+    def master(self):
+        """Returns the session target: '' (in-process) on one machine, else this task's server."""
+        return self._server.target if self._server else ''
+
+    @property
+    def num_replicas(self):
+        """Returns how many worker batches one global step trains on (1 unless synchronous)."""
+        return self._replicas.num_replicas if self._replicas else 1
+
+    @property
+    def stop_grace_period_secs(self):
+        """Returns how long the session waits for its threads at the end (short on a cluster)."""
+        return STOP_GRACE_PERIOD_SECS if self.task else 120
+
+    def device_scope(self):
+        """Returns the device context of the training graph: variables on the ps tasks on a cluster."""
+        return tf.compat.v1.device(device_setter(self.task)) if self.task else contextlib.nullcontext()
+
+    def synchronous(self, optimizer, global_step, moving_average_decay):
+        """Returns optimizer, made synchronous across the workers with --sync_replicas."""
+        if not self._replicas:
+            return optimizer
+        return self._replicas.wrap(optimizer, global_step, moving_average_decay)
+
+    def hooks(self):
+        """Returns the session hooks the role needs (those driving synchronous updates)."""
+        return self._replicas.hooks() if self._replicas else []
+
+    def wait_for_chief(self):
+        """On a non-chief worker: returns once the chief has initialised the default graph's variables."""
+        if not self.is_chief:
+            wait_for_chief(self.master, self.session_config)
+
+    def serve(self):
+        """On a parameter server: serves the variables until every worker is done."""
+        serve_until_workers_done(self.task, self.master, self.session_config)
+
+    def finish(self, steps_run):
+        """On a cluster: reports the steps this worker ran and tells the parameter servers it is done."""
+        if self.task:
+            print(f'{self.task.name} ran {steps_run} training steps.', flush=True)
+            signal_worker_done(self.task, self.master, self.session_config)
+
+
+def join(task, session_config, sync_replicas=False):
+    """Returns this process's Role: for a cluster task (see resolve_task) its server is started."""
+    if task is None:
+        return Role(session_config)
+    session_config = task_session_config(session_config, task)
+    server = start_server(task, session_config)
+    print(f'{task.name} of a cluster of {task.num_ps} ps and {task.num_workers} worker(s): '
+          f'serving at {server.target}', flush=True)
+    return Role(session_config, task, server, SyncReplicas(task) if sync_replicas else None)
 
 
 class SyncReplicas:

@@ -187,7 +187,7 @@ def find_class_names(data_dir):
     train_dir = os.path.join(data_dir, 'train')
     if not os.path.isdir(train_dir):
         raise DataError(f'{train_dir} not found: put photos in {data_dir}/train/<class>/ and {data_dir}/val/<class>/, '
-                        f'or run python make_sample_data.py --output_dir={data_dir}')
+                        f'or run python make_sample_data.py --data_dir={data_dir}')
     class_names = visible_subdirs(train_dir)
     if not class_names:
         raise DataError(f'{train_dir} has no class folders: put each class\'s photos in {train_dir}/<class>/')

@@ -10,7 +10,7 @@ writes TensorBoard summaries at the checkpoint's global step (Precision @ 1, eva
 cross-entropy, eval/recall/<class>, eval/confusion_matrix as a text table) and appends a JSON line
 to eval_dir/results.jsonl.
 It stops by itself once the training run's final step (onu_train.py --max_steps) is evaluated,
-after --timeout seconds without a new checkpoint, or after one evaluation with --run_once.
+after --timeout_secs seconds without a new checkpoint, or after one evaluation with --run_once.
 Model, image size, data and class names come from the training run's run_config.json; flags given
 on the command line override them.
 """
@@ -21,6 +21,8 @@ import sys
 import time
 from datetime import datetime
 
+import onu_cli  # first: quiet start
+onu_cli.import_tensorflow()  # noqa: E402  (TensorFlow's start-up lines dropped)
 from absl import app
 from absl import flags
 import numpy as np
@@ -31,6 +33,7 @@ import onu_dataset
 import onu_flags
 import onu_input
 import onu_model
+import onu_run_config
 
 DEFAULT_EVAL_DIR = '/tmp/onu_eval'
 RESULTS_FILENAME = 'results.jsonl'
@@ -80,7 +83,7 @@ def restore_checkpoint(session, checkpoint_path, run_config, allow_raw_weights):
         step = onu_checkpoint.checkpoint_step(checkpoint_path)
     except onu_checkpoint.READ_ERRORS as e:
         raise onu_checkpoint.read_error(checkpoint_path, e) from None
-    weights = onu_checkpoint.restore(session, checkpoint_path, run_config.get('moving_average_decay'),
+    weights = onu_checkpoint.restore(session, checkpoint_path, run_config.moving_average_decay,
                                      allow_raw_weights)
     return step, weights
 
@@ -89,23 +92,25 @@ def restore_checkpoint(session, checkpoint_path, run_config, allow_raw_weights):
 # Evaluation
 
 def eval_run_config(checkpoint_dir):
-    """Returns the training run's configuration with the model and data flags given here applied."""
-    saved = onu_flags.load_run_config(checkpoint_dir)
+    """Returns the training run's RunConfig with the model and data flags given here applied."""
+    saved = onu_run_config.RunConfig.load(checkpoint_dir)
     if not saved and not FLAGS.model:
         raise onu_dataset.DataError(
-            f'{onu_flags.run_config_path(checkpoint_dir)} not found, so the model is unknown: point '
+            f'{onu_run_config.path_in(checkpoint_dir)} not found, so the model is unknown: point '
             f'--checkpoint_dir at the --train_dir of onu_train.py, or give --model (and --image_size, '
             f'--data_dir, --data_format if training used others than the defaults)')
-    config = dict(saved or {'moving_average_decay': onu_model.DEFAULT_MOVING_AVERAGE_DECAY})
-    for name in ('model', 'data_dir', 'data_format', 'image_size'):
-        config[name] = onu_flags.value_or_saved(name, saved)
-    config['image_size'] = config['image_size'] or onu_model.DEFAULT_IMAGE_SIZE[config['model']]
-    return config
+    run_config = saved or onu_run_config.RunConfig(
+        model=FLAGS.model, image_size=FLAGS.image_size,
+        moving_average_decay=onu_model.DEFAULT_MOVING_AVERAGE_DECAY)
+    overrides = {name: onu_flags.value_or_saved(name, saved)
+                 for name in ('model', 'data_dir', 'data_format', 'image_size')}
+    run_config = run_config.replace(**overrides)
+    return run_config.replace(image_size=run_config.image_size or onu_model.DEFAULT_IMAGE_SIZE[run_config.model])
 
 
 def check_class_names(run_config, info):
     """Returns the class names the model was trained on; DataError if the data labels others."""
-    trained = tuple(run_config.get('class_names') or info.class_names)
+    trained = run_config.class_names or tuple(info.class_names)
     if trained != tuple(info.class_names):
         raise onu_dataset.DataError(
             f'{info.data_dir}: classes {", ".join(info.class_names)} but the model was trained on '
@@ -137,20 +142,20 @@ def evaluate(checkpoint_path, run_config, eval_data='val', batch_size=32, num_ex
     compute_dtype: a Precision's (bfloat16 or float16 rewrite the graph; variables stay float32).
     Raises onu_checkpoint.CheckpointGone when the checkpoint is deleted while it is read.
     """
-    data_dir, data_format = run_config['data_dir'], run_config['data_format']
+    data_dir, data_format = run_config.data_dir, run_config.data_format
     info = onu_input.dataset_info(data_dir, data_format, eval_data)
     class_names = check_class_names(run_config, info)
     limit = min(num_examples or info.num_examples, info.num_examples)
     with tf.Graph().as_default():
         images, labels = onu_input.inputs(eval_data, data_dir, data_format, batch_size,
-                                          run_config['image_size'])
-        logits, _ = onu_model.inference(images, len(class_names), run_config['model'],
+                                          run_config.image_size)
+        logits, _ = onu_model.inference(images, len(class_names), run_config.model,
                                         is_training=False, create_aux_logits=False)
         losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
         predictions = tf.argmax(logits, axis=1, output_type=tf.int32)
-        config = onu_model.set_precision_options(onu_flags.session_config(hide_gpus=device == 'cpu'),
-                                                 compute_dtype)
-        with tf.compat.v1.Session(config=config) as session:
+        session_config = onu_model.set_precision_options(
+            onu_flags.session_config(hide_gpus=device == 'cpu'), compute_dtype)
+        with tf.compat.v1.Session(config=session_config) as session:
             step, weights = restore_checkpoint(session, checkpoint_path, run_config, allow_raw_weights)
             with onu_input.damaged_records_as_data_error(data_dir, data_format, eval_data):
                 confusion, loss_sum = count_predictions(session, labels, predictions, losses,
@@ -200,10 +205,10 @@ def result_record(result, run_config, eval_data):
         'confusion_matrix': result.confusion.tolist(),
         'class_names': list(result.class_names),
         'weights': result.weights,
-        'model': run_config['model'],
-        'image_size': run_config['image_size'],
-        'data_dir': run_config['data_dir'],
-        'data_format': run_config['data_format'],
+        'model': run_config.model,
+        'image_size': run_config.image_size,
+        'data_dir': run_config.data_dir,
+        'data_format': run_config.data_format,
     }
 
 
@@ -245,21 +250,22 @@ def use_device(device):
 
 def final_step(checkpoint_dir):
     """Returns the step at which the training run stops (its saved --max_steps), or None."""
-    return (onu_flags.load_run_config(checkpoint_dir) or {}).get('max_steps')
+    run_config = onu_run_config.RunConfig.load(checkpoint_dir)
+    return run_config and run_config.max_steps
 
 
 def describe(run_config, eval_data, num_examples, eval_dir):
     """Prints what is evaluated, on which data, and where the results go."""
-    info = onu_input.dataset_info(run_config['data_dir'], run_config['data_format'], eval_data)
+    info = onu_input.dataset_info(run_config.data_dir, run_config.data_format, eval_data)
     count = f'all {info.num_examples}'
     if num_examples and num_examples < info.num_examples:
         count = f'the first {num_examples} of the {info.num_examples}'
     elif num_examples and num_examples > info.num_examples:
         print(f'--num_examples={num_examples} but the {eval_data} split has {info.num_examples}: '
               f'evaluating all of them.', flush=True)
-    size = run_config['image_size']
-    print(f'Evaluating {run_config["model"]} at {size}x{size} on {count} {eval_data} examples '
-          f'({run_config["data_format"]}) of {run_config["data_dir"]}; results in {eval_dir}',
+    size = run_config.image_size
+    print(f'Evaluating {run_config.model} at {size}x{size} on {count} {eval_data} examples '
+          f'({run_config.data_format}) of {run_config.data_dir}; results in {eval_dir}',
           flush=True)
 
 
@@ -307,7 +313,7 @@ def reported_results(eval_dir, eval_data):
 
 
 def evaluate_checkpoints(writer, precision):
-    """Evaluates each new checkpoint of --checkpoint_dir once, until the final step, --timeout or --run_once.
+    """Evaluates each new checkpoint of --checkpoint_dir once, until the final step, --timeout_secs or --run_once.
 
     Checkpoints whose step results.jsonl already holds (an earlier run of the evaluator) are not
     evaluated again; damaged ones are skipped with a note.
@@ -336,12 +342,12 @@ def evaluate_checkpoints(writer, precision):
                 return
             pending = [path for path in onu_checkpoint.list_checkpoints(checkpoint_dir) if path not in done][-1:]
         else:
-            pending = wait_for_checkpoints(checkpoint_dir, done, FLAGS.eval_interval_secs, FLAGS.timeout)
+            pending = wait_for_checkpoints(checkpoint_dir, done, FLAGS.eval_interval_secs, FLAGS.timeout_secs)
         if not pending and not done:
-            raise no_checkpoint_error(checkpoint_dir, None if FLAGS.run_once else FLAGS.timeout)
+            raise no_checkpoint_error(checkpoint_dir, None if FLAGS.run_once else FLAGS.timeout_secs)
         if not pending:
             if not FLAGS.run_once:
-                print(f'No new checkpoint in {checkpoint_dir} for {FLAGS.timeout:g} s: stopping.', flush=True)
+                print(f'No new checkpoint in {checkpoint_dir} for {FLAGS.timeout_secs:g} s: stopping.', flush=True)
             return
         if run_config is None:
             run_config = eval_run_config(checkpoint_dir)
@@ -387,7 +393,7 @@ def define_flags():
                          'val is read in class order, so a few give a quick check, not a fair sample.',
                          lower_bound=1)
     flags.DEFINE_boolean('run_once', False, 'Evaluate the latest checkpoint once, then exit.')
-    flags.DEFINE_float('timeout', None, 'Stop after this many seconds without a new checkpoint '
+    flags.DEFINE_float('timeout_secs', None, 'Stop after this many seconds without a new checkpoint '
                        '(default: wait until the training run\'s final step).', lower_bound=0)
     onu_flags.define_allow_raw_weights_flag(
         'Evaluate the raw weights when a checkpoint has no moving averages of them.')
@@ -397,6 +403,7 @@ def define_flags():
         'float32', 'float32 (default), mixed (bfloat16 on a CPU with AMX/AVX512_BF16, float16 on a GPU of '
         'compute capability 7.0+) or auto (mixed where there is such a fast path). Any precision reads '
         'checkpoints of any other.')
+    onu_cli.define_deprecated_alias('timeout', 'timeout_secs')
 
 
 def evaluate_from_flags():
@@ -416,7 +423,7 @@ def evaluate_from_flags():
 
 
 def main(argv):
-    return onu_flags.run_script(evaluate_from_flags, argv)
+    return onu_cli.run_script(evaluate_from_flags, argv)
 
 
 if __name__ == '__main__':

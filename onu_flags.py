@@ -12,9 +12,11 @@ from absl import flags
 import tensorflow as tf
 
 import onu_cli
+import onu_cluster
 import onu_dataset
 import onu_input
 import onu_model
+import onu_run_config
 
 DEFAULT_TRAIN_DIR = '/tmp/onu_train'
 
@@ -76,6 +78,8 @@ def session_config(hide_gpus=False):
 
 def define_training_flags():
     """Declares the flags of the training scripts (onu_train.py, onu_multi_gpu_train.py, every cluster task)."""
+    if 'train_dir' in FLAGS:  # declared already by another script imported into this process (tests)
+        return
     flags.DEFINE_string('train_dir', DEFAULT_TRAIN_DIR,
                         'Where checkpoints, event files and run_config.json go; training resumes from it.')
     flags.DEFINE_integer('max_steps', 2000, 'Global step at which training stops (counted across restarts).',
@@ -146,6 +150,8 @@ def define_training_flags():
 
 def define_num_gpus_flag():
     """Declares --num_gpus, the towers of onu_multi_gpu_train.py."""
+    if 'num_gpus' in FLAGS:
+        return
     flags.DEFINE_integer('num_gpus', 1, 'How many GPUs to train on, one tower each; without GPUs the '
                          'towers run on the CPU.', lower_bound=1)
 
@@ -155,6 +161,21 @@ def augment_options():
     names = set(FLAGS.augmentations)
     return onu_input.AugmentOptions(
         **{f.name: f.name in names for f in dataclasses.fields(onu_input.AugmentOptions)})
+
+
+def training_run_config(precision, default_model_name):
+    """Returns the RunConfig the training flags describe (the model defaults to default_model_name)."""
+    model_name = FLAGS.model or default_model_name
+    if not FLAGS.model:
+        print(f'--model not given: using {model_name} '
+              f'({"a GPU is visible" if model_name != "small" else "no GPU visible"}).', flush=True)
+    info = onu_input.dataset_info(FLAGS.data_dir, FLAGS.data_format, 'train')
+    return onu_run_config.RunConfig(
+        model=model_name, image_size=FLAGS.image_size or onu_model.DEFAULT_IMAGE_SIZE[model_name],
+        class_names=info.class_names, num_examples_per_epoch=info.num_examples,
+        data_dir=os.path.abspath(FLAGS.data_dir), data_format=FLAGS.data_format,
+        precision=precision.name, compute_dtype=precision.compute_dtype, max_steps=FLAGS.max_steps,
+        moving_average_decay=FLAGS.moving_average_decay, flags=project_flag_values())
 
 
 def project_flag_values():

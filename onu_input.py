@@ -129,7 +129,7 @@ def dataset_info(data_dir, data_format, split):
     if not os.path.isdir(data_dir):
         raise onu_dataset.DataError(
             f'{data_dir}: data dir not found; make sample data with python make_sample_data.py '
-            f'--output_dir={data_dir} (then {_convert_command(data_dir, "encoded")} for records), '
+            f'--data_dir={data_dir} (then {_convert_command(data_dir, "encoded")} for records), '
             f'or point --data_dir at a folder with train/<class>/ and val/<class>/ photos')
     if data_format == 'images':
         return _images_info(data_dir, split)

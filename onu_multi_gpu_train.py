@@ -10,25 +10,32 @@ towers' gradients are averaged and applied once, so the global step advances onc
 the learning rate decays per num_gpus x batch_size examples. Batch-norm statistics and summaries
 come from tower 0; the moving averages of the weights are kept as in onu_train.py.
 
-Everything else is onu_train.py's: flags, hooks, logging, resuming, run_config.json and the
-checkpoints, whose variable names are the same, so onu_eval.py evaluates them and either script
-resumes them; also the multi-machine flags (each worker then trains its own towers). Without GPUs
-the towers run on the CPU: that exercises the tower logic, it is not faster.
+Everything else is onu_train.py's (through onu_flags and onu_training): flags, hooks, logging,
+resuming, run_config.json and the checkpoints, whose variable names are the same, so onu_eval.py
+evaluates them and either script resumes them; also the multi-machine flags (each worker then
+trains its own towers). Without GPUs the towers run on the CPU: that exercises the tower logic, it
+is not faster.
 """
+import os
 import sys
 
+import onu_cli  # first: quiet start
+onu_cli.import_tensorflow()  # noqa: E402  (TensorFlow's start-up lines dropped)
 from absl import app
 from absl import flags
 import tensorflow as tf
 
+import onu_cluster
+import onu_flags
 import onu_input
 import onu_model
-import onu_train
+import onu_run_config
+import onu_training
 
 FLAGS = flags.FLAGS
 
-flags.DEFINE_integer('num_gpus', 1, 'How many GPUs to train on, one tower each; without GPUs the '
-                     'towers run on the CPU.', lower_bound=1)
+onu_flags.define_training_flags()
+onu_flags.define_num_gpus_flag()
 
 TOWER_NAME = 'tower'
 VARIABLE_DEVICE = '/cpu:0'
@@ -119,12 +126,36 @@ def _keep_first_tower_summaries(num_towers):
     summaries[:] = [summary for summary in summaries if not summary.op.name.startswith(others)]
 
 
-def build_multi_gpu_graph(config, examples_per_step, replicas=None):
-    """Builds input, towers, averaged update, summaries; returns (train_op, total_loss, global_step, lr).
+def tower_inputs(devices, run_config, seed):
+    """Returns the step's batch tuple: (images, labels), or (uint8 images, labels, draws) to augment per tower."""
+    batch_size = FLAGS.batch_size * len(devices)
+    if FLAGS.augment_on == 'model':  # each tower augments its own slice on its own device
+        return onu_input.undistorted_inputs(FLAGS.data_dir, FLAGS.data_format, batch_size,
+                                            run_config.image_size, seed=seed,
+                                            reduced_decode=FLAGS.reduced_decode)
+    return onu_input.distorted_inputs(FLAGS.data_dir, FLAGS.data_format, batch_size, run_config.image_size,
+                                      augment=onu_flags.augment_options(), seed=seed,
+                                      reduced_decode=FLAGS.reduced_decode)
 
-    examples_per_step: what one global step trains on (towers x batch, times the workers when
-    replicas, an onu_cluster.SyncReplicas, synchronises them), for the learning-rate schedule.
+
+def train():
+    """Trains the model the flags describe on --num_gpus towers (one task of a cluster, or this machine).
+
+    Returns the exit code: 0, or 128 + the signal that stopped training.
     """
+    precision = onu_flags.resolve_precision(FLAGS.precision)
+    role = onu_cluster.join(
+        onu_cluster.resolve_task(FLAGS.ps_hosts, FLAGS.worker_hosts, FLAGS.job_name, FLAGS.task_index,
+                                 os.environ.get('TF_CONFIG'), FLAGS.sync_replicas, FLAGS.model is not None),
+        onu_model.set_precision_options(onu_flags.session_config(), precision.compute_dtype, FLAGS.xla),
+        FLAGS.sync_replicas)
+    if role.is_ps:
+        return role.serve()
+    onu_training.prepare_data(FLAGS.data_dir, FLAGS.data_format)
+    run_config = onu_flags.training_run_config(precision, onu_training.default_model_name())
+    onu_training.start_run(FLAGS.train_dir, run_config, onu_run_config.RunConfig.load(FLAGS.train_dir),
+                           role.is_chief)
+    resume_from = onu_training.resume_point(FLAGS.train_dir, role.is_chief)
     devices = tower_devices(FLAGS.num_gpus, len(tf.config.list_physical_devices('GPU')))
     if devices[0] == VARIABLE_DEVICE:
         print(f'{len(devices)} towers on the CPU (TensorFlow sees no GPU): this exercises the tower '
@@ -132,55 +163,63 @@ def build_multi_gpu_graph(config, examples_per_step, replicas=None):
     else:
         print(f'{len(devices)} towers on {", ".join(devices)}, variables on {VARIABLE_DEVICE}.', flush=True)
     print(f'{FLAGS.batch_size} examples per tower, {FLAGS.batch_size * len(devices)} per step.', flush=True)
-    if FLAGS.seed is not None:
-        tf.compat.v1.set_random_seed(FLAGS.seed)
-    with tf.device(VARIABLE_DEVICE):
-        global_step = tf.compat.v1.train.get_or_create_global_step()
-        batch_size = FLAGS.batch_size * len(devices)
-        if FLAGS.augment_on == 'model':  # each tower augments its own slice on its own device
-            batch = onu_input.undistorted_inputs(FLAGS.data_dir, FLAGS.data_format, batch_size,
-                                                 config['image_size'], seed=FLAGS.seed,
-                                                 reduced_decode=FLAGS.reduced_decode)
-        else:
-            batch = onu_input.distorted_inputs(
-                FLAGS.data_dir, FLAGS.data_format, batch_size, config['image_size'],
-                augment=onu_train.augment_options(), seed=FLAGS.seed, reduced_decode=FLAGS.reduced_decode)
-        labels = batch[1]
-        optimizer = onu_train.make_optimizer(config, global_step, examples_per_step)
-        tower_outputs = []
+    examples_per_step = FLAGS.batch_size * len(devices) * role.num_replicas
 
-        def tower_loss(tower_images, tower_labels, tower_draws=None):
-            if tower_draws is not None:
-                tower_images = onu_input.augment_batch(tower_images, tower_draws,
-                                                       onu_train.augment_options())
-                if not tower_outputs:
-                    onu_input.add_input_summary(tower_images)
-            logits, end_points = onu_model.inference(
-                tower_images, config['num_classes'], config['model'], is_training=True,
-                weight_decay=FLAGS.weight_decay)
-            tower_outputs.append((logits, end_points))
-            return onu_model.loss(logits, tower_labels, end_points, FLAGS.label_smoothing)
+    with tf.Graph().as_default():
+        # The graph: one input pipeline, a tower per device, the averaged update.
+        with role.device_scope(), tf.device(VARIABLE_DEVICE):
+            seed = onu_training.input_seed(FLAGS.seed, role.task_index, resume_from)
+            tf.compat.v1.set_random_seed(seed)
+            global_step = tf.compat.v1.train.get_or_create_global_step()
+            batch = tower_inputs(devices, run_config, seed)
+            learning_rate = onu_model.make_learning_rate(
+                global_step, FLAGS.learning_rate or onu_model.DEFAULT_LEARNING_RATE[run_config.model],
+                FLAGS.learning_rate_schedule, run_config.num_examples_per_epoch, examples_per_step,
+                FLAGS.num_epochs_per_decay, FLAGS.learning_rate_decay_factor)
+            optimizer = onu_model.make_optimizer(FLAGS.optimizer, learning_rate, run_config.compute_dtype)
+            tower_outputs = []
 
-        tower_grads, tower_losses = tower_gradients(
-            optimizer, tower_loss, batch, devices,
-            lambda: onu_model.variables_to_train(FLAGS.trainable_scopes))
-        _keep_first_tower_summaries(len(devices))
-        update_ops = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS, tower_scope(0) + '/')
-        step_op = onu_train.apply_gradients(optimizer, average_gradients(tower_grads), global_step,
-                                            update_ops, replicas)
-        # The batch's losses (the towers' mean), named as in onu_train.py so that the checkpoints
-        # hold the same variables (the losses' moving averages among them).
-        total_loss = _mean_over_towers(tower_losses, 'total_loss')
-        logits = tf.concat([logits for logits, _ in tower_outputs], 0)
-        average_op = onu_train.add_training_summaries(logits, labels, tower_outputs[0][1], total_loss,
-                                                      _tower_averaged_losses(len(devices)))
-        train_op = tf.group(step_op, average_op)
-    return train_op, total_loss, global_step, onu_model.get_learning_rate()
+            def tower_loss(tower_images, tower_labels, tower_draws=None):
+                if tower_draws is not None:
+                    tower_images = onu_input.augment_batch(tower_images, tower_draws, onu_flags.augment_options())
+                    if not tower_outputs:
+                        onu_input.add_input_summary(tower_images)
+                logits, end_points = onu_model.inference(
+                    tower_images, run_config.num_classes, run_config.model, is_training=True,
+                    weight_decay=FLAGS.weight_decay)
+                tower_outputs.append((logits, end_points))
+                return onu_model.loss(logits, tower_labels, end_points, FLAGS.label_smoothing)
 
+            tower_grads, tower_losses = tower_gradients(
+                optimizer, tower_loss, batch, devices,
+                lambda: onu_model.variables_to_train(FLAGS.trainable_scopes))
+            _keep_first_tower_summaries(len(devices))
+            # The batch's losses (the towers' mean), named as in onu_train.py so that the checkpoints
+            # hold the same variables (the losses' moving averages among them).
+            total_loss = _mean_over_towers(tower_losses, 'total_loss')
+            average_op = onu_training.add_training_summaries(
+                tf.concat([logits for logits, _ in tower_outputs], 0), batch[1], tower_outputs[0][1],
+                total_loss, _tower_averaged_losses(len(devices)), histograms=FLAGS.histograms)
+            optimizer = role.synchronous(optimizer, global_step, FLAGS.moving_average_decay)
+            train_op = onu_model.build_train_op(
+                optimizer, average_gradients(tower_grads), global_step, FLAGS.moving_average_decay,
+                update_ops=tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS, tower_scope(0) + '/'),
+                extra_ops=[average_op])
 
-def train():
-    """Trains the model described by the flags on --num_gpus towers."""
-    return onu_train.train_model(build_multi_gpu_graph, FLAGS.batch_size * FLAGS.num_gpus)
+        # The hooks and the loop: as in onu_train.py.
+        scaffold = onu_training.make_scaffold(FLAGS.train_dir, resume_from, FLAGS.fine_tune_checkpoint,
+                                              FLAGS.checkpoint_exclude_scopes, FLAGS.keep_checkpoint_max)
+        hooks = onu_training.training_hooks(
+            run_config, FLAGS.train_dir, role, scaffold, total_loss, global_step, learning_rate,
+            examples_per_step, FLAGS.max_steps, FLAGS.log_frequency, FLAGS.save_checkpoint_secs,
+            FLAGS.save_checkpoint_steps, FLAGS.export_every_n_epochs)
+        role.wait_for_chief()
+        with onu_training.monitored_training_session(role, FLAGS.train_dir, scaffold, hooks,
+                                                     FLAGS.save_summaries_steps, FLAGS.data_dir,
+                                                     FLAGS.data_format) as session:
+            while not session.should_stop():
+                session.run(train_op)
+    return onu_training.finish(hooks, role, FLAGS.train_dir, FLAGS.max_steps)
 
 
 def main(argv):
@@ -189,7 +228,8 @@ def main(argv):
         print(f'error: --num_gpus={FLAGS.num_gpus} but TensorFlow sees {num_gpus_visible} GPU(s); '
               f'use --num_gpus={num_gpus_visible} or fewer', file=sys.stderr)
         return 2
-    return onu_train.run_main(train, argv)
+    return onu_cli.run_script(train, argv, user_errors=(onu_cluster.ClusterConfigError,),
+                              failures=(onu_training.NanLossError,))
 
 
 if __name__ == '__main__':

@@ -5,7 +5,7 @@
 
 --model_dir is an exported SavedModel version folder, an export folder of versions (the newest is
 used), or a training run's train_dir (its latest checkpoint, with the moving averages of the weights,
-built in-process with onu_export's serving graph). Folders are searched recursively; hidden files are
+built in-process with onu_serving's graph). Folders are searched recursively; hidden files are
 ignored. Each image is sent to the serving signature as the bytes an encoded TFRecord of it would
 hold: the file itself for an upright JPEG, else the upright image re-encoded (EXIF orientation
 applied, as convert_to_tfrecord.py does), so predictions equal evaluation on encoded records.
@@ -21,15 +21,18 @@ import json
 import os
 import sys
 
+import onu_cli  # first: quiet start
+onu_cli.import_tensorflow()  # noqa: E402  (TensorFlow's start-up lines dropped)
 from absl import app
 from absl import flags
 import tensorflow as tf
 
-import convert_to_tfrecord
 import onu_checkpoint
 import onu_dataset
-import onu_export
 import onu_flags
+import onu_records
+import onu_run_config
+import onu_serving
 
 
 class Classifier:
@@ -56,54 +59,54 @@ def _saved_model_classifier(version_dir):
     graph = tf.Graph()
     session = tf.compat.v1.Session(graph=graph)
     try:
-        meta_graph = tf.compat.v1.saved_model.load(session, onu_export.SAVED_MODEL_TAGS, version_dir)
+        meta_graph = tf.compat.v1.saved_model.load(session, onu_serving.SAVED_MODEL_TAGS, version_dir)
     except BaseException:
         session.close()
         raise
-    signature = meta_graph.signature_def.get(onu_export.SERVING_SIGNATURE)
-    if signature is None or onu_export.BYTES_INPUT not in signature.inputs:
+    signature = meta_graph.signature_def.get(onu_serving.SERVING_SIGNATURE)
+    if signature is None or onu_serving.BYTES_INPUT not in signature.inputs:
         session.close()
         raise onu_dataset.DataError(
-            f'{version_dir}: no {onu_export.SERVING_SIGNATURE} signature taking '
-            f'{onu_export.BYTES_INPUT}; export the model with python onu_export.py')
-    image_bytes = graph.get_tensor_by_name(signature.inputs[onu_export.BYTES_INPUT].name)
+            f'{version_dir}: no {onu_serving.SERVING_SIGNATURE} signature taking '
+            f'{onu_serving.BYTES_INPUT}; export the model with python onu_export.py')
+    image_bytes = graph.get_tensor_by_name(signature.inputs[onu_serving.BYTES_INPUT].name)
     outputs = {key: graph.get_tensor_by_name(info.name) for key, info in signature.outputs.items()}
-    config = onu_export.load_export_config(version_dir) or {}
-    num_classes = outputs[onu_export.OUTPUT_PROBABILITIES].shape[-1]
-    class_names = config.get('class_names') or [str(index) for index in range(num_classes)]
+    run_config = onu_serving.load_export_config(version_dir)
+    num_classes = outputs[onu_serving.OUTPUT_PROBABILITIES].shape[-1]
+    class_names = (run_config and run_config.class_names) or [str(index) for index in range(num_classes)]
     return Classifier(session, image_bytes, outputs, class_names, f'SavedModel {version_dir}')
 
 
 def _checkpoint_classifier(train_dir, allow_raw_weights):
     """Returns a Classifier over the serving graph with train_dir's latest checkpoint."""
-    run_config = onu_export.load_training_config(train_dir)
+    run_config = onu_serving.load_training_config(train_dir)
     checkpoint_path = onu_checkpoint.find_checkpoint(
         train_dir, use_instead=lambda alternative: f'export it (python onu_export.py --checkpoint_dir={train_dir} '
                                                    f'--checkpoint_path={alternative}) and classify with '
-                                                   f'--model_dir={onu_export.default_export_dir(train_dir)}')
+                                                   f'--model_dir={onu_serving.default_export_dir(train_dir)}')
     graph = tf.Graph()
     with graph.as_default():
-        inputs, outputs = onu_export.build_serving_graph(run_config)[onu_export.SERVING_SIGNATURE]
+        inputs, outputs = onu_serving.build_serving_graph(run_config)[onu_serving.SERVING_SIGNATURE]
     session = tf.compat.v1.Session(graph=graph)
     try:
-        weights = onu_checkpoint.restore(session, checkpoint_path, run_config.get('moving_average_decay'),
+        weights = onu_checkpoint.restore(session, checkpoint_path, run_config.moving_average_decay,
                                          allow_raw_weights)
     except BaseException:
         session.close()
         raise
-    return Classifier(session, inputs[onu_export.BYTES_INPUT], outputs, run_config['class_names'],
+    return Classifier(session, inputs[onu_serving.BYTES_INPUT], outputs, run_config.class_names,
                       f'checkpoint {checkpoint_path} ({weights} weights)')
 
 
 def load_classifier(model_dir, allow_raw_weights=False):
     """Returns the Classifier of a SavedModel, the newest version in an export folder, or a train_dir."""
-    versions = onu_export.version_dirs(model_dir)
+    versions = onu_serving.version_dirs(model_dir)
     try:
-        if onu_export.is_saved_model(model_dir):
+        if onu_serving.is_saved_model(model_dir):
             return _saved_model_classifier(model_dir)
         if versions:
             return _saved_model_classifier(versions[-1][1])
-        if onu_flags.load_run_config(model_dir):
+        if onu_run_config.RunConfig.load(model_dir):
             return _checkpoint_classifier(model_dir, allow_raw_weights)
     except (tf.errors.OpError, OSError, RuntimeError) as e:
         raise onu_dataset.DataError(
@@ -136,7 +139,7 @@ def model_input_bytes(path):
     try:
         info = onu_dataset.read_image_info(path)
         # The bytes an encoded record holds (see the module docstring); pylint: disable=protected-access
-        payload, payload_format = convert_to_tfrecord._encoded_payload(info)
+        payload, payload_format = onu_records.encoded_payload(info)
     except OSError as e:
         raise onu_dataset.UnreadableImage(f'unreadable ({e.strerror or e})') from None
     if payload is None:
@@ -155,7 +158,7 @@ def _prediction(path, class_names, probabilities):
 def _classify_batch(classifier, batch):
     """Yields (path, prediction, None) or (path, None, reason) for a batch of (path, bytes)."""
     try:
-        probabilities = classifier.classify([data for _, data in batch])[onu_export.OUTPUT_PROBABILITIES]
+        probabilities = classifier.classify([data for _, data in batch])[onu_serving.OUTPUT_PROBABILITIES]
     except tf.errors.InvalidArgumentError as e:
         if len(batch) == 1:
             yield batch[0][0], None, f'cannot be decoded ({onu_checkpoint.one_line(e)})'
@@ -243,7 +246,7 @@ def define_flags():
 
 
 def main(argv):
-    return onu_flags.run_script(
+    return onu_cli.run_script(
         lambda: predict(argv[1:], FLAGS.model_dir, FLAGS.json, FLAGS.batch_size, FLAGS.allow_raw_weights),
         argv, takes_arguments=True)
 

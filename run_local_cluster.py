@@ -23,15 +23,19 @@ import sys
 import threading
 import time
 
+import onu_cli  # first: quiet start
+onu_cli.import_tensorflow()  # noqa: E402  (TensorFlow's start-up lines dropped)
 from absl import app
 from absl import flags
 
 import onu_cluster
 import onu_flags
-import onu_multi_gpu_train  # noqa: F401  pylint: disable=unused-import  (defines --num_gpus)
-import onu_train
+import onu_training
 
 FLAGS = flags.FLAGS
+
+onu_flags.define_training_flags()  # passed on to every task
+onu_flags.define_num_gpus_flag()
 
 flags.DEFINE_integer('num_workers', 2, 'How many workers to start (worker 0 is the chief).', lower_bound=1)
 flags.DEFINE_integer('num_ps', 1, 'How many parameter servers to start.', lower_bound=1)
@@ -72,7 +76,7 @@ def training_args():
     args = [FLAGS[name].serialize() for name in sorted(FLAGS)
             if FLAGS[name].present and name not in LAUNCHER_FLAGS + CLUSTER_FLAGS]
     if not FLAGS.model:  # every task must build the same model, whatever GPUs it sees
-        args.append(f'--model={onu_train.default_model_name()}')
+        args.append(f'--model={onu_training.default_model_name()}')
     return args
 
 
@@ -96,7 +100,6 @@ def _copy_output(name, stream):
 def start_task(name, command):
     """Starts one task; returns (process, the thread printing its output)."""
     env = dict(os.environ)
-    env.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # TensorFlow's C++ INFO and WARNING lines
     env.pop('TF_CONFIG', None)  # the cluster flags describe this cluster
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                errors='replace', bufsize=1, env=env, cwd=REPO_DIR)
@@ -155,7 +158,7 @@ def run_cluster():
     if given:
         raise onu_cluster.ClusterConfigError(
             f'--{given[0]} is the launcher\'s to set; give --num_workers and --num_ps instead')
-    onu_train.prepare_data(FLAGS.data_dir, FLAGS.data_format)
+    onu_training.prepare_data(FLAGS.data_dir, FLAGS.data_format)
     ports = free_ports(FLAGS.host, FLAGS.num_ps + FLAGS.num_workers)
     ps_hosts = [f'{FLAGS.host}:{port}' for port in ports[:FLAGS.num_ps]]
     worker_hosts = [f'{FLAGS.host}:{port}' for port in ports[FLAGS.num_ps:]]
@@ -183,7 +186,7 @@ def run_cluster():
 
 
 def main(argv):
-    return onu_flags.run_script(run_cluster, argv, user_errors=(onu_cluster.ClusterConfigError,))
+    return onu_cli.run_script(run_cluster, argv, user_errors=(onu_cluster.ClusterConfigError,))
 
 
 if __name__ == '__main__':

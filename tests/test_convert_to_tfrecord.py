@@ -1,4 +1,4 @@
-"""Tests of convert_to_tfrecord: record contents, manifest, bad input, safe shard writing, determinism, re-runs."""
+"""Tests of onu_records: record contents, manifest, bad input, safe shard writing, determinism, re-runs."""
 
 import hashlib
 import os
@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-import convert_to_tfrecord
+import onu_records
 import onu_dataset
 
 SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'convert_to_tfrecord.py')
@@ -148,11 +148,11 @@ def test_train_shuffled_across_shards_val_in_sorted_order(tiny_data_dir, tiny_re
 
 def test_same_seed_same_shards_for_any_process_count(make_tiny_dataset, tmp_path, monkeypatch):
     data_dir = make_tiny_dataset()
-    monkeypatch.setattr(convert_to_tfrecord, 'RAW_TASK_MAX_IMAGES', 1)  # 8 tasks cycling through 5 shared blocks
+    monkeypatch.setattr(onu_records, 'RAW_TASK_MAX_IMAGES', 1)  # 8 tasks cycling through 5 shared blocks
     outputs = {}
     for name, seed, processes in (('serial', 0, 1), ('parallel', 0, 2), ('other_seed', 1, 1)):
         records_dir = str(tmp_path / name)
-        convert_to_tfrecord.convert(data_dir, records_dir, num_shards=2, processes=processes, seed=seed)
+        onu_records.convert(data_dir, records_dir, num_shards=2, processes=processes, seed=seed)
         outputs[name] = {n: open(os.path.join(records_dir, n), 'rb').read()
                          for n in os.listdir(records_dir) if n.endswith('.tfrecord')}
     assert len(outputs['serial']) == 8
@@ -165,7 +165,7 @@ def test_bad_inputs_are_skipped_with_reasons_and_the_rest_decode_upright(messy_d
                                                                          pattern_image):
     before = _tree_digest(messy_data_dir)
     records_dir = str(tmp_path / 'records')
-    manifest = convert_to_tfrecord.convert(messy_data_dir, records_dir, processes=2)  # decoded by workers
+    manifest = onu_records.convert(messy_data_dir, records_dir, processes=2)  # decoded by workers
     assert _tree_digest(messy_data_dir) == before  # sources untouched, nothing written next to them
     skipped = {s['path']: s['reason'] for s in manifest['skipped']}
     expected_skips = {f'train/F603/{name}': word for name, word in messy_files.items() if word is not None}
@@ -209,7 +209,7 @@ def test_bad_inputs_are_skipped_with_reasons_and_the_rest_decode_upright(messy_d
 def test_strict_fails_on_unreadable_files_but_not_on_hidden_ones(messy_data_dir, make_tiny_dataset, tmp_path):
     records_dir = str(tmp_path / 'records')
     with pytest.raises(onu_dataset.DataError) as error:
-        convert_to_tfrecord.convert(messy_data_dir, records_dir, strict=True, processes=1)
+        onu_records.convert(messy_data_dir, records_dir, strict=True, processes=1)
     message = str(error.value)
     assert '\n' not in message and '--strict' in message and os.path.join(messy_data_dir, 'train', 'F603') in message
     assert not os.path.exists(records_dir)
@@ -217,7 +217,7 @@ def test_strict_fails_on_unreadable_files_but_not_on_hidden_ones(messy_data_dir,
     for name in ('.DS_Store', 'Thumbs.db'):
         with open(os.path.join(data_dir, 'train', 'F603', name), 'wb') as f:
             f.write(b'\x00' * 10)
-    manifest = convert_to_tfrecord.convert(data_dir, records_dir, formats=('encoded',), strict=True, processes=1)
+    manifest = onu_records.convert(data_dir, records_dir, formats=('encoded',), strict=True, processes=1)
     assert [s['reason'] for s in manifest['skipped']] == [onu_dataset.REASON_HIDDEN] * 2
 
 
@@ -234,27 +234,27 @@ def test_a_file_failing_to_decode_is_skipped_in_raw_or_fails_strict(make_tiny_da
     monkeypatch.setattr(onu_dataset, 'upright_rgb', failing_upright_rgb)
     records_dir = os.path.join(data_dir, 'tfrecords')
     with pytest.raises(onu_dataset.DataError) as error:
-        convert_to_tfrecord.convert(data_dir, formats=('raw',), strict=True, processes=1)
+        onu_records.convert(data_dir, formats=('raw',), strict=True, processes=1)
     assert str(error.value) == f'{broken}: decode failed: broken data stream (--strict): fix or remove the file'
     assert not any(name.endswith('.tfrecord') or '.tmp-' in name for name in os.listdir(records_dir))
-    manifest = convert_to_tfrecord.convert(data_dir, processes=1)
+    manifest = onu_records.convert(data_dir, processes=1)
     assert manifest['skipped'] == [
         {'path': 'train/F663N/00002.jpg', 'reason': 'decode failed: broken data stream', 'format': 'raw'}]
     assert manifest['splits']['train']['raw']['records_per_class'] == {'F603': 4, 'F663N': 3}
     assert manifest['splits']['train']['encoded']['records_per_class'] == {'F603': 4, 'F663N': 4}
     assert len(_read_records(records_dir, 'train', 'raw')) == 7
-    table = convert_to_tfrecord.summary_table(manifest)
+    table = onu_records.summary_table(manifest)
     assert 'skipped train/F663N/00002.jpg: decode failed: broken data stream' in table
 
 
 def test_class_set_mismatch_and_output_inside_photos_are_errors(make_tiny_dataset):
     data_dir = make_tiny_dataset()
     with pytest.raises(onu_dataset.DataError) as error:
-        convert_to_tfrecord.convert(data_dir, os.path.join(data_dir, 'train', 'records'), processes=1)
+        onu_records.convert(data_dir, os.path.join(data_dir, 'train', 'records'), processes=1)
     assert 'inside the photo folder' in str(error.value)
     shutil.rmtree(os.path.join(data_dir, 'val', 'F603'))
     with pytest.raises(onu_dataset.DataError) as error:
-        convert_to_tfrecord.convert(data_dir, processes=1)
+        onu_records.convert(data_dir, processes=1)
     assert "missing in val: ['F603']" in str(error.value)
     assert not os.path.exists(os.path.join(data_dir, 'tfrecords'))
 
@@ -266,11 +266,11 @@ def test_shards_are_renamed_into_place_only_after_a_full_read_back(make_tiny_dat
 
     def recording_replace(source, destination):
         if destination.endswith('.tfrecord'):
-            renames.append((source, destination, convert_to_tfrecord.count_records(source, 'NONE')))
+            renames.append((source, destination, onu_records.count_records(source, 'NONE')))
         real_replace(source, destination)
 
-    monkeypatch.setattr(convert_to_tfrecord.os, 'replace', recording_replace)
-    manifest = convert_to_tfrecord.convert(data_dir, num_shards=2, processes=1)
+    monkeypatch.setattr(onu_records.os, 'replace', recording_replace)
+    manifest = onu_records.convert(data_dir, num_shards=2, processes=1)
     records_dir = os.path.join(data_dir, 'tfrecords')
     expected = {os.path.join(records_dir, s['file']): s['records']
                 for split in manifest['splits'].values() for entry in split.values() for s in entry['shards']}
@@ -286,7 +286,7 @@ def test_interrupted_run_leaves_no_complete_looking_shard(make_tiny_dataset, mon
     stale_temp = os.path.join(records_dir, 'train-raw-00000-of-00002.tfrecord.tmp-99999')
     with open(stale_temp, 'wb') as f:
         f.write(b'left by a killed run')
-    real_count = convert_to_tfrecord.count_records
+    real_count = onu_records.count_records
     calls = []
 
     def interrupted_count(path, compression):
@@ -296,14 +296,14 @@ def test_interrupted_run_leaves_no_complete_looking_shard(make_tiny_dataset, mon
             raise KeyboardInterrupt
         return real_count(path, compression)
 
-    monkeypatch.setattr(convert_to_tfrecord, 'count_records', interrupted_count)
+    monkeypatch.setattr(onu_records, 'count_records', interrupted_count)
     with pytest.raises(KeyboardInterrupt):
-        convert_to_tfrecord.convert(data_dir, formats=('raw',), num_shards=2, processes=1)
+        onu_records.convert(data_dir, formats=('raw',), num_shards=2, processes=1)
     assert sorted(os.listdir(records_dir)) == [onu_dataset.LABELS_FILENAME, onu_dataset.MANIFEST_FILENAME,
                                                'train-raw-00000-of-00002.tfrecord']
     assert onu_dataset.read_manifest(records_dir)['splits']['train'] == {}  # readers see no raw records yet
-    monkeypatch.setattr(convert_to_tfrecord, 'count_records', real_count)
-    manifest = convert_to_tfrecord.convert(data_dir, formats=('raw',), num_shards=2, processes=1)
+    monkeypatch.setattr(onu_records, 'count_records', real_count)
+    manifest = onu_records.convert(data_dir, formats=('raw',), num_shards=2, processes=1)
     assert [len(_read_records(records_dir, s, 'raw')) for s in onu_dataset.SPLITS] == [8, 4]
     assert manifest['splits']['train']['raw']['records'] == 8
 
@@ -311,17 +311,17 @@ def test_interrupted_run_leaves_no_complete_looking_shard(make_tiny_dataset, mon
 def test_rerun_is_a_noop_until_inputs_change_or_overwrite(make_tiny_dataset, capsys):
     data_dir = make_tiny_dataset()
     records_dir = os.path.join(data_dir, 'tfrecords')
-    first = convert_to_tfrecord.convert(data_dir, processes=1)
+    first = onu_records.convert(data_dir, processes=1)
     shards = _shard_identities(records_dir)
     capsys.readouterr()
-    again = convert_to_tfrecord.convert(data_dir, processes=1)
+    again = onu_records.convert(data_dir, processes=1)
     assert 'up to date' in capsys.readouterr().out
     assert again == first and _shard_identities(records_dir) == shards
-    convert_to_tfrecord.convert(data_dir, processes=1, overwrite=True)
+    onu_records.convert(data_dir, processes=1, overwrite=True)
     assert set(_shard_identities(records_dir)) == set(shards)
     assert all(_shard_identities(records_dir)[n][0] != shards[n][0] for n in shards)  # every shard rewritten
     shutil.copy(os.path.join(data_dir, 'val', 'F603', '00000.jpg'), os.path.join(data_dir, 'val', 'F603', 'new.jpg'))
-    changed = convert_to_tfrecord.convert(data_dir, processes=1)
+    changed = onu_records.convert(data_dir, processes=1)
     assert 'up to date' not in capsys.readouterr().out
     assert changed['splits']['val']['encoded']['records_per_class'] == {'F603': 3, 'F663N': 2}
 
@@ -329,15 +329,15 @@ def test_rerun_is_a_noop_until_inputs_change_or_overwrite(make_tiny_dataset, cap
 def test_formats_built_separately_share_one_manifest_until_settings_change(make_tiny_dataset):
     data_dir = make_tiny_dataset()
     records_dir = os.path.join(data_dir, 'tfrecords')
-    convert_to_tfrecord.convert(data_dir, formats=('encoded',), processes=1)
+    onu_records.convert(data_dir, formats=('encoded',), processes=1)
     encoded_shards = _shard_identities(records_dir)
-    manifest = convert_to_tfrecord.convert(data_dir, formats=('raw',), processes=1)
+    manifest = onu_records.convert(data_dir, formats=('raw',), processes=1)
     assert set(manifest['splits']['train']) == {'raw', 'encoded'}
     assert {n: v for n, v in _shard_identities(records_dir).items() if 'encoded' in n} == encoded_shards
-    manifest = convert_to_tfrecord.convert(data_dir, formats=('raw',), overwrite=True, processes=1)
+    manifest = onu_records.convert(data_dir, formats=('raw',), overwrite=True, processes=1)
     assert set(manifest['splits']['val']) == {'raw', 'encoded'}  # --overwrite rebuilds only what was asked for
     assert {n: v for n, v in _shard_identities(records_dir).items() if 'encoded' in n} == encoded_shards
-    gzip = convert_to_tfrecord.convert(data_dir, formats=('raw',), compression='GZIP', processes=1)
+    gzip = onu_records.convert(data_dir, formats=('raw',), compression='GZIP', processes=1)
     assert gzip['compression'] == 'GZIP' and set(gzip['splits']['train']) == {'raw'}
     assert not any('encoded' in name for name in os.listdir(records_dir))  # stale records removed
     records = _read_records(records_dir, 'train', 'raw')
@@ -346,7 +346,7 @@ def test_formats_built_separately_share_one_manifest_until_settings_change(make_
 
 
 def test_summary_table(tiny_records_dir):
-    table = convert_to_tfrecord.summary_table(onu_dataset.read_manifest(tiny_records_dir)).splitlines()
+    table = onu_records.summary_table(onu_dataset.read_manifest(tiny_records_dir)).splitlines()
     assert table[0].split() == ['split', 'format', 'images', 'F603', 'F663N', 'skipped', 'source', 'MB', 'record',
                                 'MB', 'ratio', 'seconds']
     assert [row.split()[:6] for row in table[1:]] == [
@@ -375,11 +375,11 @@ def test_count_records_counts_only_complete_records(tmp_path, compression):
     with tf.io.TFRecordWriter(path, options) as writer:
         for size in (10, 0, 3000):
             writer.write(b'x' * size)
-    assert convert_to_tfrecord.count_records(path, compression) == 3
+    assert onu_records.count_records(path, compression) == 3
     if compression == 'NONE':
         whole = open(path, 'rb').read()
         # Cut inside the last record's data, inside its length header, and right after the second record.
         for cut, complete in ((len(whole) - 5, 2), (26 + 16 + 4, 2), (26 + 16, 2), (7, 0)):
             with open(path, 'wb') as f:
                 f.write(whole[:cut])
-            assert convert_to_tfrecord.count_records(path, compression) == complete, cut
+            assert onu_records.count_records(path, compression) == complete, cut

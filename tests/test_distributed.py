@@ -17,19 +17,16 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
-from absl import flags
-from absl.testing import flagsaver
 
 from conftest import REPO_ROOT
 from test_onu_train import checkpoint_step
 
-import make_sample_data
+import onu_sample_data
 import onu_cluster
 import onu_flags
-import onu_train
+import onu_run_config
 import run_local_cluster
 
-FLAGS = flags.FLAGS
 PROCESS_TIMEOUT_SECS = 300
 CLUSTER_FLAGS = ['--model=small', '--image_size=32', '--batch_size=2', '--log_frequency=1',
                  '--save_checkpoint_secs=600']
@@ -85,34 +82,21 @@ def test_unusable_cluster_descriptions_are_one_line_errors(args, message):
 def test_session_config_filters_devices_and_keeps_the_base_config():
     base = onu_flags.session_config()
     worker = onu_cluster.ClusterTask(('p:1', 'p:2'), ('w:1', 'w:2'), 'worker', 1)
-    config = onu_cluster.session_config(base, worker)
+    config = onu_cluster.task_session_config(base, worker)
     assert list(config.device_filters) == ['/job:ps', '/job:worker/task:1']
     assert config.allow_soft_placement and not base.device_filters
     ps = onu_cluster.ClusterTask(('p:1', 'p:2'), ('w:1', 'w:2'), 'ps', 1)
-    assert list(onu_cluster.session_config(base, ps).device_filters) == ['/job:ps/task:1']
+    assert list(onu_cluster.task_session_config(base, ps).device_filters) == ['/job:ps/task:1']
 
 
-@pytest.fixture
-def parsed_flags(monkeypatch):
-    """The training flags, parsed with their defaults for one test and restored afterwards."""
-    monkeypatch.delenv('TF_CONFIG', raising=False)
-    if not FLAGS.is_parsed():
-        FLAGS.mark_as_parsed()
-    with flagsaver.flagsaver():
-        yield FLAGS
-
-
-def test_training_flags_refuse_sync_without_a_cluster_and_a_worker_without_model(parsed_flags):
-    parsed_flags.sync_replicas = True
+def test_training_refuses_sync_without_a_cluster_and_a_worker_without_model():
     with pytest.raises(onu_cluster.ClusterConfigError, match='--sync_replicas needs a cluster'):
-        onu_train.cluster_task()
-    parsed_flags.sync_replicas = False
-    parsed_flags.ps_hosts, parsed_flags.worker_hosts, parsed_flags.job_name = ['p:1'], ['w:1'], 'worker'
-    parsed_flags.model = None
+        onu_cluster.resolve_task([], [], None, 0, None, sync_replicas=True)
     with pytest.raises(onu_cluster.ClusterConfigError, match='give --model on a cluster'):
-        onu_train.cluster_task()
-    parsed_flags.model = 'small'
-    assert onu_train.cluster_task().is_chief
+        onu_cluster.resolve_task(['p:1'], ['w:1'], 'worker', 0, None, model_given=False)
+    assert onu_cluster.resolve_task(['p:1'], ['w:1'], 'worker', 0, None, model_given=True).is_chief
+    assert onu_cluster.resolve_task(['p:1'], ['w:1'], 'ps', 0, None, model_given=False).job_name == 'ps'
+    assert onu_cluster.resolve_task([], [], None, 0, None) is None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -121,7 +105,7 @@ def test_training_flags_refuse_sync_without_a_cluster_and_a_worker_without_model
 def test_ps_stops_once_every_worker_signalled_and_a_worker_starts_soon_after_the_chief(capsys):
     hosts = [f'127.0.0.1:{port}' for port in run_local_cluster.free_ports('127.0.0.1', 3)]
     task = lambda job, index: onu_cluster.ClusterTask(hosts[:1], hosts[1:], job, index)  # noqa: E731
-    config = lambda t: onu_cluster.session_config(tf.compat.v1.ConfigProto(), t)  # noqa: E731
+    config = lambda t: onu_cluster.task_session_config(tf.compat.v1.ConfigProto(), t)  # noqa: E731
     parameter_servers = [onu_cluster.start_server(task('ps', 0), config(task('ps', 0)))]
     workers = [onu_cluster.start_server(task('worker', index), config(task('worker', index)))
                for index in range(2)]
@@ -167,7 +151,7 @@ def test_ps_stops_once_every_worker_signalled_and_a_worker_starts_soon_after_the
 def cluster_data_dir(tmp_path_factory):
     """16 tiny training photos (8 per class) and 4 validation ones."""
     data_dir = str(tmp_path_factory.mktemp('cluster') / 'data')
-    make_sample_data.generate_dataset(data_dir, 8, 2, (96, 72), seed=0, processes=1)
+    onu_sample_data.generate_dataset(data_dir, 8, 2, (96, 72), seed=0, processes=1)
     return data_dir
 
 
@@ -185,7 +169,7 @@ def assert_all_exited(pids):
 
 def test_launcher_trains_asynchronously_and_the_chief_checkpoint_evaluates(cluster_data_dir, tmp_path):
     train_dir = str(tmp_path / 'train')
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+    env = dict(os.environ)
     launcher = subprocess.Popen(
         [sys.executable, os.path.join(REPO_ROOT, 'run_local_cluster.py'), '--num_workers=2', *CLUSTER_FLAGS,
          f'--data_dir={cluster_data_dir}', f'--train_dir={train_dir}', '--max_steps=30', '--timeout_secs=240'],
@@ -207,8 +191,8 @@ def test_launcher_trains_asynchronously_and_the_chief_checkpoint_evaluates(clust
     assert checkpoint_step(train_dir) >= 30
     # The chief alone writes summaries and the run configuration.
     assert len([name for name in os.listdir(train_dir) if name.startswith('events.out.tfevents')]) == 1
-    config = onu_flags.load_run_config(train_dir)
-    assert (config['flags']['job_name'], config['flags']['task_index']) == ('worker', 0)
+    run_config = onu_run_config.RunConfig.load(train_dir)
+    assert (run_config.flags['job_name'], run_config.flags['task_index']) == ('worker', 0)
 
     eval_dir = str(tmp_path / 'eval')
     evaluated = subprocess.run(
@@ -227,7 +211,7 @@ def test_synchronous_workers_configured_by_tf_config_all_exit_promptly(cluster_d
     processes, logs = [], []
     try:
         for job, index in tasks:
-            env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2',
+            env = dict(os.environ,
                        TF_CONFIG=json.dumps({'cluster': cluster, 'task': {'type': job, 'index': index}}))
             log = open(tmp_path / f'{job}{index}.log', 'w+')
             logs.append(log)

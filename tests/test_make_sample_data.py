@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import make_sample_data
+import onu_sample_data
 import onu_dataset
 
 SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'make_sample_data.py')
@@ -28,27 +28,27 @@ def _files(data_dir):
 
 def test_layout_sizes_and_jpeg_files(tmp_path):
     data_dir = str(tmp_path / 'data')
-    info = make_sample_data.generate_dataset(data_dir, 3, 2, image_size=(96, 72), seed=1, processes=1)
+    info = onu_sample_data.generate_dataset(data_dir, 3, 2, photo_size=(96, 72), seed=1, processes=1)
     assert info['generated'] and info['files'] == 10
     assert onu_dataset.find_class_names(data_dir) == ['F603', 'F663N']
     for split, count in (('train', 3), ('val', 2)):
-        for class_name in make_sample_data.SAMPLE_CLASS_NAMES:
+        for class_name in onu_sample_data.SAMPLE_CLASS_NAMES:
             names = sorted(os.listdir(os.path.join(data_dir, split, class_name)))
             assert names == [f'{i:05d}.jpg' for i in range(count)]
             for name in names:
                 with Image.open(os.path.join(data_dir, split, class_name, name)) as image:
                     assert (image.format, image.mode, image.size) == ('JPEG', 'RGB', (96, 72))
     assert sum(len(data) for data in _files(data_dir).values()) == info['bytes']
-    assert sorted(os.listdir(data_dir)) == [make_sample_data.SAMPLE_INFO_FILENAME, 'train', 'val']
+    assert sorted(os.listdir(data_dir)) == [onu_sample_data.SAMPLE_INFO_FILENAME, 'train', 'val']
 
 
 def test_same_seed_same_bytes_for_any_process_count(tmp_path):
     first = str(tmp_path / 'one')
     second = str(tmp_path / 'two')
     other_seed = str(tmp_path / 'three')
-    make_sample_data.generate_dataset(first, 2, 1, image_size=(64, 48), seed=5, processes=1)
-    make_sample_data.generate_dataset(second, 2, 1, image_size=(64, 48), seed=5, processes=2)
-    make_sample_data.generate_dataset(other_seed, 2, 1, image_size=(64, 48), seed=6, processes=1)
+    onu_sample_data.generate_dataset(first, 2, 1, photo_size=(64, 48), seed=5, processes=1)
+    onu_sample_data.generate_dataset(second, 2, 1, photo_size=(64, 48), seed=5, processes=2)
+    onu_sample_data.generate_dataset(other_seed, 2, 1, photo_size=(64, 48), seed=6, processes=1)
     assert _files(first) == _files(second)
     first_files, other_files = _files(first), _files(other_seed)
     assert first_files.keys() == other_files.keys()
@@ -57,19 +57,19 @@ def test_same_seed_same_bytes_for_any_process_count(tmp_path):
 
 def test_rerun_is_noop_and_foreign_data_is_refused(tmp_path):
     data_dir = str(tmp_path / 'data')
-    make_sample_data.generate_dataset(data_dir, 1, 1, image_size=(64, 48), processes=1)
+    onu_sample_data.generate_dataset(data_dir, 1, 1, photo_size=(64, 48), processes=1)
     before = {p: os.stat(os.path.join(data_dir, p)).st_mtime_ns for p in _files(data_dir)}
-    again = make_sample_data.generate_dataset(data_dir, 1, 1, image_size=(64, 48), processes=1)
+    again = onu_sample_data.generate_dataset(data_dir, 1, 1, photo_size=(64, 48), processes=1)
     assert not again['generated']
     assert {p: os.stat(os.path.join(data_dir, p)).st_mtime_ns for p in _files(data_dir)} == before
     with pytest.raises(onu_dataset.DataError) as error:
-        make_sample_data.generate_dataset(data_dir, 2, 1, image_size=(64, 48), processes=1)
+        onu_sample_data.generate_dataset(data_dir, 2, 1, photo_size=(64, 48), processes=1)
     assert 'other settings' in str(error.value) and data_dir in str(error.value)
     user_dir = tmp_path / 'photos'
     (user_dir / 'train' / 'router').mkdir(parents=True)
     (user_dir / 'train' / 'router' / 'mine.jpg').write_bytes(b'precious')
     with pytest.raises(onu_dataset.DataError) as error:
-        make_sample_data.generate_dataset(str(user_dir), 1, 1, image_size=(64, 48), processes=1)
+        onu_sample_data.generate_dataset(str(user_dir), 1, 1, photo_size=(64, 48), processes=1)
     assert 'nothing was changed' in str(error.value)
     assert (user_dir / 'train' / 'router' / 'mine.jpg').read_bytes() == b'precious'
     assert sorted(os.listdir(user_dir)) == ['train']
@@ -78,7 +78,7 @@ def test_rerun_is_noop_and_foreign_data_is_refused(tmp_path):
 def _global_statistics(data_dir, split):
     """Per image [mean brightness, mean R, mean G, mean B, brightness std], and the labels."""
     features, labels = [], []
-    images, _ = onu_dataset.list_split_images(data_dir, split, list(make_sample_data.SAMPLE_CLASS_NAMES))
+    images, _ = onu_dataset.list_split_images(data_dir, split, list(onu_sample_data.SAMPLE_CLASS_NAMES))
     for info in images:
         pixels = np.asarray(Image.open(info.path), dtype=np.float32)
         brightness = pixels.mean(axis=2)
@@ -101,7 +101,7 @@ def _threshold_accuracy(train_values, train_labels, test_values, test_labels):
 
 def test_classes_not_separable_by_global_colour_or_brightness(tmp_path):
     data_dir = str(tmp_path / 'data')
-    make_sample_data.generate_dataset(data_dir, 60, 60, image_size=(160, 120), seed=3, processes=1)
+    onu_sample_data.generate_dataset(data_dir, 60, 60, photo_size=(160, 120), seed=3, processes=1)
     train_features, train_labels = _global_statistics(data_dir, 'train')
     test_features, test_labels = _global_statistics(data_dir, 'val')
     accuracies = [_threshold_accuracy(train_features[:, i], train_labels, test_features[:, i], test_labels)
@@ -115,13 +115,31 @@ def test_classes_not_separable_by_global_colour_or_brightness(tmp_path):
 
 def test_script_runs_and_reports_bad_flags(tmp_path):
     data_dir = str(tmp_path / 'data')
-    command = [sys.executable, SCRIPT, f'--output_dir={data_dir}', '--train_per_class=1', '--val_per_class=1',
-               '--image_size=64x48', '--processes=1']
+    command = [sys.executable, SCRIPT, f'--data_dir={data_dir}', '--train_per_class=1', '--val_per_class=1',
+               '--photo_size=64x48', '--processes=1']
     first = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert first.returncode == 0, first.stderr
     assert first.stdout.startswith('wrote 4 photos')
     second = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert second.returncode == 0 and 'nothing to do' in second.stdout
-    bad = subprocess.run(command[:-2] + ['--image_size=64by48'], capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(command[:-2] + ['--photo_size=64by48'], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2
-    assert bad.stderr.startswith('error: ') and bad.stderr.count('\n') == 1 and '--image_size' in bad.stderr
+    assert bad.stderr.startswith('error: ') and bad.stderr.count('\n') == 1 and '--photo_size' in bad.stderr
+
+
+def test_old_flag_spellings_still_work_with_a_deprecation_warning(tmp_path):
+    data_dir = str(tmp_path / 'data')
+    old = subprocess.run([sys.executable, SCRIPT, f'--output_dir={data_dir}', '--train_per_class=1',
+                          '--val_per_class=1', '--image_size=64x48', '--processes=1'],
+                         capture_output=True, text=True, timeout=120)
+    assert old.returncode == 0, old.stderr
+    assert old.stdout.startswith('wrote 4 photos') and data_dir in old.stdout
+    warnings = [line for line in old.stderr.splitlines() if line.startswith('warning: ')]
+    assert warnings == ['warning: --output_dir is deprecated and will be removed: use --data_dir',
+                        'warning: --image_size is deprecated and will be removed: use --photo_size']
+    with Image.open(next(os.path.join(root, name) for root, _, names in os.walk(os.path.join(data_dir, 'train'))
+                         for name in names)) as image:
+        assert image.size == (64, 48)
+    both = subprocess.run([sys.executable, SCRIPT, f'--output_dir={data_dir}', f'--data_dir={tmp_path}/other'],
+                          capture_output=True, text=True, timeout=120)
+    assert both.returncode == 2 and both.stderr.startswith('error: --output_dir (deprecated) and --data_dir disagree')

@@ -17,12 +17,12 @@ import tensorflow as tf
 from conftest import REPO_ROOT
 from test_onu_train import TINY_FLAGS, checkpoint_step, logged_steps, run_train
 
-import make_sample_data
+import onu_sample_data
 import onu_checkpoint
 import onu_dataset
 
 TIMEOUT_SECS = 240
-SUBPROCESS_ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+SUBPROCESS_ENV = dict(os.environ)
 
 
 def run_script(script, *args):
@@ -36,7 +36,7 @@ def finished_run(tmp_path_factory):
     """A tiny 6-step run with checkpoints at steps 0, 2, 4 and 6: (data_dir, train_dir). Copy before changing it."""
     root = tmp_path_factory.mktemp('checkpoints')
     data_dir, train_dir = str(root / 'data'), str(root / 'train')
-    make_sample_data.generate_dataset(data_dir, 4, 2, (64, 48), seed=0, processes=1)
+    onu_sample_data.generate_dataset(data_dir, 4, 2, (64, 48), seed=0, processes=1)
     result = run_train(f'--data_dir={data_dir}', f'--train_dir={train_dir}', '--max_steps=6',
                        '--save_checkpoint_steps=2', '--keep_checkpoint_max=20', '--seed=1')
     assert result.returncode == 0, result.stderr[-3000:]

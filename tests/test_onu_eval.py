@@ -14,19 +14,20 @@ from PIL import Image
 
 from conftest import REPO_ROOT
 
-import make_sample_data
+import onu_sample_data
 import onu_checkpoint
 import onu_dataset
 import onu_eval
 import onu_input
 import onu_model
+import onu_run_config
 
 TIMEOUT_SECS = 180
 IMAGE_SIZE = 32
 MAX_STEPS = 6
 CLASS_NAMES = ['F603', 'F663N']
 VAL_PER_CLASS = 5
-SUBPROCESS_ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+SUBPROCESS_ENV = dict(os.environ)
 SHADOW_SUFFIX = '/ExponentialMovingAverage'
 
 # Runs onu_eval.main with the trainer deleting the checkpoint named by the first argument right
@@ -143,10 +144,10 @@ def polled_run(tmp_path_factory):
     """
     root = tmp_path_factory.mktemp('polled')
     data_dir, train_dir, eval_dir = (str(root / name) for name in ('data', 'train', 'eval'))
-    make_sample_data.generate_dataset(data_dir, 8, VAL_PER_CLASS, (96, 72), seed=0, processes=1)
+    onu_sample_data.generate_dataset(data_dir, 8, VAL_PER_CLASS, (96, 72), seed=0, processes=1)
     evaluator = subprocess.Popen(
         eval_command(f'--checkpoint_dir={train_dir}', f'--eval_dir={eval_dir}', '--batch_size=4',
-                     '--eval_interval_secs=0.2', '--timeout=120'),
+                     '--eval_interval_secs=0.2', '--timeout_secs=120'),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=SUBPROCESS_ENV, cwd=REPO_ROOT)
     try:
         trainer = run([sys.executable, os.path.join(REPO_ROOT, 'onu_train.py'), f'--data_dir={data_dir}',
@@ -198,9 +199,8 @@ def handmade_checkpoints(tmp_path_factory):
 
 def handmade_run_config(data_dir, data_format='encoded'):
     """Returns the run configuration of the handmade checkpoints evaluated on data_dir."""
-    return {'model': 'small', 'image_size': IMAGE_SIZE, 'data_dir': data_dir, 'data_format': data_format,
-            'class_names': CLASS_NAMES, 'num_classes': len(CLASS_NAMES),
-            'moving_average_decay': onu_model.DEFAULT_MOVING_AVERAGE_DECAY}
+    return onu_run_config.RunConfig(model='small', image_size=IMAGE_SIZE, data_dir=data_dir, data_format=data_format,
+                                    class_names=CLASS_NAMES, moving_average_decay=onu_model.DEFAULT_MOVING_AVERAGE_DECAY)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -253,7 +253,7 @@ def test_num_examples_evaluates_the_first_examples_and_at_most_the_split(handmad
 
 
 def test_data_with_other_classes_than_the_training_run_is_a_clear_error(handmade_checkpoints, tiny_data_dir):
-    config = dict(handmade_run_config(tiny_data_dir), class_names=['F603', 'F670L'])
+    config = handmade_run_config(tiny_data_dir).replace(class_names=['F603', 'F670L'])
     with pytest.raises(onu_dataset.DataError, match='trained on F603, F670L'):
         onu_eval.evaluate(handmade_checkpoints['averaged'], config, 'val')
 
@@ -319,7 +319,7 @@ def test_checkpoint_deleted_while_read_is_skipped_for_the_newest(polled_run, tmp
     shutil.copytree(train_dir, copy_dir)
     doomed = os.path.join(copy_dir, 'model.ckpt-0')
     result = run([sys.executable, '-c', RACE_DRIVER, doomed, f'--checkpoint_dir={copy_dir}',
-                  f'--eval_dir={eval_dir}', '--eval_interval_secs=0.2', '--timeout=60'])
+                  f'--eval_dir={eval_dir}', '--eval_interval_secs=0.2', '--timeout_secs=60'])
     assert result.returncode == 0, result.stderr
     assert 'Traceback' not in result.stderr
     notes = [line for line in result.stdout.splitlines() if 'was deleted while being read' in line]
@@ -335,7 +335,7 @@ def test_no_checkpoint_waits_with_a_message_then_times_out(tmp_path):
     checkpoint_dir = str(tmp_path / 'not_yet')
     started = time.monotonic()
     result = run(eval_command(f'--checkpoint_dir={checkpoint_dir}', f'--eval_dir={tmp_path / "eval"}',
-                              '--eval_interval_secs=0.2', '--timeout=1.5'))
+                              '--eval_interval_secs=0.2', '--timeout_secs=1.5'))
     assert time.monotonic() - started >= 1.5
     assert result.returncode == 2
     assert f'Waiting for the first checkpoint in {checkpoint_dir}' in result.stdout

@@ -11,13 +11,13 @@ import tensorflow as tf
 
 from conftest import REPO_ROOT
 
-import make_sample_data
+import onu_sample_data
 import onu_checkpoint
 import onu_dataset
-import onu_export
-import onu_flags
 import onu_input
 import onu_model
+import onu_run_config
+import onu_serving
 
 TIMEOUT_SECS = 240
 IMAGE_SIZE = 32
@@ -28,7 +28,7 @@ MAX_STEPS = 12
 
 def run_script(script, *args, timeout=TIMEOUT_SECS):
     """Runs a repo script (or a tool on PATH) with args; returns the CompletedProcess (text output)."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+    env = dict(os.environ)
     command = [sys.executable, os.path.join(REPO_ROOT, script)] if script.endswith('.py') else [script]
     return subprocess.run(command + list(args), capture_output=True, text=True, timeout=timeout,
                           env=env, cwd=REPO_ROOT)
@@ -37,7 +37,7 @@ def run_script(script, *args, timeout=TIMEOUT_SECS):
 def train_run(root, *extra_flags):
     """Makes tiny data under root and trains the small model on it for MAX_STEPS; returns the run."""
     data_dir, train_dir = os.path.join(root, 'data'), os.path.join(root, 'train')
-    make_sample_data.generate_dataset(data_dir, TRAIN_PER_CLASS, 4, (96, 72), seed=0, processes=1)
+    onu_sample_data.generate_dataset(data_dir, TRAIN_PER_CLASS, 4, (96, 72), seed=0, processes=1)
     result = run_script('onu_train.py', f'--data_dir={data_dir}', f'--train_dir={train_dir}',
                         f'--max_steps={MAX_STEPS}', f'--batch_size={BATCH_SIZE}',
                         f'--image_size={IMAGE_SIZE}', '--data_format=images', '--model=small',
@@ -45,8 +45,8 @@ def train_run(root, *extra_flags):
                         *extra_flags)
     assert result.returncode == 0, result.stderr[-3000:]
     return types.SimpleNamespace(data_dir=data_dir, train_dir=train_dir, stdout=result.stdout,
-                                 stderr=result.stderr, config=onu_flags.load_run_config(train_dir),
-                                 export_dir=onu_export.default_export_dir(train_dir))
+                                 stderr=result.stderr, config=onu_run_config.RunConfig.load(train_dir),
+                                 export_dir=onu_serving.default_export_dir(train_dir))
 
 
 def checkpoint(run, step):
@@ -101,19 +101,19 @@ def run(tmp_path_factory):
 
 
 def test_training_exports_a_version_every_n_epochs(run):
-    assert listing(run.export_dir) == ['12', '4', '8', onu_export.EXPORT_LOG_FILENAME]
-    assert [step for step, _ in onu_export.version_dirs(run.export_dir)] == [4, 8, 12]
-    with open(os.path.join(run.export_dir, onu_export.EXPORT_LOG_FILENAME)) as f:
+    assert listing(run.export_dir) == ['12', '4', '8', onu_serving.EXPORT_LOG_FILENAME]
+    assert [step for step, _ in onu_serving.version_dirs(run.export_dir)] == [4, 8, 12]
+    with open(os.path.join(run.export_dir, onu_serving.EXPORT_LOG_FILENAME)) as f:
         log = [json.loads(line) for line in f]
     assert [(e['step'], e['epoch'], e['checkpoint_path']) for e in log] == [
         (step, step / 2, checkpoint(run, step)) for step in (4, 8, 12)]
     assert all('error' not in entry for entry in log)
-    for step, version_dir in onu_export.version_dirs(run.export_dir):
-        info = onu_export.load_export_config(version_dir)
-        assert info['export']['global_step'] == step
-        assert info['export']['checkpoint_path'] == checkpoint(run, step)
-        assert info['export']['weights'] == onu_checkpoint.WEIGHTS_AVERAGED
-        assert info['class_names'] == ['F603', 'F663N'] and info['image_size'] == IMAGE_SIZE
+    for step, version_dir in onu_serving.version_dirs(run.export_dir):
+        info = onu_serving.load_export_config(version_dir)
+        assert info.export['global_step'] == step
+        assert info.export['checkpoint_path'] == checkpoint(run, step)
+        assert info.export['weights'] == onu_checkpoint.WEIGHTS_AVERAGED
+        assert info.class_names == ('F603', 'F663N') and info.image_size == IMAGE_SIZE
         assert onu_dataset.read_labels(os.path.join(version_dir, 'assets.extra', 'labels.txt')) == [
             'F603', 'F663N']
     assert run.stdout.count('Exported ') == 3
@@ -122,9 +122,9 @@ def test_training_exports_a_version_every_n_epochs(run):
 def test_saved_model_equals_eval_graph_softmax_with_moving_averages(run):
     version_dir = os.path.join(run.export_dir, str(MAX_STEPS))
     paths = val_files(run)
-    served = serve(version_dir, onu_export.SERVING_SIGNATURE, image_bytes=read_bytes(paths))
+    served = serve(version_dir, onu_serving.SERVING_SIGNATURE, image_bytes=read_bytes(paths))
     expected, eval_images = eval_graph_softmax(checkpoint(run, MAX_STEPS),
-                                               run.config['moving_average_decay'], run.data_dir)
+                                               run.config.moving_average_decay, run.data_dir)
 
     assert served['probabilities'].shape == (len(paths), 2)
     np.testing.assert_allclose(served['probabilities'], expected, atol=1e-5)
@@ -132,7 +132,7 @@ def test_saved_model_equals_eval_graph_softmax_with_moving_averages(run):
     np.testing.assert_array_equal(served['class_names'],
                                   [[b'F603', b'F663N'][i] for i in expected.argmax(axis=1)])
     # The float signature takes what the eval input feeds the model.
-    from_images = serve(version_dir, onu_export.IMAGES_SIGNATURE, images=eval_images)
+    from_images = serve(version_dir, onu_serving.IMAGES_SIGNATURE, images=eval_images)
     np.testing.assert_allclose(from_images['probabilities'], expected, atol=1e-5)
     # The raw weights give other outputs: the comparison above would catch a wrong restore.
     raw, _ = eval_graph_softmax(checkpoint(run, MAX_STEPS), 0, run.data_dir)
@@ -142,31 +142,31 @@ def test_saved_model_equals_eval_graph_softmax_with_moving_averages(run):
 def test_export_writes_a_temp_dir_then_renames_it_to_the_step(run, tmp_path, monkeypatch, capsys):
     export_dir = str(tmp_path / 'serving')
     renames = []
-    publish = onu_export._publish
+    publish = onu_serving._publish
 
     def watch(temp_dir, version_dir):
         renames.append((temp_dir, version_dir, listing(temp_dir), os.path.exists(version_dir)))
         publish(temp_dir, version_dir)
-    monkeypatch.setattr(onu_export, '_publish', watch)
+    monkeypatch.setattr(onu_serving, '_publish', watch)
 
-    version_dir = onu_export.export_saved_model(checkpoint(run, 6), run.config, export_dir)
+    version_dir = onu_serving.export_saved_model(checkpoint(run, 6), run.config, export_dir)
 
     assert version_dir == os.path.join(export_dir, '6')
     assert renames == [(os.path.join(export_dir, f'.tmp-6-{os.getpid()}'), version_dir,
                         ['assets.extra', 'saved_model.pb', 'variables'], False)]
     assert listing(export_dir) == ['6']
-    assert onu_export.is_saved_model(version_dir)
+    assert onu_serving.is_saved_model(version_dir)
     assert f'to {version_dir}' in capsys.readouterr().out
 
 
 def test_existing_version_is_left_unchanged(run, tmp_path, capsys):
     export_dir = str(tmp_path / 'serving')
-    version_dir = onu_export.export_saved_model(checkpoint(run, 4), run.config, export_dir)
+    version_dir = onu_serving.export_saved_model(checkpoint(run, 4), run.config, export_dir)
     model_file = os.path.join(version_dir, 'saved_model.pb')
     before = os.stat(model_file).st_mtime_ns, listing(version_dir)
     capsys.readouterr()
 
-    assert onu_export.export_saved_model(checkpoint(run, 4), run.config, export_dir) == version_dir
+    assert onu_serving.export_saved_model(checkpoint(run, 4), run.config, export_dir) == version_dir
 
     assert (os.stat(model_file).st_mtime_ns, listing(version_dir)) == before
     assert listing(export_dir) == ['4']
@@ -181,20 +181,20 @@ def test_existing_version_is_left_unchanged(run, tmp_path, capsys):
 def test_interrupted_export_leaves_no_version_and_no_temp_dir(run, tmp_path, monkeypatch, stage, finishes,
                                                                error):
     export_dir = str(tmp_path / 'serving')
-    real_stage = getattr(onu_export, stage)
+    real_stage = getattr(onu_serving, stage)
 
     def fail(*args):
         if finishes:
             real_stage(*args)
         raise error
-    monkeypatch.setattr(onu_export, stage, fail)
+    monkeypatch.setattr(onu_serving, stage, fail)
     with pytest.raises(type(error)):
-        onu_export.export_saved_model(checkpoint(run, 8), run.config, export_dir)
+        onu_serving.export_saved_model(checkpoint(run, 8), run.config, export_dir)
     assert listing(export_dir) == []
 
-    monkeypatch.setattr(onu_export, stage, real_stage)
-    version_dir = onu_export.export_saved_model(checkpoint(run, 8), run.config, export_dir)
-    assert listing(export_dir) == ['8'] and onu_export.is_saved_model(version_dir)
+    monkeypatch.setattr(onu_serving, stage, real_stage)
+    version_dir = onu_serving.export_saved_model(checkpoint(run, 8), run.config, export_dir)
+    assert listing(export_dir) == ['8'] and onu_serving.is_saved_model(version_dir)
 
 
 def test_temp_dir_of_a_killed_export_is_removed_by_the_next(run, tmp_path):
@@ -206,7 +206,7 @@ def test_temp_dir_of_a_killed_export_is_removed_by_the_next(run, tmp_path):
     mine = export_dir / 'README'  # not the exporter's: kept
     mine.write_text('models for the F603 line')
 
-    onu_export.export_saved_model(checkpoint(run, 2), run.config, str(export_dir))
+    onu_serving.export_saved_model(checkpoint(run, 2), run.config, str(export_dir))
 
     assert listing(export_dir) == ['2', 'README']
     assert mine.read_text() == 'models for the F603 line'
@@ -216,25 +216,25 @@ def test_listener_exports_at_boundaries_and_a_failure_does_not_block_the_next(
         run, tmp_path, monkeypatch, capsys):
     checkpoint_dir, export_dir = str(tmp_path / 'train'), str(tmp_path / 'serving')
     os.makedirs(checkpoint_dir)
-    listener = onu_export.PeriodicExportListener(checkpoint_dir, run.config, export_dir,
+    listener = onu_serving.PeriodicExportListener(checkpoint_dir, run.config, export_dir,
                                                  every_n_epochs=1, examples_per_step=BATCH_SIZE)
     failures = [OSError('No space left on device')]
-    publish = onu_export._publish
+    publish = onu_serving._publish
 
     def publish_or_fail(temp_dir, version_dir):
         if failures:
             raise failures.pop()
         publish(temp_dir, version_dir)
-    monkeypatch.setattr(onu_export, '_publish', publish_or_fail)
+    monkeypatch.setattr(onu_serving, '_publish', publish_or_fail)
 
     for step in (0, 2, 4, 10):  # as the saver would call it; an epoch is 2 steps
         tf.compat.v1.train.update_checkpoint_state(checkpoint_dir, checkpoint(run, step))
         assert listener.after_save(None, step) is None  # never asks training to stop
 
     # step 2 failed; 4 exported; 10 is the first checkpoint after the boundaries at 6 and 8.
-    assert [step for step, _ in onu_export.version_dirs(export_dir)] == [4, 10]
-    assert listing(export_dir) == ['10', '4', onu_export.EXPORT_LOG_FILENAME]
-    with open(os.path.join(export_dir, onu_export.EXPORT_LOG_FILENAME)) as f:
+    assert [step for step, _ in onu_serving.version_dirs(export_dir)] == [4, 10]
+    assert listing(export_dir) == ['10', '4', onu_serving.EXPORT_LOG_FILENAME]
+    with open(os.path.join(export_dir, onu_serving.EXPORT_LOG_FILENAME)) as f:
         log = [json.loads(line) for line in f]
     assert [(e['step'], e['epoch'], 'error' in e) for e in log] == [(2, 1, True), (4, 2, False),
                                                                      (10, 5, False)]
@@ -248,12 +248,12 @@ def test_listener_exports_at_boundaries_and_a_failure_does_not_block_the_next(
 def test_listener_does_not_export_the_checkpoint_training_resumes_from(run, tmp_path):
     checkpoint_dir, export_dir = str(tmp_path / 'train'), str(tmp_path / 'serving')
     os.makedirs(checkpoint_dir)
-    listener = onu_export.PeriodicExportListener(checkpoint_dir, run.config, export_dir,
+    listener = onu_serving.PeriodicExportListener(checkpoint_dir, run.config, export_dir,
                                                  every_n_epochs=2, examples_per_step=BATCH_SIZE)
     for step in (6, 8, 10):  # resumed at 6; boundaries every 4 steps
         tf.compat.v1.train.update_checkpoint_state(checkpoint_dir, checkpoint(run, step))
         listener.after_save(None, step)
-    assert [step for step, _ in onu_export.version_dirs(export_dir)] == [8]
+    assert [step for step, _ in onu_serving.version_dirs(export_dir)] == [8]
 
 
 def write_checkpoint_without_moving_averages(directory):
@@ -271,18 +271,18 @@ def test_checkpoint_without_moving_averages_needs_allow_raw_weights(run, tmp_pat
     path = write_checkpoint_without_moving_averages(str(tmp_path))
     export_dir = str(tmp_path / 'serving')
     with pytest.raises(onu_dataset.DataError, match='no moving average of SmallNet/.*--allow_raw_weights'):
-        onu_export.export_saved_model(path, run.config, export_dir)
+        onu_serving.export_saved_model(path, run.config, export_dir)
     assert not os.path.exists(os.path.join(export_dir, '0'))
 
-    version_dir = onu_export.export_saved_model(path, run.config, export_dir, allow_raw_weights=True)
-    assert onu_export.load_export_config(version_dir)['export']['weights'] == onu_checkpoint.WEIGHTS_RAW
+    version_dir = onu_serving.export_saved_model(path, run.config, export_dir, allow_raw_weights=True)
+    assert onu_serving.load_export_config(version_dir).export['weights'] == onu_checkpoint.WEIGHTS_RAW
 
 
 def test_checkpoint_of_another_model_is_a_clear_error(run, tmp_path):
-    three_classes = dict(run.config, num_classes=3, class_names=['F603', 'F663N', 'HG8245'])
+    three_classes = run.config.replace(class_names=['F603', 'F663N', 'HG8245'])
     with pytest.raises(onu_dataset.DataError, match=r'model.ckpt-12: SmallNet/Logits/weights has shape '
                                                     r'\[256, 2\] but the model needs \[256, 3\]'):
-        onu_export.export_saved_model(checkpoint(run, MAX_STEPS), three_classes, str(tmp_path))
+        onu_serving.export_saved_model(checkpoint(run, MAX_STEPS), three_classes, str(tmp_path))
     assert listing(tmp_path) == []
 
 
@@ -302,7 +302,7 @@ def test_saved_model_cli_shows_and_runs_both_signatures(run, tmp_path):
                         '--signature_def', 'serving_default', '--inputs', f'image_bytes={inputs}',
                         '--outdir', str(tmp_path / 'out'))
     assert result.returncode == 0, result.stderr[-2000:]
-    expected = serve(version_dir, onu_export.SERVING_SIGNATURE, image_bytes=read_bytes(paths))
+    expected = serve(version_dir, onu_serving.SERVING_SIGNATURE, image_bytes=read_bytes(paths))
     np.testing.assert_allclose(np.load(tmp_path / 'out' / 'probabilities.npy'),
                                expected['probabilities'], atol=1e-6)
     np.testing.assert_array_equal(np.load(tmp_path / 'out' / 'class_names.npy', allow_pickle=True),
@@ -320,7 +320,7 @@ def test_export_script_exports_the_latest_checkpoint(run, tmp_path):
 
 def test_train_dir_without_run_config_is_a_clear_error(tmp_path):
     with pytest.raises(onu_dataset.DataError) as error:
-        onu_export.load_training_config(str(tmp_path))
+        onu_serving.load_training_config(str(tmp_path))
     assert str(error.value) == (
         f'{tmp_path}/run_config.json not found: pass the --checkpoint_dir (train_dir) that '
         f'onu_train.py wrote, which holds the model, image size and class names')

@@ -13,7 +13,7 @@ import tensorflow as tf
 from PIL import Image
 from PIL import ImageOps
 
-import convert_to_tfrecord
+import onu_records
 import onu_dataset
 import onu_input
 
@@ -72,7 +72,7 @@ def messy_records_dir(messy_data_dir, tmp_path_factory):
     for name in os.listdir(train_dir):
         if os.path.isfile(os.path.join(train_dir, name)):
             shutil.copy(os.path.join(train_dir, name), os.path.join(data_dir, 'val', 'F603', name))
-    convert_to_tfrecord.convert(data_dir, processes=1)
+    onu_records.convert(data_dir, processes=1)
     return data_dir
 
 
@@ -430,7 +430,7 @@ def test_missing_records_say_how_to_convert(make_tiny_dataset):
 
 def test_records_of_the_other_kind(make_tiny_dataset):
     data_dir = make_tiny_dataset()
-    convert_to_tfrecord.convert(data_dir, formats=('encoded',), processes=1)
+    onu_records.convert(data_dir, formats=('encoded',), processes=1)
     assert onu_input.has_records(data_dir, 'encoded') and not onu_input.has_records(data_dir, 'raw')
     with pytest.raises(onu_dataset.DataError) as error:
         onu_input.inputs('val', data_dir, 'raw', 2, IMAGE_SIZE)

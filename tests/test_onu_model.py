@@ -240,14 +240,24 @@ def test_irv2_base_stops_at_final_endpoint_and_rejects_bad_arguments():
             onu_model.inception_resnet_v2_base(tf.zeros([1, 299, 299, 3]), output_stride=8)
 
 
+def train_op_for(total_loss, global_step, num_examples_per_epoch, batch_size, optimizer='momentum',
+                 learning_rate=0.01, lr_schedule='exponential', moving_average_decay=onu_model.DEFAULT_MOVING_AVERAGE_DECAY,
+                 trainable_scopes=None):
+    """Returns the train op the training scripts build (learning rate, optimizer, onu_model.build_train_op)."""
+    rate = onu_model.make_learning_rate(global_step, learning_rate, lr_schedule, num_examples_per_epoch, batch_size)
+    opt = onu_model.make_optimizer(optimizer, rate)
+    grads_and_vars = opt.compute_gradients(total_loss, var_list=onu_model.variables_to_train(trainable_scopes))
+    return onu_model.build_train_op(opt, grads_and_vars, global_step, moving_average_decay)
+
+
 def test_irv2_train_step_updates_weights_batch_norm_statistics_and_moving_averages():
     with tf.Graph().as_default():
         images = tf.constant(np.random.RandomState(1).uniform(-1, 1, [2, 75, 75, 3]).astype(np.float32))
         global_step = tf.compat.v1.train.get_or_create_global_step()
         logits, end_points = onu_model.inference(images, 2, IRV2, is_training=True)
         total_loss = onu_model.loss(logits, tf.constant([0, 1]), end_points)
-        train_op = onu_model.train(total_loss, global_step, 10, 2, optimizer='sgd', learning_rate=0.001,
-                                   lr_schedule='fixed')
+        train_op = train_op_for(total_loss, global_step, 10, 2, optimizer='sgd', learning_rate=0.001,
+                                lr_schedule='fixed')
         watched = [tf.compat.v1.global_variables(name)[0] for name in (
             'InceptionResnetV2/Conv2d_1a_3x3/weights', 'InceptionResnetV2/Conv2d_1a_3x3/BatchNorm/moving_mean',
             'InceptionResnetV2/AuxLogits/Logits/weights', 'InceptionResnetV2/Repeat_1/block17_20/Conv2d_1x1/biases')]
@@ -355,8 +365,7 @@ def build_small_training(batch_size=8, **train_args):
     global_step = tf.compat.v1.train.get_or_create_global_step()
     logits, end_points = onu_model.inference(images, 2, 'small', is_training=True)
     total_loss = onu_model.loss(logits, labels, end_points)
-    train_op = onu_model.train(total_loss, global_step, num_examples_per_epoch=40, batch_size=batch_size,
-                               **train_args)
+    train_op = train_op_for(total_loss, global_step, num_examples_per_epoch=40, batch_size=batch_size, **train_args)
     return train_op, total_loss, global_step
 
 
@@ -557,7 +566,7 @@ def _loss_scaled_step(initial_loss_scale, checkpoint_prefix, loss_factor=1.0):
         total_loss = onu_model.loss(logits, labels, end_points) * loss_factor
         optimizer = onu_model.loss_scaled(tf.compat.v1.train.GradientDescentOptimizer(0.1), 'float16',
                                           initial_loss_scale=initial_loss_scale)
-        train_op = onu_model.apply_gradients(optimizer, optimizer.compute_gradients(total_loss), global_step)
+        train_op = onu_model.build_train_op(optimizer, optimizer.compute_gradients(total_loss), global_step)
         weights = tf.concat([tf.reshape(v, [-1]) for v in tf.compat.v1.trainable_variables()], 0)
         scale = optimizer._loss_scale()  # pylint: disable=protected-access
         assert not any('loss_scale' in v.op.name or 'good_steps' in v.op.name

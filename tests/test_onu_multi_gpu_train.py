@@ -16,11 +16,11 @@ import tf_slim as slim
 from conftest import REPO_ROOT
 from test_onu_train import checkpoint_step, event_tags
 
-import make_sample_data
-import onu_flags
+import onu_sample_data
 import onu_input
 import onu_model
 import onu_multi_gpu_train
+import onu_run_config
 
 TIMEOUT_SECS = 300
 TINY_FLAGS = ['--image_size=32', '--batch_size=2', '--log_frequency=1', '--save_summaries_steps=1',
@@ -29,7 +29,7 @@ TINY_FLAGS = ['--image_size=32', '--batch_size=2', '--log_frequency=1', '--save_
 
 def run_script(script, *args):
     """Runs a repo script with args; returns the CompletedProcess (text output)."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+    env = dict(os.environ)
     return subprocess.run([sys.executable, os.path.join(REPO_ROOT, script), *args], capture_output=True,
                           text=True, timeout=TIMEOUT_SECS, env=env, cwd=REPO_ROOT)
 
@@ -125,7 +125,7 @@ def multi_gpu_run(tmp_path_factory):
     """A 6-step --num_gpus=2 run on 16 tiny photos: (data_dir, train_dir, completed process)."""
     root = tmp_path_factory.mktemp('multi_gpu')
     data_dir = str(root / 'data')
-    make_sample_data.generate_dataset(data_dir, 8, 2, (96, 72), seed=0, processes=1)
+    onu_sample_data.generate_dataset(data_dir, 8, 2, (96, 72), seed=0, processes=1)
     train_dir = str(root / 'train')
     # 2 towers x 2 = 4 examples a step, 16 a epoch: the learning rate halves every 4 steps.
     result = run_script('onu_multi_gpu_train.py', *TINY_FLAGS, '--num_gpus=2', f'--data_dir={data_dir}',
@@ -154,8 +154,8 @@ def test_two_towers_on_the_cpu_train_once_per_step_with_the_effective_batch(mult
     assert 'tower_0/losses/total' in tags and not any(tag.startswith('tower_1/') for tag in tags)
     assert any(tag.startswith('tower_0/augmented_inputs') for tag in tags), sorted(tags)
     assert 'losses_averaged/total_loss' in tags and 'examples/sec' in tags
-    config = onu_flags.load_run_config(train_dir)
-    assert config['model'] == 'small' and config['flags']['num_gpus'] == 2
+    run_config = onu_run_config.RunConfig.load(train_dir)
+    assert run_config.model == 'small' and run_config.flags['num_gpus'] == 2
 
 
 def test_checkpoint_evaluates_and_resumes_with_the_single_gpu_script(multi_gpu_run, tmp_path):

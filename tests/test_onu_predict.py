@@ -11,13 +11,13 @@ import tensorflow as tf
 
 from test_onu_export import IMAGE_SIZE, eval_graph_softmax, run_script
 
-import convert_to_tfrecord
+import onu_records
 import onu_dataset
-import onu_export
-import onu_flags
 import onu_input
 import onu_model
 import onu_predict
+import onu_run_config
+import onu_serving
 
 CLASS_NAMES = ['F603', 'F663N']
 MOVING_AVERAGE_DECAY = 0.9999
@@ -31,8 +31,9 @@ def train_small_model(train_dir, steps=4, save_every=2):
         images = tf.random.uniform([8, IMAGE_SIZE, IMAGE_SIZE, 3], -1.0, 1.0)
         labels = tf.random.uniform([8], 0, len(CLASS_NAMES), tf.int32)
         logits, end_points = onu_model.inference(images, len(CLASS_NAMES), 'small', is_training=True)
-        train_op = onu_model.train(onu_model.loss(logits, labels, end_points), global_step, 16, 8,
-                                   learning_rate=0.1, moving_average_decay=MOVING_AVERAGE_DECAY)
+        optimizer = onu_model.make_optimizer('momentum', 0.1)
+        grads_and_vars = optimizer.compute_gradients(onu_model.loss(logits, labels, end_points))
+        train_op = onu_model.build_train_op(optimizer, grads_and_vars, global_step, MOVING_AVERAGE_DECAY)
         saver = tf.compat.v1.train.Saver(max_to_keep=None)
         with tf.compat.v1.Session() as session:
             session.run(tf.compat.v1.global_variables_initializer())
@@ -40,10 +41,8 @@ def train_small_model(train_dir, steps=4, save_every=2):
                 session.run(train_op)
                 if step % save_every == 0:
                     saver.save(session, os.path.join(train_dir, 'model.ckpt'), global_step=global_step)
-    onu_flags.save_run_config(train_dir, {
-        'model': 'small', 'image_size': IMAGE_SIZE, 'class_names': CLASS_NAMES,
-        'num_classes': len(CLASS_NAMES), 'num_examples_per_epoch': 16,
-        'moving_average_decay': MOVING_AVERAGE_DECAY})
+    onu_run_config.RunConfig(model='small', image_size=IMAGE_SIZE, class_names=CLASS_NAMES,
+                             num_examples_per_epoch=16, moving_average_decay=MOVING_AVERAGE_DECAY).save(train_dir)
 
 
 @pytest.fixture(scope='module')
@@ -51,16 +50,16 @@ def model(tmp_path_factory):
     """A train_dir with checkpoints at steps 2 and 4, both exported to train_dir/export."""
     train_dir = str(tmp_path_factory.mktemp('predict') / 'train')
     train_small_model(train_dir)
-    config = onu_flags.load_run_config(train_dir)
-    export_dir = onu_export.default_export_dir(train_dir)
+    run_config = onu_run_config.RunConfig.load(train_dir)
+    export_dir = onu_serving.default_export_dir(train_dir)
     for step in (2, 4):
-        onu_export.export_saved_model(os.path.join(train_dir, f'model.ckpt-{step}'), config, export_dir)
+        onu_serving.export_saved_model(os.path.join(train_dir, f'model.ckpt-{step}'), run_config, export_dir)
     return train_dir
 
 
 def version(model, step):
     """Returns the exported version folder of step."""
-    return os.path.join(onu_export.default_export_dir(model), str(step))
+    return os.path.join(onu_serving.default_export_dir(model), str(step))
 
 
 def predict(paths, model_dir, **options):
@@ -123,7 +122,7 @@ def test_bad_files_get_one_error_line_each_and_the_rest_are_classified(model, ph
 def test_predictions_equal_the_eval_softmax_on_the_same_photos(model, messy_data_dir, tmp_path):
     data_dir = str(tmp_path / 'data')
     shutil.copytree(messy_data_dir, data_dir)
-    convert_to_tfrecord.convert(data_dir, formats=('encoded',), num_shards=1, processes=1)
+    onu_records.convert(data_dir, formats=('encoded',), num_shards=1, processes=1)
     info = onu_input.dataset_info(data_dir, 'encoded', 'train')
     expected, _ = eval_graph_softmax(os.path.join(model, 'model.ckpt-4'), MOVING_AVERAGE_DECAY,
                                      data_dir, 'encoded', 'train')
@@ -145,7 +144,7 @@ def test_export_folder_uses_the_newest_version_and_train_dir_its_latest_checkpoi
         assert list(predicted) == photos
         return np.array(list(predicted.values()))
     newest = probabilities(version(model, 4))
-    np.testing.assert_allclose(probabilities(onu_export.default_export_dir(model)), newest, atol=1e-6)
+    np.testing.assert_allclose(probabilities(onu_serving.default_export_dir(model)), newest, atol=1e-6)
     np.testing.assert_allclose(probabilities(model), newest, atol=1e-5)  # built from the checkpoint
     assert np.abs(probabilities(version(model, 2)) - newest).max() > 1e-4
 
@@ -166,7 +165,7 @@ def test_nothing_classified_exits_1_and_a_bad_model_dir_exits_2(model, photo_fol
 
 def test_script_prints_json_lines_and_errors(model, photo_folder):
     good, empty = os.path.join(photo_folder, 'plain.jpg'), os.path.join(photo_folder, 'empty.jpg')
-    result = run_script('onu_predict.py', good, empty, f'--model_dir={onu_export.default_export_dir(model)}',
+    result = run_script('onu_predict.py', good, empty, f'--model_dir={onu_serving.default_export_dir(model)}',
                         '--json', '--batch_size=2')
 
     assert result.returncode == 0, result.stderr[-2000:]

@@ -1,4 +1,5 @@
 """Tests of onu_train.py: runs the real script on tiny generated data in a temp dir."""
+import json
 import os
 import shutil
 import signal
@@ -12,8 +13,9 @@ import tensorflow as tf
 
 from conftest import REPO_ROOT
 
-import onu_flags
+import onu_dataset
 import onu_model
+import onu_run_config
 
 TIMEOUT_SECS = 240
 TINY_FLAGS = ['--image_size=32', '--batch_size=4', '--log_frequency=1', '--save_summaries_steps=1',
@@ -22,7 +24,7 @@ TINY_FLAGS = ['--image_size=32', '--batch_size=4', '--log_frequency=1', '--save_
 
 def run_train(*args, timeout=TIMEOUT_SECS):
     """Runs onu_train.py with args; returns the CompletedProcess (text output)."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+    env = dict(os.environ)
     return subprocess.run([sys.executable, os.path.join(REPO_ROOT, 'onu_train.py'), *TINY_FLAGS, *args],
                           capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO_ROOT)
 
@@ -56,8 +58,8 @@ def trained(tmp_path_factory):
     """A tiny dataset and a 6-step training run on it: (data_dir, train_dir, completed process)."""
     root = tmp_path_factory.mktemp('train')
     data_dir = str(root / 'data')
-    import make_sample_data
-    make_sample_data.generate_dataset(data_dir, 4, 2, (64, 48), seed=0, processes=1)
+    import onu_sample_data
+    onu_sample_data.generate_dataset(data_dir, 4, 2, (64, 48), seed=0, processes=1)
     train_dir = str(root / 'train')
     os.makedirs(train_dir)
     with open(os.path.join(train_dir, 'notes.txt'), 'w') as f:
@@ -82,15 +84,16 @@ def test_training_writes_checkpoint_events_and_config(trained):
     assert all(v > 0 for v in tags['examples/sec'])
     assert any(tag.startswith('losses_averaged/') for tag in tags)
     assert any(tag.startswith('augmented_inputs') for tag in tags)
-    config = onu_flags.load_run_config(train_dir)
-    assert config['model'] == 'small'
-    assert config['image_size'] == 32
-    assert config['class_names'] == ['F603', 'F663N']
-    assert config['num_classes'] == 2
-    assert config['num_examples_per_epoch'] == 8
-    assert config['data_format'] == 'encoded'
-    assert config['flags']['batch_size'] == 4
-    assert config['flags']['max_steps'] == 6
+    run_config = onu_run_config.RunConfig.load(train_dir)
+    assert run_config.model == 'small'
+    assert run_config.image_size == 32
+    assert run_config.class_names == ('F603', 'F663N')
+    assert run_config.num_classes == 2
+    assert run_config.num_examples_per_epoch == 8
+    assert run_config.data_format == 'encoded'
+    assert run_config.flags['batch_size'] == 4
+    assert run_config.flags['max_steps'] == 6
+    assert 'checkpoint_path' not in run_config.flags  # deprecated spellings are not saved
     with open(os.path.join(train_dir, 'notes.txt')) as f:
         assert f.read() == 'mine'  # training never clears the user's train_dir
 
@@ -108,7 +111,7 @@ def test_restart_resumes_from_saved_global_step(trained, tmp_path):
 def test_restart_after_kill_resumes_from_last_checkpoint(trained, tmp_path):
     data_dir, _, _ = trained
     train_dir = str(tmp_path / 'train')
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+    env = dict(os.environ)
     process = subprocess.Popen(
         [sys.executable, os.path.join(REPO_ROOT, 'onu_train.py'), *TINY_FLAGS, f'--data_dir={data_dir}',
          f'--train_dir={train_dir}', '--max_steps=100000', '--save_checkpoint_steps=5'],
@@ -152,18 +155,21 @@ def test_fine_tune_with_other_class_count_uses_exclude_scopes(trained, tmp_path)
         shutil.copytree(os.path.join(three_class_dir, split, 'F603'), os.path.join(three_class_dir, split, 'F680'))
 
     mismatch = run_train(f'--data_dir={three_class_dir}', f'--train_dir={tmp_path / "no_exclude"}',
-                         '--max_steps=1', f'--checkpoint_path={train_dir}')
+                         '--max_steps=1', f'--checkpoint_path={train_dir}')  # the deprecated spelling
     assert mismatch.returncode == 2
+    assert mismatch.stderr.splitlines()[0] == (
+        'warning: --checkpoint_path is deprecated and will be removed: use --fine_tune_checkpoint')
     message = mismatch.stderr.strip().splitlines()[-1]
     assert 'SmallNet/Logits/' in message and '--checkpoint_exclude_scopes' in message
     assert 'Traceback' not in mismatch.stderr
 
     tuned_dir = str(tmp_path / 'tuned')
     result = run_train(f'--data_dir={three_class_dir}', f'--train_dir={tuned_dir}', '--max_steps=1',
-                       f'--checkpoint_path={train_dir}', '--checkpoint_exclude_scopes=SmallNet/Logits')
+                       f'--fine_tune_checkpoint={train_dir}', '--checkpoint_exclude_scopes=SmallNet/Logits')
     assert result.returncode == 0, result.stderr[-3000:]
     assert 'excluded (freshly initialised): SmallNet/Logits/weights' in result.stdout
-    assert onu_flags.load_run_config(tuned_dir)['num_classes'] == 3
+    assert 'deprecated' not in result.stderr
+    assert onu_run_config.RunConfig.load(tuned_dir).num_classes == 3
     source = tf.train.load_checkpoint(tf.train.latest_checkpoint(train_dir))
     start = tf.train.load_checkpoint(os.path.join(tuned_dir, 'model.ckpt-0'))
     np.testing.assert_array_equal(start.get_tensor('SmallNet/conv2/weights'),
@@ -193,19 +199,40 @@ def test_missing_data_dir_is_a_one_line_error(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
         f'error: {missing}: no train/ folder; put photos in {missing}/train/<class>/ and '
-        f'{missing}/val/<class>/, or run python make_sample_data.py --output_dir={missing}')
+        f'{missing}/val/<class>/, or run python make_sample_data.py --data_dir={missing}')
     assert not os.path.exists(missing)
 
 
 def test_run_config_round_trips(tmp_path):
-    config = {'model': 'small', 'image_size': 64, 'class_names': ['F603', 'F663N', 'Ü'], 'flags': {'seed': None}}
-    onu_flags.save_run_config(str(tmp_path), config)
-    assert onu_flags.load_run_config(str(tmp_path)) == config
-    assert onu_flags.load_run_config(str(tmp_path / 'none')) is None
-    with open(onu_flags.run_config_path(str(tmp_path)), 'w') as f:
+    run_config = onu_run_config.RunConfig(model='small', image_size=64, class_names=['F603', 'F663N', 'Ü'],
+                                          precision='mixed', compute_dtype='bfloat16', flags={'seed': 0})
+    run_config.save(str(tmp_path))
+    assert onu_run_config.RunConfig.load(str(tmp_path)) == run_config
+    assert onu_run_config.RunConfig.load(str(tmp_path)).flags == {'seed': 0}
+    assert onu_run_config.RunConfig.load(str(tmp_path / 'none')) is None
+    with open(onu_run_config.path_in(str(tmp_path)), 'w') as f:
         f.write('{not json')
-    with pytest.raises(onu_flags.onu_dataset.DataError, match='unreadable run configuration'):
-        onu_flags.load_run_config(str(tmp_path))
+    with pytest.raises(onu_dataset.DataError, match='unreadable run configuration'):
+        onu_run_config.RunConfig.load(str(tmp_path))
+
+
+def test_run_config_of_the_previous_format_loads_and_a_newer_one_is_a_clear_error(tmp_path):
+    old = {'model': 'small', 'image_size': 32, 'class_names': ['F603', 'F663N'], 'num_classes': 2,
+           'num_examples_per_epoch': 8, 'data_dir': '/data', 'data_format': 'encoded', 'max_steps': 6,
+           'moving_average_decay': 0.9999, 'flags': {'batch_size': 4}}  # format 1: before mixed precision
+    with open(onu_run_config.path_in(str(tmp_path)), 'w') as f:
+        json.dump(old, f)
+    run_config = onu_run_config.RunConfig.load(str(tmp_path))
+    assert (run_config.model, run_config.image_size, run_config.num_classes) == ('small', 32, 2)
+    assert (run_config.precision, run_config.compute_dtype, run_config.max_steps) == ('float32', 'float32', 6)
+    with open(onu_run_config.path_in(str(tmp_path)), 'w') as f:
+        json.dump(dict(old, format_version=onu_run_config.FORMAT_VERSION + 1), f)
+    with pytest.raises(onu_dataset.DataError, match='newer than this onu-classifier reads.*upgrade'):
+        onu_run_config.RunConfig.load(str(tmp_path))
+    with open(onu_run_config.path_in(str(tmp_path)), 'w') as f:
+        json.dump({'image_size': 32}, f)
+    with pytest.raises(onu_dataset.DataError, match='no model'):
+        onu_run_config.RunConfig.load(str(tmp_path))
 
 
 def _checkpoint_dtypes(train_dir):
@@ -221,9 +248,9 @@ def test_precision_is_printed_and_saved_and_runs_resume_in_the_other(trained, tm
     expected, _ = onu_model.choose_precision('auto', hardware)  # the default --precision=auto
     assert f'precision: {expected.describe()}' in result.stdout
     assert 'GPUs: none visible' in result.stdout and (hardware.cpu_model or 'unknown') in result.stdout
-    config = onu_flags.load_run_config(train_dir)
-    assert (config['precision'], config['compute_dtype']) == (expected.name, expected.compute_dtype)
-    assert config['flags']['precision'] == 'auto' and config['flags']['xla'] is False
+    run_config = onu_run_config.RunConfig.load(train_dir)
+    assert (run_config.precision, run_config.compute_dtype) == (expected.name, expected.compute_dtype)
+    assert run_config.flags['precision'] == 'auto' and run_config.flags['xla'] is False
     dtypes = _checkpoint_dtypes(train_dir)
     assert set(dtypes.values()) == {'float32', 'int64'} and dtypes['global_step'] == 'int64'
     assert not any('loss_scale' in name or 'good_steps' in name for name in dtypes)
@@ -239,7 +266,7 @@ def test_precision_is_printed_and_saved_and_runs_resume_in_the_other(trained, tm
     if other == 'mixed' and not hardware.cpu_bfloat16_flags:  # no fast path: one warning, then float32
         warnings = [line for line in resumed.stderr.splitlines() if '--precision=mixed' in line]
         assert len(warnings) == 1 and 'training in float32 instead' in warnings[0]
-        assert onu_flags.load_run_config(resumed_dir)['precision'] == 'float32'
+        assert onu_run_config.RunConfig.load(resumed_dir).precision == 'float32'
 
 
 def test_xla_trains_and_writes_the_same_variables(trained, tmp_path):
@@ -250,7 +277,7 @@ def test_xla_trains_and_writes_the_same_variables(trained, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert checkpoint_step(xla_dir) == 3
     assert _checkpoint_dtypes(xla_dir) == _checkpoint_dtypes(train_dir)
-    assert onu_flags.load_run_config(xla_dir)['flags']['xla'] is True
+    assert onu_run_config.RunConfig.load(xla_dir).flags['xla'] is True
 
 
 def test_bad_precision_is_a_one_line_error(trained, tmp_path):

@@ -1,0 +1,252 @@
+"""The serving graph and SavedModel export of a trained ONU classifier (the library of onu_export.py).
+
+export_saved_model() writes a fresh inference graph (is_training=False) with the moving averages of
+the weights of a checkpoint to export_dir/<global_step>/ (TF Serving's versioned layout). The version
+is written to a hidden temporary folder inside export_dir and renamed only when complete, so a
+folder named by a step is always a whole model; an existing version is never overwritten.
+
+Signatures (both return probabilities [batch, num_classes] float32, classes [batch] int64 and
+class_names [batch] string, the name of each image's most probable class):
+  serving_default  image_bytes: string [batch], encoded images (JPEG, PNG, GIF, BMP), decoded and
+                   preprocessed exactly as evaluation does (onu_input.preprocess_for_eval).
+  predict_images   images: float32 [batch, size, size, 3], RGB already resized to the model's size
+                   and scaled to the model's range [-1, 1] (0 -> -1, 255 -> 1).
+The graph does not apply EXIF orientation: send upright images (onu_predict.py turns them upright).
+The version folder also holds assets.extra/run_config.json (the training run's RunConfig with an
+`export` entry: global step, checkpoint, weights) and assets.extra/labels.txt (id:name lines).
+
+onu_train.py --export_every_n_epochs=N exports during training with PeriodicExportListener.
+"""
+import datetime
+import json
+import os
+import re
+import shutil
+import sys
+import time
+
+import tensorflow as tf
+
+import onu_checkpoint
+import onu_dataset
+import onu_input
+import onu_model
+import onu_run_config
+
+EXPORT_SUBDIR = 'export'  # default export_dir: train_dir/export
+SERVING_SIGNATURE = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY  # 'serving_default'
+IMAGES_SIGNATURE = 'predict_images'
+BYTES_INPUT = 'image_bytes'
+IMAGES_INPUT = 'images'
+OUTPUT_PROBABILITIES = 'probabilities'
+OUTPUT_CLASSES = 'classes'
+OUTPUT_CLASS_NAMES = 'class_names'
+SAVED_MODEL_TAGS = [tf.saved_model.SERVING]
+METADATA_SUBDIR = 'assets.extra'  # TF Serving's place for files that are not part of the graph
+EXPORT_LOG_FILENAME = 'exports.jsonl'
+_TEMP_DIR = re.compile(r'^\.tmp-(\d+)-(\d+)$')  # .tmp-<step>-<pid>, hidden from TF Serving
+
+
+def default_export_dir(train_dir):
+    """Returns where a training run's exports go: train_dir/export."""
+    return os.path.join(train_dir, EXPORT_SUBDIR)
+
+
+def load_training_config(train_dir):
+    """Returns the RunConfig onu_train.py saved in train_dir; DataError if there is none."""
+    run_config = onu_run_config.RunConfig.load(train_dir)
+    if not run_config:
+        raise onu_dataset.DataError(
+            f'{onu_run_config.path_in(train_dir)} not found: pass the --checkpoint_dir (train_dir) '
+            f'that onu_train.py wrote, which holds the model, image size and class names')
+    return run_config
+
+
+def _classifier_outputs(images, run_config, reuse):
+    """Returns {probabilities, classes, class_names} of the model on [-1, 1] images."""
+    logits, _ = onu_model.inference(images, run_config.num_classes, run_config.model,
+                                    is_training=False, create_aux_logits=False, reuse=reuse)
+    probabilities = tf.nn.softmax(logits, name='probabilities')
+    classes = tf.argmax(probabilities, axis=1, name='classes')
+    class_names = tf.gather(tf.constant(run_config.class_names), classes, name='class_names')
+    return {OUTPUT_PROBABILITIES: probabilities, OUTPUT_CLASSES: classes,
+            OUTPUT_CLASS_NAMES: class_names}
+
+
+def build_serving_graph(run_config):
+    """Builds both serving signatures in the default graph; returns {name: (inputs, outputs)}."""
+    size = run_config.image_size
+    with tf.compat.v1.name_scope('from_bytes'):
+        image_bytes = tf.compat.v1.placeholder(tf.string, [None], name=BYTES_INPUT)
+        decoded = tf.map_fn(
+            lambda encoded: onu_input.preprocess_for_eval(onu_input.decode_image_bytes(encoded), size),
+            image_bytes, fn_output_signature=tf.TensorSpec([size, size, 3], tf.float32))
+        bytes_outputs = _classifier_outputs(decoded, run_config, reuse=None)
+    with tf.compat.v1.name_scope('from_images'):
+        images = tf.compat.v1.placeholder(tf.float32, [None, size, size, 3], name=IMAGES_INPUT)
+        images_outputs = _classifier_outputs(images, run_config, reuse=True)
+    return {SERVING_SIGNATURE: ({BYTES_INPUT: image_bytes}, bytes_outputs),
+            IMAGES_SIGNATURE: ({IMAGES_INPUT: images}, images_outputs)}
+
+
+def _write_saved_model(directory, checkpoint_path, run_config, allow_raw_weights):
+    """Writes the serving graph with the checkpoint's weights as a SavedModel; returns the weights used."""
+    with tf.Graph().as_default() as graph:
+        signatures = build_serving_graph(run_config)
+        # The CPU is enough to copy weights, and keeps an export during training off the GPU.
+        config = tf.compat.v1.ConfigProto(device_count={'GPU': 0})
+        with tf.compat.v1.Session(graph=graph, config=config) as session:
+            weights = onu_checkpoint.restore(session, checkpoint_path, run_config.moving_average_decay,
+                                             allow_raw_weights)
+            builder = tf.compat.v1.saved_model.Builder(directory)
+            builder.add_meta_graph_and_variables(
+                session, SAVED_MODEL_TAGS, strip_default_attrs=True,
+                signature_def_map={
+                    name: tf.compat.v1.saved_model.predict_signature_def(inputs, outputs)
+                    for name, (inputs, outputs) in signatures.items()})
+            builder.save()
+    return weights
+
+
+def _write_metadata(directory, run_config, export_info):
+    """Writes the run configuration (with export_info) and labels.txt into directory/assets.extra."""
+    metadata_dir = os.path.join(directory, METADATA_SUBDIR)
+    run_config.replace(export=export_info).save(metadata_dir)
+    onu_dataset.write_labels(os.path.join(metadata_dir, onu_dataset.LABELS_FILENAME),
+                             run_config.class_names)
+
+
+def _process_alive(pid):
+    """Returns whether a process with this id runs."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_stale_temp_dirs(export_dir):
+    """Removes temporary folders left in export_dir by exports whose process died mid-way."""
+    for name in os.listdir(export_dir):
+        match = _TEMP_DIR.match(name)
+        if match and not _process_alive(int(match.group(2))):
+            shutil.rmtree(os.path.join(export_dir, name), ignore_errors=True)
+
+
+def _publish(temp_dir, version_dir):
+    """Renames the finished temporary folder to its version folder (atomic on one file system)."""
+    os.rename(temp_dir, version_dir)
+
+
+def export_saved_model(checkpoint_path, run_config, export_dir, allow_raw_weights=False):
+    """Exports checkpoint_path as export_dir/<global step>/; returns that folder.
+
+    An existing version folder is left unchanged (and said so). A failed export leaves neither a
+    version folder nor its temporary folder.
+    """
+    started = time.time()
+    step = onu_checkpoint.checkpoint_step(checkpoint_path)
+    version_dir = os.path.join(export_dir, str(step))
+    if os.path.exists(version_dir):
+        print(f'{version_dir} already exists: left unchanged (nothing exported); delete it to '
+              f'export step {step} again, or choose another --export_dir', flush=True)
+        return version_dir
+    os.makedirs(export_dir, exist_ok=True)
+    _remove_stale_temp_dirs(export_dir)
+    temp_dir = os.path.join(export_dir, f'.tmp-{step}-{os.getpid()}')
+    shutil.rmtree(temp_dir, ignore_errors=True)  # this process's own leftover, if any
+    try:
+        weights = _write_saved_model(temp_dir, checkpoint_path, run_config, allow_raw_weights)
+        _write_metadata(temp_dir, run_config, {
+            'global_step': step,
+            'checkpoint_path': os.path.abspath(checkpoint_path),
+            'weights': weights,
+            'exported_at': datetime.datetime.now().isoformat(timespec='seconds'),
+            'tensorflow_version': tf.__version__,
+        })
+        _publish(temp_dir, version_dir)
+    except BaseException:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        raise
+    print(f'Exported {checkpoint_path} ({run_config.model} {run_config.image_size}x'
+          f'{run_config.image_size}, {weights} weights, classes {", ".join(run_config.class_names)}) '
+          f'to {version_dir} in {time.time() - started:.1f} s', flush=True)
+    return version_dir
+
+
+def version_dirs(export_dir):
+    """Returns [(step, folder)] of the complete versions in export_dir, oldest first."""
+    if not os.path.isdir(export_dir):
+        return []
+    versions = [(int(name), os.path.join(export_dir, name)) for name in os.listdir(export_dir)
+                if name.isdigit()]
+    return sorted((step, path) for step, path in versions if is_saved_model(path))
+
+
+def is_saved_model(directory):
+    """Returns whether directory holds a SavedModel."""
+    return os.path.isfile(os.path.join(directory, 'saved_model.pb'))
+
+
+def load_export_config(version_dir):
+    """Returns the RunConfig saved with an exported model (None if it has none)."""
+    return onu_run_config.RunConfig.load(os.path.join(version_dir, METADATA_SUBDIR))
+
+
+class PeriodicExportListener(tf.compat.v1.train.CheckpointSaverListener):
+    """Exports the checkpoint just saved whenever training has passed another N-epoch boundary.
+
+    The checkpoint saver runs by seconds or steps, so a boundary is exported from the first
+    checkpoint at or after it (save every epoch's worth of steps to land on it exactly). The export
+    runs in a fresh graph; a failure is logged in one line and training goes on (the next boundary
+    exports again). Every attempt is appended to export_dir/exports.jsonl.
+    """
+
+    def __init__(self, checkpoint_dir, run_config, export_dir, every_n_epochs, examples_per_step):
+        self._checkpoint_dir = checkpoint_dir
+        self._run_config = run_config
+        self._export_dir = export_dir
+        self._examples_per_period = every_n_epochs * run_config.num_examples_per_epoch
+        self._examples_per_step = examples_per_step
+        self._last_period = None
+
+    def _period(self, step):
+        """Returns how many whole N-epoch periods training has done by step."""
+        return step * self._examples_per_step // self._examples_per_period
+
+    def after_save(self, session, global_step_value):
+        period = self._period(int(global_step_value))
+        if self._last_period is None:  # the checkpoint saved when the session starts: a baseline
+            self._last_period = period
+        elif period > self._last_period:
+            self._last_period = period
+            self.export(int(global_step_value))
+
+    def export(self, step):
+        """Exports the latest checkpoint, logging the outcome instead of raising."""
+        started = time.time()
+        epoch = step * self._examples_per_step / self._run_config.num_examples_per_epoch
+        entry = {'step': step, 'epoch': round(epoch, 3),
+                 'checkpoint_path': tf.train.latest_checkpoint(self._checkpoint_dir)}
+        try:
+            entry['version_dir'] = export_saved_model(entry['checkpoint_path'], self._run_config,
+                                                      self._export_dir)
+        except Exception as e:  # pylint: disable=broad-except  (an export must never stop training)
+            entry['error'] = f'{type(e).__name__}: {onu_checkpoint.one_line(e)}'
+            print(f'warning: export of step {step} failed ({entry["error"]}); training continues; '
+                  f'retry with python onu_export.py --checkpoint_path={entry["checkpoint_path"]} '
+                  f'--export_dir={self._export_dir}', file=sys.stderr, flush=True)
+        entry['seconds'] = round(time.time() - started, 2)
+        self._log(entry)
+
+    def _log(self, entry):
+        """Appends entry to export_dir/exports.jsonl; a write failure is only reported."""
+        try:
+            os.makedirs(self._export_dir, exist_ok=True)
+            with open(os.path.join(self._export_dir, EXPORT_LOG_FILENAME), 'a', encoding='utf-8') as f:
+                f.write(json.dumps(entry, ensure_ascii=False) + '\n')
+        except OSError as e:
+            print(f'warning: cannot record the export in {self._export_dir}: {e}', file=sys.stderr,
+                  flush=True)

@@ -1,0 +1,270 @@
+"""What the training scripts share around their graphs: data on demand, the run's start, summaries,
+the hooks and the monitored session (onu_train.py and onu_multi_gpu_train.py wire them with flags).
+
+A library module: explicit arguments only, no flags.
+"""
+import contextlib
+import math
+import os
+import signal
+import time
+from datetime import datetime
+
+import tensorflow as tf
+
+import onu_checkpoint
+import onu_dataset
+import onu_input
+import onu_records
+import onu_sample_data
+import onu_serving
+
+
+class NanLossError(Exception):
+    """The loss became NaN or infinite; training stopped before saving those weights."""
+
+
+def default_model_name():
+    """Returns inception_resnet_v2 when TensorFlow sees a GPU, else small."""
+    return 'inception_resnet_v2' if tf.config.list_physical_devices('GPU') else 'small'
+
+
+def prepare_data(data_dir, data_format):
+    """Makes sure data_dir holds what data_format reads: sample data and records are made on demand."""
+    if not os.path.isdir(os.path.join(data_dir, 'train')):
+        if os.path.abspath(data_dir) != os.path.abspath(onu_dataset.DEFAULT_DATA_DIR):
+            raise onu_dataset.DataError(
+                f'{data_dir}: no train/ folder; put photos in {data_dir}/train/<class>/ and '
+                f'{data_dir}/val/<class>/, or run python make_sample_data.py --data_dir={data_dir}')
+        print(f'{data_dir} has no data: generating the built-in sample dataset there.', flush=True)
+        onu_sample_data.generate_dataset(data_dir)
+    if data_format != 'images' and not onu_input.has_records(data_dir, data_format):
+        print(f'{data_dir} has no {data_format} records: converting them now '
+              f'(python convert_to_tfrecord.py --data_dir={data_dir} --format={data_format}).', flush=True)
+        onu_records.convert(data_dir, formats=(data_format,))
+
+
+def start_run(train_dir, run_config, saved, is_chief):
+    """Checks that train_dir's run (saved) can be resumed as run_config; the chief saves it; prints the run."""
+    onu_checkpoint.check_resumable(train_dir, run_config, saved)
+    if is_chief:
+        run_config.save(train_dir)
+    size = run_config.image_size
+    print(f'Training {run_config.model} at {size}x{size} on {run_config.num_examples_per_epoch} '
+          f'{run_config.data_format} examples of {run_config.num_classes} classes '
+          f'({", ".join(run_config.class_names)}) into {train_dir}', flush=True)
+
+
+def resume_point(train_dir, is_chief):
+    """Returns the checkpoint training resumes from (None: a new run); the chief first sets damaged ones aside."""
+    if is_chief:  # damaged checkpoints set aside, the state file made relative to this folder
+        return onu_checkpoint.prepare_resume(train_dir)
+    return (onu_checkpoint.list_checkpoints(train_dir) or [None])[-1]
+
+
+def input_seed(seed, task_index, resume_from):
+    """Returns the seed of this process's shuffling and augmentation.
+
+    Workers of a cluster, and a run restarted from a checkpoint, each get their own, so that they
+    neither read the same batches as each other nor repeat the ones already trained on.
+    """
+    start_step = onu_checkpoint.listed_step(resume_from) if resume_from else 0
+    return (seed * 1000003 + task_index * 7919 + start_step) % (2 ** 31 - 1)
+
+
+def add_training_summaries(logits, labels, end_points, total_loss, losses=None, histograms=False):
+    """Adds training-batch precision, averaged losses and optional histograms; returns the averaging op.
+
+    losses: the loss terms to average besides total_loss (default: the LOSSES collection).
+    """
+    precision = tf.reduce_mean(tf.cast(tf.nn.in_top_k(labels, logits, 1), tf.float32))
+    tf.compat.v1.summary.scalar('training_batch/precision_at_1', precision)
+    # Single-batch losses are noisy: also show their moving averages, as the CIFAR-10 tutorial did.
+    if losses is None:
+        losses = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.LOSSES)
+    losses = list(losses) + [total_loss]
+    averages = tf.compat.v1.train.ExponentialMovingAverage(0.9, name='avg')
+    average_op = averages.apply(losses)
+    for part in losses:
+        tf.compat.v1.summary.scalar(f'losses_averaged/{part.op.name}', averages.average(part))
+    if histograms:
+        for name, activation in end_points.items():
+            tf.compat.v1.summary.histogram(f'activations/{name}', activation)
+        for var in tf.compat.v1.trainable_variables():
+            tf.compat.v1.summary.histogram(var.op.name, var)
+    return average_op
+
+
+class LoggerHook(tf.compat.v1.train.SessionRunHook):
+    """Prints loss and speed every log_frequency steps, writes examples/sec to TensorBoard, counts steps."""
+
+    def __init__(self, loss, global_step, examples_per_step, log_frequency, summary_dir=None):
+        self._fetches = {'loss': loss, 'step': global_step}
+        self._examples_per_step = examples_per_step
+        self._log_frequency = log_frequency
+        self._summary_dir = summary_dir
+        self.steps_run = 0
+
+    def begin(self):
+        self._last_step = None
+        self._last_time = None
+
+    def before_run(self, run_context):
+        return tf.compat.v1.train.SessionRunArgs(self._fetches)
+
+    def after_run(self, run_context, run_values):
+        self.steps_run += 1
+        step = int(run_values.results['step']) + 1  # the fetched value was read before the update
+        now = time.time()
+        if self._last_step is None:
+            self._last_step, self._last_time = step, now
+            return
+        steps = step - self._last_step
+        if steps <= 0:  # on a cluster, the global step moved on without this run (synchronous)
+            return
+        if step % self._log_frequency and steps < self._log_frequency:
+            return
+        sec_per_batch = (now - self._last_time) / max(steps, 1)
+        examples_per_sec = self._examples_per_step / sec_per_batch
+        print(f'{datetime.now()}: step {step}, loss = {run_values.results["loss"]:.4f} '
+              f'({examples_per_sec:.1f} examples/sec; {sec_per_batch:.3f} sec/batch)', flush=True)
+        if self._summary_dir:
+            summary = tf.compat.v1.Summary(
+                value=[tf.compat.v1.Summary.Value(tag='examples/sec', simple_value=examples_per_sec)])
+            tf.compat.v1.summary.FileWriterCache.get(self._summary_dir).add_summary(summary, step)
+        self._last_step, self._last_time = step, now
+
+
+class NanLossHook(tf.compat.v1.train.SessionRunHook):
+    """Stops training with the step and learning rate when the loss is not finite.
+
+    It raises instead of requesting a stop: a requested stop would save the broken weights.
+    """
+
+    def __init__(self, loss, global_step, learning_rate):
+        self._fetches = {'loss': loss, 'step': global_step, 'lr': learning_rate}
+
+    def before_run(self, run_context):
+        return tf.compat.v1.train.SessionRunArgs(self._fetches)
+
+    def after_run(self, run_context, run_values):
+        loss = float(run_values.results['loss'])
+        if not math.isfinite(loss):
+            raise NanLossError(
+                f'loss is {loss} at step {int(run_values.results["step"]) + 1} with learning rate '
+                f'{float(run_values.results["lr"]):.3g}; the last finite checkpoint is kept; '
+                f'lower --learning_rate and rerun to resume from it')
+
+
+class StopOnSignalHook(tf.compat.v1.train.SessionRunHook):
+    """SIGTERM or SIGINT asks training to stop after the current step (the chief then saves it).
+
+    A second signal stops at once, as without this hook. received: the signal, or None.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self):
+        self.received = None
+        self._previous = {}
+
+    def begin(self):
+        self._previous = {number: signal.signal(number, self._handle) for number in self.SIGNALS}
+
+    def _handle(self, number, frame):
+        if self.received is not None:  # asked twice: stop now
+            signal.signal(number, self._previous[number])
+            signal.raise_signal(number)
+            return
+        self.received = number
+        print(f'{signal.Signals(number).name} received: stopping after this step.', flush=True)
+
+    def after_run(self, run_context, run_values):
+        if self.received is not None:
+            run_context.request_stop()
+
+    def end(self, session):
+        self.restore()
+
+    def restore(self):
+        """Puts back the signal handlers there were before."""
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+        self._previous = {}
+
+
+def make_scaffold(train_dir, resume_from, fine_tune_checkpoint, checkpoint_exclude_scopes, keep_checkpoint_max):
+    """Returns the Scaffold: a Saver keeping keep_checkpoint_max, and the fine-tune restore if due."""
+    init_fn = None
+    if fine_tune_checkpoint and not resume_from:
+        saver, path = onu_checkpoint.warm_start_saver(fine_tune_checkpoint, checkpoint_exclude_scopes)
+        init_fn = lambda scaffold, sess: saver.restore(sess, path)  # noqa: E731
+    elif fine_tune_checkpoint:
+        print(f'{train_dir} already has a checkpoint: resuming from it, not from '
+              f'--fine_tune_checkpoint.', flush=True)
+    return tf.compat.v1.train.Scaffold(init_fn=init_fn, saver=onu_checkpoint.training_saver(keep_checkpoint_max))
+
+
+def training_hooks(run_config, train_dir, role, scaffold, total_loss, global_step, learning_rate,
+                   examples_per_step, max_steps, log_frequency, save_checkpoint_secs,
+                   save_checkpoint_steps, export_every_n_epochs):
+    """Returns the session hooks of a training run (role: an onu_cluster.Role).
+
+    The chief saves through its own CheckpointSaverHook, which also saves when the session closes,
+    so that a stop by signal keeps the current step; it goes first, where MonitoredTrainingSession's
+    own would. --export_every_n_epochs exports from it with onu_serving's listener.
+    """
+    hooks = [tf.compat.v1.train.StopAtStepHook(last_step=max_steps),
+             NanLossHook(total_loss, global_step, learning_rate)] + role.hooks()
+    if role.is_chief:
+        listeners = []
+        if export_every_n_epochs:
+            listeners.append(onu_serving.PeriodicExportListener(
+                train_dir, run_config, onu_serving.default_export_dir(train_dir), export_every_n_epochs,
+                examples_per_step))
+        save_secs = None if save_checkpoint_steps else save_checkpoint_secs
+        hooks.insert(0, tf.compat.v1.train.CheckpointSaverHook(
+            train_dir, save_secs=save_secs if save_secs or save_checkpoint_steps else 10 ** 9,
+            save_steps=save_checkpoint_steps, scaffold=scaffold, listeners=listeners))
+    hooks.append(LoggerHook(total_loss, global_step, examples_per_step, log_frequency,
+                            train_dir if role.is_chief else None))
+    hooks.append(StopOnSignalHook())
+    return hooks
+
+
+@contextlib.contextmanager
+def monitored_training_session(role, train_dir, scaffold, hooks, save_summaries_steps, data_dir, data_format):
+    """Opens the MonitoredTrainingSession of a training run; a damaged record becomes a DataError."""
+    stop_hook = _hook(hooks, StopOnSignalHook)
+    try:
+        with onu_input.damaged_records_as_data_error(data_dir, data_format, 'train'):
+            with tf.compat.v1.train.MonitoredTrainingSession(
+                    master=role.master, is_chief=role.is_chief, checkpoint_dir=train_dir,
+                    scaffold=scaffold, hooks=hooks, save_checkpoint_secs=None, save_checkpoint_steps=None,
+                    save_summaries_steps=save_summaries_steps, log_step_count_steps=None,
+                    config=role.session_config,
+                    stop_grace_period_secs=role.stop_grace_period_secs) as session:
+                yield session
+    finally:
+        stop_hook.restore()
+
+
+def finish(hooks, role, train_dir, max_steps):
+    """Prints how training ended, tells a cluster; returns the exit code: 0, or 128 + the stopping signal."""
+    logger, stop = _hook(hooks, LoggerHook), _hook(hooks, StopOnSignalHook)
+    if stop.received is None:
+        print(f'Training stopped at step {max_steps}; checkpoints in {train_dir}', flush=True)
+    elif role.is_chief:
+        saved = onu_checkpoint.list_checkpoints(train_dir)[-1]
+        print(f'Stopped by {signal.Signals(stop.received).name} at step {onu_checkpoint.listed_step(saved)}: '
+              f'checkpoint saved as {saved}; run the same command again to resume from it.', flush=True)
+    else:
+        print(f'Stopped by {signal.Signals(stop.received).name}: this worker stops; the chief keeps '
+              f'the checkpoints.', flush=True)
+    role.finish(logger.steps_run)
+    return 128 + stop.received if stop.received else 0
+
+
+def _hook(hooks, hook_type):
+    """Returns the hook of hook_type among hooks (training_hooks puts exactly one of each there)."""
+    return next(hook for hook in hooks if isinstance(hook, hook_type))
