@@ -21,8 +21,8 @@ from PIL import Image
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
-import convert_to_tfrecord  # noqa: E402  (needs REPO_ROOT on sys.path)
-import make_sample_data  # noqa: E402
+import onu_records  # noqa: E402  (needs REPO_ROOT on sys.path)
+import onu_sample_data  # noqa: E402
 
 TINY_IMAGE_SIZE = (64, 48)
 PATTERN_SIZE = (48, 32)
@@ -118,7 +118,7 @@ def make_tiny_dataset(tmp_path):
     """Factory: make_tiny_dataset(name, train_per_class, val_per_class, image_size) -> a fresh data_dir."""
     def make(name='data', train_per_class=4, val_per_class=2, image_size=TINY_IMAGE_SIZE, seed=0):
         data_dir = str(tmp_path / name)
-        make_sample_data.generate_dataset(data_dir, train_per_class, val_per_class, image_size, seed, processes=1)
+        onu_sample_data.generate_dataset(data_dir, train_per_class, val_per_class, image_size, seed, processes=1)
         return data_dir
     return make
 
@@ -127,8 +127,8 @@ def make_tiny_dataset(tmp_path):
 def tiny_data_dir(tmp_path_factory):
     """A read-only tiny sample dataset, already converted to both record kinds in <it>/tfrecords."""
     data_dir = str(tmp_path_factory.mktemp('tiny') / 'data')
-    make_sample_data.generate_dataset(data_dir, 4, 2, TINY_IMAGE_SIZE, seed=0, processes=1)
-    convert_to_tfrecord.convert(data_dir, num_shards=2, processes=1)
+    onu_sample_data.generate_dataset(data_dir, 4, 2, TINY_IMAGE_SIZE, seed=0, processes=1)
+    onu_records.convert(data_dir, num_shards=2, processes=1)
     return data_dir
 
 
