@@ -13,9 +13,9 @@ import tensorflow as tf
 from PIL import Image
 from PIL import ImageOps
 
-import convert_to_tfrecord
 import onu_dataset
 import onu_input
+import onu_records
 
 IMAGE_SIZE = 32
 FORMATS = onu_dataset.DATA_FORMATS
@@ -72,7 +72,7 @@ def messy_records_dir(messy_data_dir, tmp_path_factory):
     for name in os.listdir(train_dir):
         if os.path.isfile(os.path.join(train_dir, name)):
             shutil.copy(os.path.join(train_dir, name), os.path.join(data_dir, 'val', 'F603', name))
-    convert_to_tfrecord.convert(data_dir, processes=1)
+    onu_records.convert(data_dir, processes=1)
     return data_dir
 
 
@@ -395,18 +395,6 @@ def test_serving_preprocessing_in_map_fn(pattern_image):
     np.testing.assert_allclose(batch[1], batch[2], atol=1e-6)  # PNG and BMP: the same pixels
 
 
-def test_serial_cv2_baseline_matches_the_pipeline(tiny_data_dir):
-    reference, reference_labels, _ = _eval_examples('val', tiny_data_dir, 'images', batch_size=4)
-    with tf.Graph().as_default():
-        loader = onu_input.SerialCv2Loader(tiny_data_dir, 'val', batch_size=4, image_size=IMAGE_SIZE)
-        feeds = list(loader.feed_dicts(epochs=1))
-        with tf.compat.v1.Session() as sess:
-            images, labels = sess.run((loader.images, loader.labels), feeds[0])
-    assert len(feeds) == 1 and images.shape == (4, IMAGE_SIZE, IMAGE_SIZE, 3)
-    np.testing.assert_array_equal(labels, reference_labels)
-    assert np.abs(images - reference).mean() / 2.0 < 2.0 / 255.0  # RGB like the pipeline, not BGR
-
-
 # ---------------------------------------------------------------------------------------------
 # Errors.
 
@@ -430,7 +418,7 @@ def test_missing_records_say_how_to_convert(make_tiny_dataset):
 
 def test_records_of_the_other_kind(make_tiny_dataset):
     data_dir = make_tiny_dataset()
-    convert_to_tfrecord.convert(data_dir, formats=('encoded',), processes=1)
+    onu_records.convert(data_dir, formats=('encoded',), processes=1)
     assert onu_input.has_records(data_dir, 'encoded') and not onu_input.has_records(data_dir, 'raw')
     with pytest.raises(onu_dataset.DataError) as error:
         onu_input.inputs('val', data_dir, 'raw', 2, IMAGE_SIZE)
