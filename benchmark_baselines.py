@@ -137,6 +137,7 @@ def _plain_decoded_examples(info):
     key = onu_dataset.KEY_RAW if info.data_format == 'raw' else onu_dataset.KEY_ENCODED
 
     def parse(record):
+        """Returns (full-size uint8 image, label) of one record."""
         features = tf.io.parse_single_example(record, {
             key: tf.io.FixedLenFeature([], tf.string),
             onu_dataset.KEY_LABEL: tf.io.FixedLenFeature([], tf.int64),
@@ -163,6 +164,7 @@ def plain_tf_image_dataset(info, batch_size, image_size):
     max_angle = math.radians(onu_input.MAX_ROTATION_DEGREES)
 
     def augment(image, label):
+        """Returns the image resized, augmented with per-image tf.image ops, in [-1, 1]."""
         image = tf.image.resize(image, [image_size, image_size]) / 255.0
         image = tf.image.random_saturation(image, *onu_input.SATURATION_RANGE)
         image = tf.image.random_brightness(image, onu_input.BRIGHTNESS_MAX_DELTA)
@@ -212,6 +214,7 @@ def keras_dataset(data_dir, class_names, batch_size, image_size, augmentation):
     layers = keras_augmentation_layers() if augmentation == 'keras_layers' else []
 
     def preprocess(images, labels):
+        """Returns a Keras batch augmented as augmentation says, in [-1, 1], with int32 labels."""
         if augmentation == 'keras_reader':
             pixels = tf.cast(tf.round(tf.clip_by_value(images, 0.0, 255.0)), tf.uint8)
             draws = tf.random.uniform([tf.shape(images)[0], onu_input.NUM_DRAWS])

@@ -91,6 +91,7 @@ def conversion_tasks(data_dir, work_dir, paths, repeats, converter):
     single_dir = os.path.join(work_dir, 'raw-1-process')
 
     def convert(record_format, output_dir, processes, remove_after=False):
+        """Returns the () -> result of one conversion into output_dir from a cold page cache."""
         def run():
             shutil.rmtree(output_dir, ignore_errors=True)  # our own folder, from an earlier repeat
             benchmark_measure.evict_from_page_cache(paths)

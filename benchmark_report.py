@@ -41,7 +41,7 @@ STEP_KIND_TITLES = {
     'batch_norm': 'batch norm (+ grad)',
     'other': 'everything else (pooling, ReLU, casts, loss, optimizer, ...)',
 }
-# A kind of op below this share of the float32 step's op time cannot explain the step's gain.
+# A kind of op below this share of the float32 step's op time is too small to hold the step's gain back.
 MIN_STEP_KIND_SHARE = 0.1
 
 
@@ -353,34 +353,41 @@ def _kind_name(kind):
     return STEP_KIND_TITLES[kind].split(' (')[0]
 
 
-def step_profile_summary(profile):
-    """Returns what the step profile shows, in sentences: the step's gain, the kinds' gains, what holds it back.
+def _step_gains_sentence(profile):
+    """Returns the sentences on the whole step's gain from the rewrite and on each kind of op's."""
+    float32, mixed = profile['float32'], profile['mixed']
+    gains = ', '.join(f'{_kind_name(kind)} {_speedup(float32["kinds_ms"][kind], mixed["kinds_ms"][kind])}'
+                      for kind in benchmark_measure.STEP_KINDS)
+    return (f'With the {profile["compute_dtypes"]["mixed"]} rewrite the whole step takes {mixed["step_ms"]:.1f} ms '
+            f'instead of {float32["step_ms"]:.1f} ms ({_speedup(float32["step_ms"], mixed["step_ms"])}), the sum of '
+            f'its op times {_speedup(float32["ops_ms"], mixed["ops_ms"])}. By kind: {gains}.')
 
-    The kind that holds the step back is the one, among those with at least MIN_STEP_KIND_SHARE of
-    the float32 op time, that gains least; the sentence also says what the step's op time would gain
-    if that kind gained as much as the best of them.
+
+def _least_gain_sentence(profile):
+    """Returns the sentences on the kind of op that holds the step's gain back, or '' if none stands out.
+
+    That kind is the one, among those with at least MIN_STEP_KIND_SHARE of the float32 op time,
+    that gains least; the sentences also say what the op time would gain had it gained as much as
+    the best of them.
     """
     float32, mixed = profile['float32']['kinds_ms'], profile['mixed']['kinds_ms']
     total32, total_mixed = profile['float32']['ops_ms'], profile['mixed']['ops_ms']
-    gains = {kind: float32[kind] / mixed[kind] for kind in benchmark_measure.STEP_KINDS if mixed[kind] > 0}
-    step32, step_mixed = profile['float32']['step_ms'], profile['mixed']['step_ms']
-    text = (f'With the {profile["compute_dtypes"]["mixed"]} rewrite the whole step takes {step_mixed:.1f} ms instead '
-            f'of {step32:.1f} ms ({_speedup(step32, step_mixed)}), the sum of its op times '
-            f'{_speedup(total32, total_mixed)}. By kind: '
-            + ', '.join(f'{_kind_name(kind)} {gain:.2f}x' for kind, gain in gains.items()) + '.')
-    large = [kind for kind in gains if float32[kind] >= MIN_STEP_KIND_SHARE * total32]
-    if len(large) < 2:
-        return text
-    least, best = min(large, key=gains.get), max(large, key=gains.get)
-    if least == best:
-        return text
+    gains = {kind: float32[kind] / mixed[kind] for kind in benchmark_measure.STEP_KINDS
+             if mixed[kind] > 0 and float32[kind] >= MIN_STEP_KIND_SHARE * total32}
+    if len(gains) < 2:
+        return ''
+    least, best = min(gains, key=gains.get), max(gains, key=gains.get)
     as_best = total_mixed - mixed[least] + float32[least] / gains[best]
-    return text + (
-        f' Among the kinds of op with at least {MIN_STEP_KIND_SHARE:.0%} of the float32 op time, '
-        f'{_kind_name(least)} gained least: {gains[least]:.2f}x, on {mixed[least] / total_mixed:.0%} of the mixed '
-        f'op time ({float32[least] / total32:.0%} in float32). Had {_kind_name(least)} gained as much as '
-        f'{_kind_name(best)} ({gains[best]:.2f}x), the op time would have gained {total32 / as_best:.2f}x instead '
-        f'of {total32 / total_mixed:.2f}x.')
+    return (f'Among the kinds of op with at least {MIN_STEP_KIND_SHARE:.0%} of the float32 op time, '
+            f'{_kind_name(least)} gained least: {gains[least]:.2f}x, on {mixed[least] / total_mixed:.0%} of the '
+            f'mixed op time ({float32[least] / total32:.0%} in float32). Had {_kind_name(least)} gained as much as '
+            f'{_kind_name(best)} ({gains[best]:.2f}x), the op time would have gained {total32 / as_best:.2f}x '
+            f'instead of {total32 / total_mixed:.2f}x.')
+
+
+def step_profile_summary(profile):
+    """Returns what the step profile table shows, in sentences made from its numbers."""
+    return ' '.join(part for part in (_step_gains_sentence(profile), _least_gain_sentence(profile)) if part)
 
 
 def precision_table(report):
