@@ -17,8 +17,6 @@ draws), in the pipeline or, with augment_on='model', on the model's device:
 
     images, labels, draws = undistorted_inputs(data_dir, 'encoded', 32, 299)   # uint8, for the model
     images = augment_batch(images, draws)
-
-SerialCv2Loader is a loader in the study's style, kept only as the benchmark's baseline.
 """
 import contextlib
 import dataclasses
@@ -776,65 +774,3 @@ def damaged_records_as_data_error(data_dir, data_format, split):
         if message is None:
             raise
         raise onu_dataset.DataError(message) from None
-
-
-# ----------------------------------------------------------------------------------------------
-# BASELINE ONLY, for onu_benchmark.py: the study's original loader, to reproduce its speed.
-
-class SerialCv2Loader:
-    """The study's loader: cv2 decodes one file at a time in Python, feed_dict ships each batch.
-
-    Use it only to measure the gap to the tf.data pipeline. Unlike the study it converts BGR to RGB,
-    resizes first and runs the pipeline's augmentation graph (augment_batch) over each fed batch.
-    """
-
-    def __init__(self, data_dir, split, batch_size, image_size, augment=False, seed=None):
-        self.info = dataset_info(data_dir, 'images', split)
-        self.batch_size = batch_size
-        self.image_size = image_size
-        self.skipped = set()
-        self._rng = np.random.default_rng(seed)
-        options = AugmentOptions.of(augment)
-        with tf.device(PIPELINE_DEVICE):
-            self.image_batch = tf.compat.v1.placeholder(
-                tf.uint8, [None, image_size, image_size, 3], name='serial_cv2_images')
-            self.label_batch = tf.compat.v1.placeholder(tf.int32, [None], name='serial_cv2_labels')
-            if options == AugmentOptions.none():
-                self.images = to_model_range(tf.cast(self.image_batch, tf.float32) * (1.0 / 255.0))
-            else:
-                draws = tf.random.uniform([tf.shape(self.image_batch)[0], NUM_DRAWS])
-                self.images = augment_batch(self.image_batch, draws, options)
-            self.labels = tf.identity(self.label_batch)
-
-    def read_image(self, path):
-        """Returns the file at path as an upright RGB uint8 array resized to image_size, or None."""
-        import cv2  # only this baseline uses OpenCV
-        image = cv2.imread(path, cv2.IMREAD_COLOR)  # applies the EXIF orientation
-        if image is None:
-            return None
-        image = cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
-        return cv2.resize(image, (self.image_size, self.image_size), interpolation=cv2.INTER_LINEAR)
-
-    def feed_dicts(self, epochs=None):
-        """Yields feed dicts of one batch each: shuffled and endless, or in order for `epochs`."""
-        order = np.arange(self.info.num_examples)
-        epoch = 0
-        while epochs is None or epoch < epochs:
-            if epochs is None:
-                self._rng.shuffle(order)
-            images, labels = [], []
-            for index in order:
-                image = self.read_image(self.info.files[index])
-                if image is None:
-                    self.skipped.add(self.info.files[index])
-                    continue
-                images.append(image)
-                labels.append(self.info.labels[index])
-                if len(images) == self.batch_size:
-                    yield {self.image_batch: np.stack(images), self.label_batch: np.array(labels)}
-                    images, labels = [], []
-            if len(self.skipped) == self.info.num_examples:
-                raise onu_dataset.DataError(f'{self.info.data_dir}: OpenCV reads none of the images')
-            if images and epochs is not None:
-                yield {self.image_batch: np.stack(images), self.label_batch: np.array(labels)}
-            epoch += 1

@@ -1,7 +1,6 @@
-"""onu_benchmark.py --quick on tiny generated photos: every row measured, every output written."""
+"""onu_benchmark.py --quick on tiny generated photos: every row measured, every output written; its parts."""
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -11,12 +10,16 @@ import pytest
 import tensorflow as tf
 
 from conftest import REPO_ROOT
-import onu_benchmark
+import benchmark_baselines
+import benchmark_measure
+import benchmark_plan
+import benchmark_report
 import onu_input
 
 SCRIPT = os.path.join(REPO_ROOT, 'onu_benchmark.py')
 PIPELINE_ROWS = ('images', 'raw', 'encoded', 'serial_cv2', 'keras_reader')
 TRAINING_ROWS = ('images', 'raw', 'encoded', 'serial_cv2', 'synthetic')
+IMAGE_SIZE = 32
 
 
 def _numbers(value, path=''):
@@ -47,7 +50,7 @@ def test_quick_run_measures_every_row(make_tiny_dataset, tmp_path):
         assert rows[name]['eval_images_per_sec'] > 0 and rows[name]['train_images_per_sec'] > 0, name
     # Without augmentation the two Keras ways are one pipeline, measured once.
     assert rows['keras_layers']['train_images_per_sec'] > 0 and 'eval_images_per_sec' not in rows['keras_layers']
-    for name in TRAINING_ROWS + onu_benchmark.SMALL_MODEL_TRAINING_WAYS:
+    for name in TRAINING_ROWS + benchmark_plan.SMALL_MODEL_TRAINING_WAYS:
         entry = rows[name]['training']['small']
         assert entry['sec_per_batch'] > 0 and entry['examples_per_sec'] > 0, name
         assert entry['batch_size'] == 4 and entry['image_size'] == 32
@@ -89,10 +92,18 @@ def test_quick_run_measures_every_row(make_tiny_dataset, tmp_path):
     for name, entry in entries.items():
         assert entry['examples_per_sec'] > 0 and np.isfinite(entry['final_loss']), name
     assert '### Precision and XLA' in (output_dir / outputs[1]).read_text()
+    # Where the small model's step time goes, float32 and mixed, at its training size and batch here.
+    profile = report['step_profile']
+    assert (profile['model'], profile['batch_size'], profile['image_size']) == ('small', 4, 32)
+    for name in ('float32', 'mixed'):
+        assert profile[name]['step_ms'] > 0 and profile[name]['traced_steps'] == 2, name
+        assert set(profile[name]['kinds_ms']) == set(benchmark_measure.STEP_KINDS), name
+    assert '### Where the small model\'s step time goes, float32 vs mixed (model only)' in (
+        output_dir / outputs[1]).read_text()
 
     # 4 storage + 9 pipeline (decode limit, 5 ways eval, 3 train) + 30 training preprocessing
-    # + 9 training measurements + 2 of float32, mixed and XLA side by side, one repeat each
-    assert report['other_processes']['measurements'] == 54 == len(report['measurements'])
+    # + 9 training measurements + 2 of float32, mixed and XLA side by side + 1 step profile, one repeat each
+    assert report['other_processes']['measurements'] == 55 == len(report['measurements'])
     assert report['hardware']['usable_cores'] >= 1 and report['hardware']['cpu_model']
     assert {target['issue'] for target in report['targets']} == {2, 3, 12, 13}  # issue 7's need Inception-ResNet-v2
     assert all(isinstance(target['passed'], bool) for target in report['targets'])
@@ -119,7 +130,7 @@ def _assert_spans(values, low, high, name):
 @pytest.fixture(scope='module')
 def keras_layers():
     """The Keras baseline's augmentation layers by name."""
-    saturation, brightness, contrast, hue, rotation = onu_benchmark.keras_augmentation_layers()
+    saturation, brightness, contrast, hue, rotation = benchmark_baselines.keras_augmentation_layers()
     return {'saturation': saturation, 'brightness': brightness, 'contrast': contrast, 'hue': hue,
             'rotation': rotation}
 
@@ -158,3 +169,58 @@ def test_keras_baseline_rotates_up_to_the_same_angle(keras_layers):
     at_max = ((at_max_angle.numpy()[0] + 1.0) / 2.0 < 0.75).all(axis=-1).mean()
     assert 0.8 * at_max < uncovered.max() <= 1.1 * at_max, (uncovered.max(), at_max)
     assert uncovered.min() < 0.1 * at_max and np.mean(uncovered < 0.5 * at_max) > 0.3
+
+
+def test_serial_cv2_baseline_matches_the_pipeline(tiny_data_dir):
+    with tf.Graph().as_default():  # the 4 val photos: the eval pipeline's one batch
+        with tf.compat.v1.Session() as sess:
+            reference, reference_labels = sess.run(onu_input.inputs('val', tiny_data_dir, 'images', 4, IMAGE_SIZE))
+    with tf.Graph().as_default():
+        loader = benchmark_baselines.SerialCv2Loader(tiny_data_dir, 'val', batch_size=4, image_size=IMAGE_SIZE)
+        feeds = list(loader.feed_dicts(epochs=1))
+        with tf.compat.v1.Session() as sess:
+            images, labels = sess.run((loader.images, loader.labels), feeds[0])
+    assert len(feeds) == 1 and images.shape == (4, IMAGE_SIZE, IMAGE_SIZE, 3)
+    np.testing.assert_array_equal(labels, reference_labels)
+    assert np.abs(images - reference).mean() / 2.0 < 2.0 / 255.0  # RGB like the pipeline, not BGR
+
+
+def test_op_kinds_cover_tensorflow_and_onednn_op_types():
+    kinds = {op_type: benchmark_measure.op_kind(op_type) for op_type in (
+        'Conv2D', '_MklNativeConv2D', '_MklNativeFusedConv2D', 'Conv2DBackpropInput',
+        '_MklNativeConv2DBackpropInput', 'Conv2DBackpropFilter', '_MklNativeConv2DBackpropFilter',
+        'DepthwiseConv2dNativeBackpropFilter', 'FusedBatchNormV3', '_MklNativeFusedBatchNormEx',
+        '_MklNativeFusedBatchNormGradV3', 'MaxPoolGrad', 'Cast', 'ResourceApplyMomentum')}
+    assert kinds == {
+        'Conv2D': 'forward_conv', '_MklNativeConv2D': 'forward_conv', '_MklNativeFusedConv2D': 'forward_conv',
+        'Conv2DBackpropInput': 'input_gradient_conv', '_MklNativeConv2DBackpropInput': 'input_gradient_conv',
+        'Conv2DBackpropFilter': 'weight_gradient_conv', '_MklNativeConv2DBackpropFilter': 'weight_gradient_conv',
+        'DepthwiseConv2dNativeBackpropFilter': 'weight_gradient_conv', 'FusedBatchNormV3': 'batch_norm',
+        '_MklNativeFusedBatchNormEx': 'batch_norm', '_MklNativeFusedBatchNormGradV3': 'batch_norm',
+        'MaxPoolGrad': 'other', 'Cast': 'other', 'ResourceApplyMomentum': 'other'}
+
+
+def test_step_profile_measures_every_kind_in_float32_and_mixed(tiny_data_dir):
+    photos = onu_input.dataset_info(tiny_data_dir, 'images', 'train')
+    profile = benchmark_measure.measure_step_profile('small', lambda way: photos, batch_size=4,
+                                                     image_size=IMAGE_SIZE, warmup=1, steps=2)
+    assert profile['compute_dtypes'] == {'float32': 'float32', 'mixed': 'bfloat16'}
+    for name in ('float32', 'mixed'):
+        entry = profile[name]
+        assert list(entry['kinds_ms']) == list(benchmark_measure.STEP_KINDS), name
+        assert all(ms > 0 for ms in entry['kinds_ms'].values()), (name, entry['kinds_ms'])
+        assert entry['ops_ms'] == pytest.approx(sum(entry['kinds_ms'].values()))
+        assert entry['ops_ms'] == pytest.approx(sum(entry['op_types_ms'].values()))
+        assert entry['step_ms'] > 0 and entry['traced_steps'] == 2 and entry['timed_steps'] == 2
+    # The rewrite ran: the mixed step computes its convolutions in bfloat16, the float32 step nothing.
+    assert profile['float32']['bfloat16_op_types'] == []
+    assert sum(benchmark_measure.op_kind(op_type) == 'forward_conv'
+               for op_type in profile['mixed']['bfloat16_op_types']) >= 1
+
+    table = benchmark_report.step_profile_table(profile).splitlines()
+    assert len(table) == 2 + len(benchmark_measure.STEP_KINDS) + 2  # header, rule, kinds, all ops, whole step
+    assert table[-1].startswith('| whole step') and 'weight-gradient convolutions' in table[4]
+    summary = benchmark_report.step_profile_summary(profile)
+    assert summary.startswith('With the bfloat16 rewrite the whole step takes')
+    assert all(benchmark_report.STEP_KIND_TITLES[kind].split(' (')[0] in summary
+               for kind in benchmark_measure.STEP_KINDS)

@@ -13,9 +13,9 @@ import tensorflow as tf
 from PIL import Image
 from PIL import ImageOps
 
-import onu_records
 import onu_dataset
 import onu_input
+import onu_records
 
 IMAGE_SIZE = 32
 FORMATS = onu_dataset.DATA_FORMATS
@@ -393,18 +393,6 @@ def test_serving_preprocessing_in_map_fn(pattern_image):
     assert batch.shape == (3, IMAGE_SIZE, IMAGE_SIZE, 3)
     np.testing.assert_allclose(batch, np.stack(singles), atol=1e-6)
     np.testing.assert_allclose(batch[1], batch[2], atol=1e-6)  # PNG and BMP: the same pixels
-
-
-def test_serial_cv2_baseline_matches_the_pipeline(tiny_data_dir):
-    reference, reference_labels, _ = _eval_examples('val', tiny_data_dir, 'images', batch_size=4)
-    with tf.Graph().as_default():
-        loader = onu_input.SerialCv2Loader(tiny_data_dir, 'val', batch_size=4, image_size=IMAGE_SIZE)
-        feeds = list(loader.feed_dicts(epochs=1))
-        with tf.compat.v1.Session() as sess:
-            images, labels = sess.run((loader.images, loader.labels), feeds[0])
-    assert len(feeds) == 1 and images.shape == (4, IMAGE_SIZE, IMAGE_SIZE, 3)
-    np.testing.assert_array_equal(labels, reference_labels)
-    assert np.abs(images - reference).mean() / 2.0 < 2.0 / 255.0  # RGB like the pipeline, not BGR
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,483 @@
+"""What onu_benchmark.py measures: each measure_* function builds one thing, times it, returns a dict of numbers.
+
+  storage      measure_read_files, measure_conversion (seconds, bytes);
+  pipelines    measure_pipeline (onu_input), measure_plain_tf_image, measure_study_serial,
+               measure_serial_cv2, measure_keras_baseline (the baselines of benchmark_baselines),
+               measure_decode_limit (images/sec, CPU cores busy);
+  training     measure_training, measure_training_variants (sec/batch of the training graph fed by
+               one way, in float32, mixed precision or with XLA), measure_step_profile (where one
+               step's time goes, by kind of op, float32 next to the bfloat16 rewrite).
+Functions that benchmark_runner.FreshPython runs in another process take and return JSON values only.
+"""
+import collections
+import os
+import resource
+import statistics
+import time
+
+import numpy as np
+import tensorflow as tf
+
+import benchmark_baselines
+import onu_dataset
+import onu_flags
+import onu_input
+import onu_model
+import onu_records
+
+PRECISION_VARIANTS = ('mixed', 'xla')  # measured next to float32 by measure_training_variants
+TRAINING_VARIANTS = ('float32',) + PRECISION_VARIANTS
+# measure_step_profile's kinds of op, in table order, and its two precisions.
+STEP_KINDS = ('forward_conv', 'input_gradient_conv', 'weight_gradient_conv', 'batch_norm', 'other')
+STEP_PROFILE_PRECISIONS = {'float32': 'float32', 'mixed': 'bfloat16'}
+# Device names of a GPU trace's copies of the same ops (streams, memory copies): not counted twice.
+DUPLICATE_TRACE_DEVICES = ('/stream:', '/memcpy')
+
+
+# ----------------------------------------------------------------------------------------------
+# Storage: reading the photos, converting them.
+
+def _cpu_seconds():
+    """Returns the CPU seconds this process has used so far (all threads)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def evict_from_page_cache(paths):
+    """Drops the files from the kernel's page cache, so that the next read comes from the disk."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # dirty pages cannot be dropped
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def measure_read_files(paths):
+    """Reads every file once from a cold page cache; returns seconds and bytes."""
+    evict_from_page_cache(paths)
+    started = time.perf_counter()
+    num_bytes = 0
+    for path in paths:
+        with open(path, 'rb') as f:
+            num_bytes += len(f.read())
+    return {'seconds': time.perf_counter() - started, 'bytes': num_bytes}
+
+
+def measure_conversion(data_dir, output_dir, record_format, processes):
+    """Converts data_dir to record_format records in output_dir; returns seconds and bytes summed over splits.
+
+    Run it in a FreshPython, whose worker processes start as convert_to_tfrecord.py's do.
+    """
+    started = time.perf_counter()
+    manifest = onu_records.convert(data_dir, output_dir, formats=(record_format,), processes=processes)
+    seconds = time.perf_counter() - started
+    entries = [formats[record_format] for formats in manifest['splits'].values()]
+    return {'seconds': seconds, 'processes': onu_dataset.worker_count(processes),
+            'records': sum(entry['records'] for entry in entries),
+            'record_bytes': sum(entry['record_bytes'] for entry in entries),
+            'source_bytes': sum(entry['source_bytes'] for entry in entries),
+            'pixel_bytes': sum(entry['pixel_bytes'] for entry in entries)}
+
+
+# ----------------------------------------------------------------------------------------------
+# Input pipelines: images/sec and the CPU cores they keep busy.
+
+def _consumed(images, labels):
+    """Returns labels, computed only once images are: fetching it runs the whole input."""
+    with tf.control_dependencies([images]):
+        return tf.identity(labels)
+
+
+def _time_runs(sess, fetch, warmup, runs, feeds=None):
+    """Runs fetch warmup + runs times; returns images/sec and CPU cores busy over the timed runs."""
+    for _ in range(warmup):
+        sess.run(fetch, next(feeds) if feeds else None)
+    cpu_started, started = _cpu_seconds(), time.perf_counter()
+    num_images = sum(len(sess.run(fetch, next(feeds) if feeds else None)) for _ in range(runs))
+    seconds = time.perf_counter() - started
+    return {'images_per_sec': num_images / seconds, 'cores_busy': (_cpu_seconds() - cpu_started) / seconds,
+            'images': num_images, 'seconds': seconds}
+
+
+def _session(config=None):
+    """Returns a session configured as training configures it (or with config)."""
+    return tf.compat.v1.Session(config=config or onu_flags.session_config())
+
+
+def cpu_ms_per_image(result):
+    """Returns the CPU milliseconds one image cost in a pipeline measurement (cores busy / images per second)."""
+    return 1000.0 * result['cores_busy'] / result['images_per_sec']
+
+
+def measure_pipeline(info, batch_size, image_size, augment, warmup, batches, cache=None, augment_on='input',
+                     reduced_decode=False):
+    """Images/sec of onu_input's pipeline over info: training (augment) or eval preprocessing.
+
+    augment=False measures the eval pipeline (exact decode, resize, scale), restarted at each epoch
+    end. Training pipelines are shuffled and repeated; cache and reduced_decode: make_dataset's;
+    augment_on='model' runs augment_batch in the graph after the pipeline, as --augment_on=model does.
+    """
+    with tf.Graph().as_default():
+        with tf.device(onu_input.PIPELINE_DEVICE):
+            if augment:
+                dataset = onu_input.make_dataset(info, batch_size, image_size, training=True, cache=cache,
+                                                 augment_on=augment_on, reduced_decode=reduced_decode)
+            else:
+                dataset = onu_input.make_dataset(info, batch_size, image_size, training=False).repeat()
+            batch = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+        images, labels = batch[:2]
+        fetch = _consumed(images, labels)
+        if augment_on == 'model':
+            # Grappler drops a control dependency on a stateless op: make the labels depend on its data.
+            augmented = onu_input.augment_batch(images, batch[2])
+            fetch = fetch + tf.cast(tf.reduce_max(augmented) > 1.0, tf.int32)  # never true: adds 0
+        with _session() as sess:
+            return _time_runs(sess, fetch, warmup, batches)
+
+
+def measure_plain_tf_image(info, batch_size, image_size, warmup, batches):
+    """Images/sec of benchmark_baselines.plain_tf_image_dataset over info."""
+    with tf.Graph().as_default():
+        with tf.device(onu_input.PIPELINE_DEVICE):
+            dataset = benchmark_baselines.plain_tf_image_dataset(info, batch_size, image_size)
+            fetch = _consumed(*tf.compat.v1.data.make_one_shot_iterator(dataset).get_next())
+        with _session() as sess:
+            return _time_runs(sess, fetch, warmup, batches)
+
+
+def _time_fed_loader(loader, warmup, batches):
+    """Times warmup + batches batches fed by a serial loader (StudySerialLoop, SerialCv2Loader) in this graph."""
+    fetch = _consumed(loader.images, loader.labels)
+    with _session() as sess:
+        return _time_runs(sess, fetch, warmup, batches, feeds=loader.feed_dicts())
+
+
+def measure_study_serial(data_dir, batch_size, image_size, warmup, batches):
+    """Images/sec of benchmark_baselines.StudySerialLoop."""
+    with tf.Graph().as_default():
+        return _time_fed_loader(benchmark_baselines.StudySerialLoop(data_dir, batch_size, image_size), warmup, batches)
+
+
+def measure_serial_cv2(data_dir, batch_size, image_size, augment, warmup, batches):
+    """Images/sec of the study's loader: cv2 reads one file at a time, feed_dict ships the batch."""
+    with tf.Graph().as_default():
+        loader = benchmark_baselines.SerialCv2Loader(data_dir, 'train', batch_size, image_size, augment=augment)
+        return _time_fed_loader(loader, warmup, batches)
+
+
+def measure_keras_baseline(data_dir, class_names, batch_size, image_size, augmentation, warmup, batches):
+    """Images/sec of benchmark_baselines.keras_dataset (Keras's own folder reader + the augmentation)."""
+    with tf.Graph().as_default():
+        with tf.device(onu_input.PIPELINE_DEVICE):
+            dataset = benchmark_baselines.keras_dataset(data_dir, class_names, batch_size, image_size, augmentation)
+            # Keras's random layers keep their seed in a variable: a one-shot iterator cannot hold it.
+            iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
+            fetch = _consumed(*iterator.get_next())
+        with _session() as sess:
+            sess.run([tf.compat.v1.global_variables_initializer(), iterator.initializer])
+            return _time_runs(sess, fetch, warmup, batches)
+
+
+# ----------------------------------------------------------------------------------------------
+# The decode limit: what every core decoding and resizing at the one-core rate would give.
+
+def _single_core_dataset(paths, batch_size, image_size):
+    """Returns batches of the files decoded (the pipelines' decoder) and resized on one thread."""
+    dataset = tf.data.Dataset.from_tensor_slices(list(paths)).repeat().map(
+        lambda path: onu_input.preprocess_for_eval(onu_input.decode_image_bytes(tf.io.read_file(path)),
+                                                   image_size))
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = 1
+    options.threading.max_intra_op_parallelism = 1
+    options.autotune.enabled = False
+    return dataset.batch(batch_size).with_options(options)
+
+
+def measure_single_core_decode(data_dir, batch_size, image_size, warmup, batches):
+    """Images/sec of decode+resize of data_dir's training photos on one thread: TensorFlow and cv2.
+
+    TensorFlow is the pipelines' decoder (and so the decode limit); cv2 is the serial loop's.
+    Run it in a FreshPython pinned to one CPU, so that no helper thread uses a second core.
+    """
+    info = onu_input.dataset_info(data_dir, 'images', 'train')
+    single_threaded = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=1)
+    with tf.Graph().as_default():
+        dataset = _single_core_dataset(info.files, batch_size, image_size)
+        images = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+        fetch = _consumed(images, tf.zeros(tf.shape(images)[:1]))
+        with _session(single_threaded) as sess:
+            tf_rate = _time_runs(sess, fetch, warmup, batches)
+    return {'images_per_sec': tf_rate['images_per_sec'], 'cores_busy': tf_rate['cores_busy'],
+            'cv2_images_per_sec': _cv2_single_core_rate(info, image_size, batches * batch_size)}
+
+
+def measure_decode_limit(one_core, data_dir, batch_size, image_size, warmup, batches):
+    """The decode limit: cores x the decode+resize rate of the same files in one_core, a FreshPython on one CPU."""
+    cores = onu_dataset.worker_count()
+    single = one_core.call('measure_single_core_decode', data_dir=data_dir, batch_size=batch_size,
+                           image_size=image_size, warmup=warmup, batches=batches)
+    return {'images_per_sec': cores * single['images_per_sec'], 'cores': cores,
+            'single_core_images_per_sec': single['images_per_sec'], 'single_core_cores_busy': single['cores_busy'],
+            'cv2_single_core_images_per_sec': single['cv2_images_per_sec']}
+
+
+def _cv2_single_core_rate(info, image_size, num_images):
+    """Images/sec of the serial loader's cv2 read+resize on one thread, over num_images of info's files."""
+    import cv2  # pylint: disable=import-outside-toplevel  (only the baselines use OpenCV)
+    with tf.Graph().as_default():
+        read_image = benchmark_baselines.SerialCv2Loader(info.data_dir, 'train', 1, image_size).read_image
+    threads = cv2.getNumThreads()
+    cv2.setNumThreads(1)
+    try:
+        paths = [info.files[i % len(info.files)] for i in range(num_images)]
+        started = time.perf_counter()
+        for path in paths:
+            read_image(path)
+        return len(paths) / (time.perf_counter() - started)
+    finally:
+        cv2.setNumThreads(threads)
+
+
+# ----------------------------------------------------------------------------------------------
+# Training: sec/batch of the training graph fed by one way.
+
+def _synthetic_inputs(batch_size, image_size, num_classes):
+    """Returns an in-memory (images, labels) batch: a variable set once, so a step reads no input."""
+    images = tf.compat.v1.Variable(
+        tf.random.uniform([batch_size, image_size, image_size, 3], -1.0, 1.0), trainable=False,
+        collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES], name='synthetic_images')
+    labels = tf.constant(np.arange(batch_size) % num_classes, tf.int32)
+    return images.read_value(), labels
+
+
+def training_inputs(way, info_of, batch_size, image_size):
+    """Returns (images, labels, feeds) of one way, with every training augmentation; feeds None or an iterator.
+
+    info_of(way) -> the DatasetInfo that way reads (the photos' for serial_cv2 and synthetic).
+    """
+    photos = info_of('images')
+    if way == 'synthetic':
+        return _synthetic_inputs(batch_size, image_size, photos.num_classes) + (None,)
+    if way in ('serial_cv2', 'study_serial'):
+        if way == 'serial_cv2':
+            loader = benchmark_baselines.SerialCv2Loader(photos.data_dir, 'train', batch_size, image_size,
+                                                         augment=True)
+        else:
+            loader = benchmark_baselines.StudySerialLoop(photos.data_dir, batch_size, image_size)
+        return loader.images, loader.labels, loader.feed_dicts()
+    with tf.device(onu_input.PIPELINE_DEVICE):
+        if way == 'plain_tf_image':
+            dataset = benchmark_baselines.plain_tf_image_dataset(photos, batch_size, image_size)
+        else:
+            reads = way.split('_')[0]
+            dataset = onu_input.make_dataset(
+                info_of(reads), batch_size, image_size, training=True,
+                cache=False if way == 'encoded_decoding' else None,
+                augment_on='model' if way == 'encoded_on_model' else 'input')
+        batch = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+    if way == 'encoded_on_model':
+        return onu_input.augment_batch(batch[0], batch[2]), batch[1], None
+    return batch[0], batch[1], None
+
+
+def _train_op(model_name, total_loss, global_step, num_examples_per_epoch, batch_size, compute_dtype):
+    """Returns onu_train's train op with its defaults: momentum, exponential decay, moving averages."""
+    learning_rate = onu_model.make_learning_rate(global_step, onu_model.DEFAULT_LEARNING_RATE[model_name],
+                                                 'exponential', num_examples_per_epoch, batch_size)
+    optimizer = onu_model.make_optimizer('momentum', learning_rate, compute_dtype=compute_dtype)
+    grads_and_vars = optimizer.compute_gradients(total_loss, var_list=onu_model.variables_to_train(None))
+    return onu_model.build_train_op(optimizer, grads_and_vars, global_step)
+
+
+class TrainingRun:
+    """A training graph of model_name fed by way, in its own session: run warmup, then time windows."""
+
+    def __init__(self, model_name, way, info_of, batch_size, image_size, compute_dtype='float32', xla=False):
+        info = info_of('images')
+        self.graph = tf.Graph()
+        with self.graph.as_default():
+            images, labels, self._feeds = training_inputs(way, info_of, batch_size, image_size)
+            global_step = tf.compat.v1.train.get_or_create_global_step()
+            logits, end_points = onu_model.inference(images, info.num_classes, model_name, is_training=True)
+            total_loss = onu_model.loss(logits, labels, end_points)
+            train_op = _train_op(model_name, total_loss, global_step, info.num_examples, batch_size, compute_dtype)
+            self._step = [train_op, total_loss]  # one fetch list throughout: a new one sets up a new executor
+            self.session = _session(onu_model.set_precision_options(onu_flags.session_config(), compute_dtype, xla))
+            self.session.run([tf.compat.v1.global_variables_initializer(),
+                              tf.compat.v1.local_variables_initializer()])
+        self.windows, self.final_loss = [], None
+
+    def _run_step(self, options=None, run_metadata=None):
+        """Runs one training step (traced when options ask for it)."""
+        feed = next(self._feeds) if self._feeds else None
+        _, self.final_loss = self.session.run(self._step, feed, options=options, run_metadata=run_metadata)
+
+    def run(self, steps):
+        """Runs steps training steps."""
+        for _ in range(steps):
+            self._run_step()
+
+    def time_window(self, steps):
+        """Times steps training steps; appends their sec/batch to windows."""
+        started = time.perf_counter()
+        self.run(steps)
+        self.windows.append((time.perf_counter() - started) / steps)
+
+    def traced_step(self):
+        """Runs one step with a full trace; returns its RunMetadata (step_stats: every op's times)."""
+        run_metadata = tf.compat.v1.RunMetadata()
+        self._run_step(tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE), run_metadata)
+        return run_metadata
+
+    def close(self):
+        """Closes the session."""
+        self.session.close()
+
+    def result(self, batch_size, image_size):
+        """Returns the median window and the details as a result dict; closes the session."""
+        self.close()
+        sec_per_batch = statistics.median(self.windows)
+        return {'sec_per_batch': sec_per_batch, 'examples_per_sec': batch_size / sec_per_batch,
+                'sec_per_batch_repeats': self.windows, 'batch_size': batch_size, 'image_size': image_size,
+                'final_loss': float(self.final_loss)}
+
+
+def _interleaved_windows(runs, warmup, steps, repeats):
+    """Warms up every TrainingRun of runs, then alternates their timed windows.
+
+    Alternating, a slow spell of the machine slows them all alike: the ratios are what matters.
+    """
+    for run in runs.values():
+        run.run(warmup)
+    for _ in range(repeats):
+        for run in runs.values():
+            run.time_window(steps)
+
+
+def measure_training(model_name, way, info_of, batch_size, image_size, warmup, steps, repeats, **options):
+    """Sec/batch of training model_name fed by way: the median over repeats of steps steps each.
+
+    The graph is onu_train's (inference, loss, train op with EMA) without its summaries;
+    options: TrainingRun's compute_dtype and xla.
+    """
+    run = TrainingRun(model_name, way, info_of, batch_size, image_size, **options)
+    run.run(warmup)
+    for _ in range(repeats):
+        run.time_window(steps)
+    return run.result(batch_size, image_size)
+
+
+def mixed_compute_dtype():
+    """Returns what --precision=mixed computes in on this machine's fastest device, fast path or not.
+
+    The benchmark turns the rewrite on even where the hardware lacks the fast path (where training
+    would warn and stay float32), so that it measures what the rewrite costs there.
+    """
+    return 'float16' if tf.config.list_physical_devices('GPU') else 'bfloat16'
+
+
+def measure_training_variants(model_name, way, info_of, batch_size, image_size, warmup, steps, repeats,
+                              interleave):
+    """{variant: measure_training's result} for float32, mixed and XLA (PRECISION_VARIANTS) training.
+
+    interleave: keep the three sessions open and alternate their timed windows (_interleaved_windows);
+    otherwise measure one after the other (for a model too large to hold three times).
+    """
+    options = {'float32': {}, 'mixed': {'compute_dtype': mixed_compute_dtype()}, 'xla': {'xla': True}}
+    if not interleave:
+        return {name: measure_training(model_name, way, info_of, batch_size, image_size, warmup, steps,
+                                       repeats, **options[name]) for name in TRAINING_VARIANTS}
+    runs = {name: TrainingRun(model_name, way, info_of, batch_size, image_size, **options[name])
+            for name in TRAINING_VARIANTS}
+    _interleaved_windows(runs, warmup, steps, repeats)
+    return {name: run.result(batch_size, image_size) for name, run in runs.items()}
+
+
+# ----------------------------------------------------------------------------------------------
+# Where one training step's time goes (issue 13): op times from a full trace, summed by kind.
+
+def op_kind(op_type):
+    """Returns the STEP_KINDS entry an op type counts under (oneDNN's renamed types, e.g. _MklNativeConv2D, too)."""
+    name = op_type.lower()
+    if 'conv' in name and 'backpropinput' in name:
+        return 'input_gradient_conv'
+    if 'conv' in name and 'backpropfilter' in name:
+        return 'weight_gradient_conv'
+    if 'conv2d' in name or 'conv3d' in name:
+        return 'forward_conv'
+    if 'batchnorm' in name:  # FusedBatchNormV3, _MklNativeFusedBatchNormEx, ...GradV3
+        return 'batch_norm'
+    return 'other'
+
+
+def _op_type(node_stats):
+    """Returns the op type of a traced node, from its timeline label 'name = Type(inputs)'."""
+    label = node_stats.timeline_label
+    return label.partition(' = ')[2].partition('(')[0] if ' = ' in label else 'unknown'
+
+
+def _op_seconds(node_stats):
+    """Returns how long a traced node's kernel ran (op end - op start), from nanoseconds where recorded."""
+    if node_stats.op_end_rel_nanos:  # the microsecond fields round a short op to 0
+        return (node_stats.op_end_rel_nanos - node_stats.op_start_rel_nanos) / 1e9
+    return (node_stats.op_end_rel_micros - node_stats.op_start_rel_micros) / 1e6
+
+
+def _traced_nodes(run_metadata):
+    """Yields the NodeExecStats of one traced step, each op once."""
+    for device in run_metadata.step_stats.dev_stats:
+        if not any(part in device.device for part in DUPLICATE_TRACE_DEVICES):
+            yield from device.node_stats
+
+
+def op_seconds_by_type(run_metadata):
+    """Returns {op type: seconds its kernels ran} summed over one traced step's ops."""
+    seconds = collections.Counter()
+    for node in _traced_nodes(run_metadata):
+        seconds[_op_type(node)] += _op_seconds(node)
+    return seconds
+
+
+def bfloat16_op_types(run_metadata):
+    """Returns the sorted op types of a traced step that output bfloat16 tensors (what the rewrite converted)."""
+    return sorted({_op_type(node) for node in _traced_nodes(run_metadata)
+                   if any(output.tensor_description.dtype == tf.bfloat16.as_datatype_enum for output in node.output)})
+
+
+def _step_profile_summary(run, traces, steps):
+    """Returns a TrainingRun's untraced step time and its traced op times, in ms per step, by kind and type."""
+    by_type = collections.Counter()
+    for trace in traces:
+        by_type.update(op_seconds_by_type(trace))
+    by_kind = {kind: 0.0 for kind in STEP_KINDS}
+    for op_type, seconds in by_type.items():
+        by_kind[op_kind(op_type)] += 1000.0 * seconds / len(traces)
+    return {'step_ms': 1000.0 * statistics.median(run.windows), 'ops_ms': sum(by_kind.values()),
+            'kinds_ms': by_kind, 'traced_steps': len(traces), 'timed_steps': steps,
+            'bfloat16_op_types': bfloat16_op_types(traces[-1]),
+            'op_types_ms': {op_type: 1000.0 * seconds / len(traces) for op_type, seconds in by_type.most_common()}}
+
+
+def measure_step_profile(model_name, info_of, batch_size, image_size, warmup, steps):
+    """Where one training step of model_name on an in-memory batch spends its time, float32 and mixed.
+
+    Mixed is oneDNN's bfloat16 rewrite on the CPU (STEP_PROFILE_PRECISIONS). After warmup steps,
+    each run times one untraced window of steps (the whole step, wall clock), then steps steps
+    with a full trace (op_end - op_start of every op, summed by STEP_KINDS and op type; the ops of
+    a step overlap on several threads, so their sum can exceed the wall clock). The two sessions
+    alternate, so that a slow spell of the machine slows both alike.
+    """
+    runs = {name: TrainingRun(model_name, 'synthetic', info_of, batch_size, image_size, compute_dtype=dtype)
+            for name, dtype in STEP_PROFILE_PRECISIONS.items()}
+    _interleaved_windows(runs, warmup, steps, repeats=1)
+    traces = {name: [] for name in runs}
+    for _ in range(steps):
+        for name, run in runs.items():
+            traces[name].append(run.traced_step())
+    for run in runs.values():
+        run.close()
+    return dict({name: _step_profile_summary(run, traces[name], steps) for name, run in runs.items()},
+                model=model_name, batch_size=batch_size, image_size=image_size, warmup_steps=warmup,
+                compute_dtypes=dict(STEP_PROFILE_PRECISIONS))

@@ -1,0 +1,268 @@
+"""What one onu_benchmark.py run measures: its Settings, the ways of feeding, and the task list in run order.
+
+Each *_tasks function returns benchmark_runner.Tasks (a label, a benchmark_measure call, a short
+result text, a time estimate) for one part of the run; repeats are tasks with the same key.
+"""
+import dataclasses
+import math
+import os
+import shutil
+
+import benchmark_measure
+from benchmark_runner import Task
+import onu_dataset
+import onu_model
+
+RECORD_WAYS = ('raw', 'encoded')
+TF_DATA_WAYS = ('images',) + RECORD_WAYS
+TRAINING_WAYS = TF_DATA_WAYS + ('serial_cv2', 'synthetic')
+# Issue 13's: each model fed a synthetic batch (the model alone) and the encoded pipeline (end to end),
+# in float32, mixed precision and with XLA, measured side by side.
+PRECISION_WAYS = ('synthetic', 'encoded')
+# Issue 12's comparison, measured with the small model only (Inception-ResNet-v2 is not input-bound here).
+SMALL_MODEL_TRAINING_WAYS = ('encoded_decoding', 'encoded_on_model', 'plain_tf_image', 'study_serial')
+# variant -> what feeds: onu_input's default (decoded epoch cached), onu_input decoding every image
+# exactly or at a reduced DCT scale, onu_input with augmentation placed on the model, and the plain
+# tf.image pipeline.
+AUGMENTATION_VARIANTS = ('cached', 'decoding', 'reduced_decode', 'on_model', 'plain_tf_image')
+KERAS_WAYS = ('keras_layers', 'keras_reader')
+KERAS_AUGMENTATION = {'keras_layers': ' by Keras layers', 'keras_reader': ' by onu_input'}
+PIPELINE_WAYS = ('encoded', 'raw', 'images', 'serial_cv2') + KERAS_WAYS  # in table and plot order
+# Issue 13's question (why the small model gains little from bfloat16) is asked of this model.
+PROFILED_MODEL = 'small'
+# Rough costs for the progress estimate, replaced by measured durations as the run goes.
+PRIOR_IMAGES_PER_SEC = {'pipeline': 150.0, 'serial_cv2': 60.0, 'convert_raw': 80.0, 'convert_encoded': 400.0}
+PRIOR_SEC_PER_STEP_32 = {'small': 0.5, 'inception_resnet_v2': 16.0}  # batch 32, the model's image size
+PRIOR_BUILD_SECONDS = {'small': 3.0, 'inception_resnet_v2': 40.0}
+PRIOR_FRESH_PYTHON_SECONDS = 5.0  # starting a FreshPython (it imports TensorFlow) at its first call
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What one benchmark run measures and how long it measures it."""
+    data_dir: str
+    image_size: int          # input pipelines
+    batch_size: int          # input pipelines
+    repeats: int
+    batches: int
+    warmup_batches: int
+    models: tuple
+    train_image_size: dict   # model -> side of its input
+    train_batch_size: dict   # model -> batch size
+    train_steps: dict        # model -> timed steps per repeat
+    train_warmup_steps: dict  # model -> untimed steps first
+    max_images_per_class: int
+    profile_steps: int       # traced steps of PROFILED_MODEL per precision
+
+
+def _rate_text(result):
+    """Returns a pipeline result as '123.4 img/s on 1.9 cores'."""
+    return f'{result["images_per_sec"]:.1f} img/s on {result["cores_busy"]:.1f} cores'
+
+
+def _cpu_ms_text(result):
+    """Returns a pipeline result as '123.4 img/s on 1.9 cores = 15.4 CPU ms/img'."""
+    return f'{_rate_text(result)} = {benchmark_measure.cpu_ms_per_image(result):.2f} CPU ms/img'
+
+
+def _seconds_text(result):
+    """Returns a storage result as '1.23 s'."""
+    return f'{result["seconds"]:.2f} s'
+
+
+def _epoch_batches(info, batch_size):
+    """Returns how many training batches make one epoch of info."""
+    return math.ceil(info.num_examples / batch_size)
+
+
+def augmentation_sizes(pipeline_image_size):
+    """Returns the image sides training preprocessing is measured at: the pipelines' and the small model's."""
+    return tuple(dict.fromkeys((pipeline_image_size, onu_model.DEFAULT_IMAGE_SIZE['small'])))
+
+
+def conversion_tasks(data_dir, work_dir, paths, repeats, converter):
+    """Tasks timing a plain read of the photos, encoded conversion, and raw conversion on 1 and all cores.
+
+    converter: the FreshPython that converts. The last repeat leaves encoded records in
+    work_dir/encoded and raw records in work_dir/raw.
+    """
+    cores = onu_dataset.worker_count()
+    count = len(paths)
+    single_dir = os.path.join(work_dir, 'raw-1-process')
+
+    def convert(record_format, output_dir, processes, remove_after=False):
+        """Returns the () -> result of one conversion into output_dir from a cold page cache."""
+        def run():
+            shutil.rmtree(output_dir, ignore_errors=True)  # our own folder, from an earlier repeat
+            benchmark_measure.evict_from_page_cache(paths)
+            result = converter.call('measure_conversion', data_dir=data_dir, output_dir=output_dir,
+                                    record_format=record_format, processes=processes)
+            if remove_after:
+                shutil.rmtree(output_dir)
+            return result
+        return run
+
+    tasks = []
+    for repeat in range(1, repeats + 1):
+        suffix = f' (repeat {repeat}/{repeats})'
+        tasks += [
+            Task(('read_files',), f'read the {count} photos once, cold cache{suffix}',
+                 lambda: benchmark_measure.measure_read_files(paths), _seconds_text, 1.0),
+            Task(('convert', 'encoded', cores), f'convert to encoded records{suffix}',
+                 convert('encoded', os.path.join(work_dir, 'encoded'), None), _seconds_text,
+                 PRIOR_FRESH_PYTHON_SECONDS + count / PRIOR_IMAGES_PER_SEC['convert_encoded']),
+            Task(('convert', 'raw', 1), f'convert to raw records, 1 process{suffix}',
+                 convert('raw', single_dir, 1, remove_after=True), _seconds_text,
+                 count / PRIOR_IMAGES_PER_SEC['convert_raw']),
+            Task(('convert', 'raw', cores), f'convert to raw records, {cores} processes{suffix}',
+                 convert('raw', os.path.join(work_dir, 'raw'), None), _seconds_text,
+                 count / PRIOR_IMAGES_PER_SEC['convert_raw'] / cores * 1.5),
+        ]
+    return tasks
+
+
+def pipeline_tasks(settings, data_dir, info_of, one_core):
+    """Tasks measuring every input pipeline with eval preprocessing and with augmentation, round by round.
+
+    info_of(way) -> the DatasetInfo that way reads; one_core: a FreshPython pinned to one CPU.
+    """
+    size, batch, warmup, batches = settings.image_size, settings.batch_size, settings.warmup_batches, settings.batches
+    images = (warmup + batches) * batch
+    estimate = 3 + images / PRIOR_IMAGES_PER_SEC['pipeline']
+    serial_estimate = 3 + images / PRIOR_IMAGES_PER_SEC['serial_cv2']
+    tasks = []
+    for repeat in range(1, settings.repeats + 1):
+        suffix = f' (repeat {repeat}/{settings.repeats})'
+        tasks.append(Task(('decode_limit',), f'decode limit: one-core decode+resize{suffix}',
+                          lambda: benchmark_measure.measure_decode_limit(one_core, data_dir, batch, size, warmup,
+                                                                         batches),
+                          lambda r: f'{r["single_core_images_per_sec"]:.1f} img/s x {r["cores"]} cores',
+                          PRIOR_FRESH_PYTHON_SECONDS + estimate * 2))
+        for augment in (False, True):
+            stage = 'train' if augment else 'eval'
+            what = 'training augmentation' if augment else 'eval preprocessing'
+            for way in TF_DATA_WAYS if not augment else ():  # augmentation_tasks time their training
+                tasks.append(Task(
+                    ('pipeline', way, stage), f'{way} pipeline, {what}{suffix}',
+                    lambda way=way, augment=augment: benchmark_measure.measure_pipeline(
+                        info_of(way), batch, size, augment, warmup, batches),
+                    _rate_text, estimate))
+            tasks.append(Task(
+                ('pipeline', 'serial_cv2', stage), f'serial cv2 loop, {what}{suffix}',
+                lambda augment=augment: benchmark_measure.measure_serial_cv2(data_dir, batch, size, augment, warmup,
+                                                                             batches),
+                _rate_text, serial_estimate))
+            # With augmentation off both Keras ways are the same pipeline: measure it once.
+            for way in KERAS_WAYS if augment else KERAS_WAYS[-1:]:
+                tasks.append(Task(
+                    ('pipeline', way, stage),
+                    f'Keras image_dataset_from_directory, {what}{KERAS_AUGMENTATION[way] if augment else ""}{suffix}',
+                    lambda augmentation=way if augment else None: benchmark_measure.measure_keras_baseline(
+                        data_dir, info_of('images').class_names, batch, size, augmentation, warmup, batches),
+                    _rate_text, estimate))
+    return tasks
+
+
+def _augmentation_run(info_of, way, variant, batch, size, warmup, batches):
+    """Returns the () -> result of one training preprocessing measurement: way read as variant says."""
+    if variant == 'plain_tf_image':
+        return lambda: benchmark_measure.measure_plain_tf_image(info_of(way), batch, size, warmup, batches)
+    return lambda: benchmark_measure.measure_pipeline(
+        info_of(way), batch, size, True, warmup, batches,
+        cache=False if variant in ('decoding', 'reduced_decode') else None,
+        augment_on='model' if variant == 'on_model' else 'input',
+        reduced_decode=variant == 'reduced_decode')
+
+
+def augmentation_tasks(settings, data_dir, info_of):
+    """Tasks measuring training preprocessing per mode and variant at each of augmentation_sizes.
+
+    Each measurement warms up for one epoch more than --warmup_batches, so that the cached variant
+    is timed at its steady state; the others are timed at the same point.
+    """
+    batch, batches = settings.batch_size, settings.batches
+    warmup = settings.warmup_batches + _epoch_batches(info_of('images'), batch)
+    estimate = 3 + (warmup + batches) * batch / PRIOR_IMAGES_PER_SEC['pipeline']
+    serial_estimate = 3 + (1 + batches) * batch / PRIOR_IMAGES_PER_SEC['serial_cv2']
+    tasks = []
+    for repeat in range(1, settings.repeats + 1):
+        suffix = f' (repeat {repeat}/{settings.repeats})'
+        for size in augmentation_sizes(settings.image_size):
+            for way in TF_DATA_WAYS:
+                for variant in AUGMENTATION_VARIANTS:
+                    if variant == 'on_model' and way != 'encoded':
+                        continue
+                    tasks.append(Task(('augment', way, size, variant),
+                                      f'{way} training preprocessing at {size}, {variant}{suffix}',
+                                      _augmentation_run(info_of, way, variant, batch, size, warmup, batches),
+                                      _cpu_ms_text, estimate))
+            tasks.append(Task(('augment', 'study_serial', size, 'serial'),
+                              f'the study\'s serial loop as written at {size}{suffix}',
+                              lambda size=size: benchmark_measure.measure_study_serial(data_dir, batch, size, 1,
+                                                                                       batches),
+                              _cpu_ms_text, serial_estimate))
+            tasks.append(Task(('augment', 'serial_cv2', size, 'serial'),
+                              f'SerialCv2Loader (resize first, onu_input augmentation) at {size}{suffix}',
+                              lambda size=size: benchmark_measure.measure_serial_cv2(data_dir, batch, size, True, 1,
+                                                                                     batches),
+                              _cpu_ms_text, serial_estimate))
+    return tasks
+
+
+def _training_estimate(settings, model_name, steps):
+    """Returns the prior seconds of building model_name's training graph and running steps steps."""
+    batch, size = settings.train_batch_size[model_name], settings.train_image_size[model_name]
+    step_seconds = (PRIOR_SEC_PER_STEP_32[model_name] * batch / 32
+                    * (size / onu_model.DEFAULT_IMAGE_SIZE[model_name]) ** 2)
+    return PRIOR_BUILD_SECONDS[model_name] + step_seconds * steps
+
+
+def training_tasks(settings, info_of):
+    """Tasks measuring each model fed by each way (repeats are windows within one session).
+
+    The small model warms up for one epoch more, so that its windows time the pipelines' steady
+    state (the decoded epoch cached); Inception-ResNet-v2's few steps all fall in the first epoch.
+    """
+    tasks = []
+    for model_name in settings.models:
+        batch = settings.train_batch_size[model_name]
+        size = settings.train_image_size[model_name]
+        warmup, steps = settings.train_warmup_steps[model_name], settings.train_steps[model_name]
+        ways = TRAINING_WAYS
+        if model_name == 'small':
+            warmup += _epoch_batches(info_of('images'), batch)
+            ways += SMALL_MODEL_TRAINING_WAYS
+        estimate = _training_estimate(settings, model_name, warmup + 1 + steps * settings.repeats)
+        for way in ways:
+            tasks.append(Task(
+                ('training', model_name, way), f'train {model_name} (batch {batch}, {size}x{size}) fed by {way}',
+                lambda model_name=model_name, way=way, batch=batch, size=size, warmup=warmup, steps=steps:
+                    benchmark_measure.measure_training(model_name, way, info_of, batch, size, warmup, steps,
+                                                       settings.repeats),
+                lambda r: f'{r["sec_per_batch"]:.3f} sec/batch, {r["examples_per_sec"]:.1f} examples/sec',
+                estimate))
+        for way in PRECISION_WAYS:
+            tasks.append(Task(
+                ('precision', model_name, way),
+                f'train {model_name} (batch {batch}, {size}x{size}) fed by {way}: float32, mixed, XLA',
+                lambda model_name=model_name, way=way, batch=batch, size=size, warmup=warmup, steps=steps:
+                    benchmark_measure.measure_training_variants(model_name, way, info_of, batch, size, warmup, steps,
+                                                      settings.repeats, interleave=model_name == 'small'),
+                lambda r: ', '.join(f'{name} {result["examples_per_sec"]:.1f}' for name, result in r.items())
+                + ' examples/sec', estimate * 3))
+    return tasks
+
+
+def step_profile_tasks(settings, info_of):
+    """The task tracing PROFILED_MODEL's steps on an in-memory batch, float32 and mixed (none if not measured)."""
+    if PROFILED_MODEL not in settings.models:
+        return []
+    model_name = PROFILED_MODEL
+    batch, size = settings.train_batch_size[model_name], settings.train_image_size[model_name]
+    warmup, steps = settings.train_warmup_steps[model_name], settings.profile_steps
+    return [Task(
+        ('step_profile', model_name),
+        f'profile {model_name} (batch {batch}, {size}x{size}) steps by kind of op: float32, mixed',
+        lambda: benchmark_measure.measure_step_profile(model_name, info_of, batch, size, warmup, steps),
+        lambda r: f'{r["float32"]["step_ms"]:.1f} ms/step float32, {r["mixed"]["step_ms"]:.1f} mixed',
+        2 * _training_estimate(settings, model_name, warmup + 3 * steps))]  # a traced step costs about two

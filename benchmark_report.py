@@ -1,0 +1,493 @@
+"""What an onu_benchmark.py run concludes: rows of medians, pass/fail targets, the Markdown tables and the PNG.
+
+  assemble_rows, assemble_precision, assemble_augmentation, assemble_step_profile
+                          the measurements (benchmark_runner.run_tasks' results) as the report's tables;
+  evaluate_targets        the verdicts on the speed and size targets, each with its issue number;
+  markdown_report         the run as Markdown (every table), as printed and written to <timestamp>.md;
+  write_outputs           <timestamp>.json, .md and .png.
+"""
+import json
+import math
+import os
+import statistics
+
+import numpy as np
+
+import benchmark_measure
+import benchmark_plan
+import benchmark_runner
+import onu_dataset
+import onu_model
+
+ROW_ORDER = benchmark_plan.PIPELINE_WAYS + ('decode_limit', 'synthetic')
+ROW_TITLES = {
+    'encoded': 'encoded JPEG in TFRecords (gfile)',
+    'raw': 'raw pixels in TFRecords (tobytes)',
+    'images': 'original images, tf.data pipeline (the fix)',
+    'serial_cv2': 'original images, serial cv2 loop + feed_dict (the study)',
+    'keras_layers': 'original images, Keras image_dataset_from_directory + Keras augmentation layers',
+    'keras_reader': 'original images, Keras image_dataset_from_directory + onu_input augmentation',
+    'decode_limit': 'decode limit: cores x one-core decode+resize',
+    'synthetic': 'synthetic in-memory batch (no input)',
+    'encoded_decoding': 'encoded, onu_input without the decoded-epoch cache (decodes every image)',
+    'encoded_on_model': 'encoded, augmentation placed on the model (--augment_on=model)',
+    'plain_tf_image': 'original images, plain tf.image pipeline (full decode, per-image tf.image ops)',
+    'study_serial': 'original images, the study\'s serial loop as written (augments the full photo)',
+}
+STEP_KIND_TITLES = {
+    'forward_conv': 'forward convolutions (Conv2D)',
+    'input_gradient_conv': 'input-gradient convolutions (Conv2DBackpropInput)',
+    'weight_gradient_conv': 'weight-gradient convolutions (Conv2DBackpropFilter)',
+    'batch_norm': 'batch norm (+ grad)',
+    'other': 'everything else (pooling, ReLU, casts, loss, optimizer, ...)',
+}
+# A kind of op below this share of the float32 step's op time is too small to hold the step's gain back.
+MIN_STEP_KIND_SHARE = 0.1
+
+
+def _median(results, field):
+    """Returns the median of field over a list of result dicts."""
+    return statistics.median(result[field] for result in results)
+
+
+def assemble_rows(results, settings):
+    """Returns {row name: {measure: median}} for every way and baseline (see ROW_ORDER)."""
+    models = settings.models
+    read = results[('read_files',)]
+    source_bytes = read[0]['bytes']
+    rows = {'images': {'disk_bytes': source_bytes, 'disk_ratio': 1.0, 'read_seconds': _median(read, 'seconds')},
+            'serial_cv2': {'disk_bytes': source_bytes, 'disk_ratio': 1.0},
+            'keras_layers': {'disk_bytes': source_bytes, 'disk_ratio': 1.0},
+            'keras_reader': {'disk_bytes': source_bytes, 'disk_ratio': 1.0},
+            'decode_limit': {}, 'synthetic': {}}
+    rows.update({way: {} for way in benchmark_plan.SMALL_MODEL_TRAINING_WAYS})
+    cores = onu_dataset.worker_count()
+    for way in benchmark_plan.RECORD_WAYS:
+        converted = results[('convert', way, cores)]
+        rows[way] = {'disk_bytes': converted[-1]['record_bytes'],
+                     'disk_ratio': converted[-1]['record_bytes'] / converted[-1]['source_bytes'],
+                     'conversion_seconds': _median(converted, 'seconds'),
+                     'pixel_bytes': converted[-1]['pixel_bytes']}
+    rows['raw']['conversion_seconds_1_process'] = _median(results[('convert', 'raw', 1)], 'seconds')
+    for way in benchmark_plan.PIPELINE_WAYS:
+        for stage in ('eval', 'train'):
+            measured = results.get(('pipeline', way, stage))
+            if measured is None:
+                continue
+            rows[way][f'{stage}_images_per_sec'] = _median(measured, 'images_per_sec')
+            rows[way][f'{stage}_cores_busy'] = _median(measured, 'cores_busy')
+    for way in benchmark_plan.TF_DATA_WAYS:  # training: onu_input's default pipeline at its steady state
+        measured = results[('augment', way, settings.image_size, 'cached')]
+        rows[way]['train_images_per_sec'] = _median(measured, 'images_per_sec')
+        rows[way]['train_cores_busy'] = _median(measured, 'cores_busy')
+    limit = results[('decode_limit',)]
+    rows['decode_limit'] = {'eval_images_per_sec': _median(limit, 'images_per_sec'), 'cores': limit[0]['cores'],
+                            'single_core_images_per_sec': _median(limit, 'single_core_images_per_sec'),
+                            'single_core_cores_busy': _median(limit, 'single_core_cores_busy'),
+                            'cv2_single_core_images_per_sec': _median(limit, 'cv2_single_core_images_per_sec')}
+    for model_name in models:
+        synthetic = results[('training', model_name, 'synthetic')][0]
+        small_ways = benchmark_plan.SMALL_MODEL_TRAINING_WAYS if model_name == 'small' else ()
+        for way in benchmark_plan.TRAINING_WAYS + small_ways:
+            measured = results[('training', model_name, way)][0]
+            entry = {key: measured[key] for key in ('sec_per_batch', 'examples_per_sec', 'batch_size', 'image_size')}
+            if way != 'synthetic':
+                entry['input_bound_fraction'] = max(0.0, 1.0 - synthetic['sec_per_batch'] / measured['sec_per_batch'])
+            rows[way].setdefault('training', {})[model_name] = entry
+    return {name: rows[name] for name in ROW_ORDER + benchmark_plan.SMALL_MODEL_TRAINING_WAYS}
+
+
+def assemble_precision(results, settings):
+    """Returns {model: {'way variant': training result}} for float32, mixed and XLA rows of PRECISION_WAYS."""
+    table = {}
+    for model_name in settings.models:
+        entries = table[model_name] = {}
+        for way in benchmark_plan.PRECISION_WAYS:
+            measured_variants = results[('precision', model_name, way)][0]
+            for variant in benchmark_measure.TRAINING_VARIANTS:
+                measured = measured_variants[variant]
+                entries[f'{way} {variant}'] = {name: measured[name] for name in (
+                    'sec_per_batch', 'examples_per_sec', 'final_loss', 'batch_size', 'image_size',
+                    'sec_per_batch_repeats')}
+    return table
+
+
+def assemble_augmentation(results, settings):
+    """Returns {'way size variant': {images_per_sec, cores_busy, cpu_ms_per_image}} of training preprocessing."""
+    table = {}
+    for key, measured in results.items():
+        if key[0] != 'augment':
+            continue
+        images_per_sec, cores_busy = _median(measured, 'images_per_sec'), _median(measured, 'cores_busy')
+        table[' '.join(str(part) for part in key[1:])] = {
+            'images_per_sec': images_per_sec, 'cores_busy': cores_busy,
+            'cpu_ms_per_image': benchmark_measure.cpu_ms_per_image({'images_per_sec': images_per_sec,
+                                                                    'cores_busy': cores_busy})}
+    return table
+
+
+def assemble_step_profile(results):
+    """Returns the step profile of benchmark_plan.PROFILED_MODEL (measure_step_profile's), or None if not measured."""
+    measured = results.get(('step_profile', benchmark_plan.PROFILED_MODEL))
+    if not measured:
+        return None
+    return {name: value for name, value in measured[0].items()
+            if name not in ('other_processes_cores', 'task_seconds')}
+
+
+def _target(issue, text, measured, threshold, at_most=False):
+    """Returns one target's verdict: measured >= threshold (or <= with at_most)."""
+    passed = measured <= threshold if at_most else measured >= threshold
+    return {'issue': issue, 'target': text, 'measured': measured, 'threshold': threshold,
+            'comparison': '<=' if at_most else '>=', 'passed': bool(passed)}
+
+
+def evaluate_targets(rows, augmentation, precision, settings, cores):
+    """Returns the verdicts on the speed and size targets of issues 2, 3, 7, 12 and 13."""
+    models = settings.models
+    raw, encoded, images = rows['raw'], rows['encoded'], rows['images']
+    targets = [
+        _target(2, 'encoded records / source photo bytes', encoded['disk_ratio'], 1.002, at_most=True),
+        _target(2, 'raw records / sum(H*W*3)', raw['disk_bytes'] / raw['pixel_bytes'], 1.01, at_most=True),
+        _target(2, 'encoded conversion speed / reading the photos once (cold cache)',
+                images['read_seconds'] / encoded['conversion_seconds'], 0.5),
+        _target(2, f'raw conversion speed on {cores} cores / on 1 process',
+                raw['conversion_seconds_1_process'] / raw['conversion_seconds'], 1.6),
+        _target(3, 'encoded eval preprocessing / decode limit',
+                encoded['eval_images_per_sec'] / rows['decode_limit']['eval_images_per_sec'], 0.8),
+        _target(3, 'images eval / encoded eval', images['eval_images_per_sec'] / encoded['eval_images_per_sec'], 0.9),
+        _target(3, 'raw eval / encoded eval', raw['eval_images_per_sec'] / encoded['eval_images_per_sec'], 1.0),
+    ]
+    for way in benchmark_plan.TF_DATA_WAYS:
+        train_rate = rows[way]['train_images_per_sec']
+        targets.append(_target(3, f'{way} training augmentation / serial cv2 loop, same augmentation',
+                               train_rate / rows['serial_cv2']['train_images_per_sec'], 2.5))
+        targets.append(_target(3, f'{way} training augmentation / Keras image_dataset_from_directory + the same '
+                                  'augmentations as Keras layers',
+                               train_rate / rows['keras_layers']['train_images_per_sec'], 1.2))
+    for size in benchmark_plan.augmentation_sizes(settings.image_size):
+        for way in benchmark_plan.TF_DATA_WAYS:
+            cached, plain = augmentation[f'{way} {size} cached'], augmentation[f'{way} {size} plain_tf_image']
+            targets.append(_target(12, f'{way} training preprocessing at {size}: CPU ms/img, onu_input / plain '
+                                       'tf.image pipeline (the previous onu_input algorithm)',
+                                   cached['cpu_ms_per_image'] / plain['cpu_ms_per_image'], 0.5, at_most=True))
+            targets.append(_target(12, f'{way} training preprocessing at {size}: img/s, onu_input / plain tf.image '
+                                       'pipeline', cached['images_per_sec'] / plain['images_per_sec'], 1.2))
+    study = augmentation[f'study_serial {settings.image_size} serial']
+    targets.append(_target(12, f'images training preprocessing at {settings.image_size}: img/s, onu_input / the '
+                               'study\'s serial loop as written',
+                           augmentation[f'images {settings.image_size} cached']['images_per_sec']
+                           / study['images_per_sec'], 2.5))
+    if 'small' in models:
+        targets.append(_target(12, 'main job (small model, encoded) input-bound fraction',
+                               rows['encoded']['training']['small']['input_bound_fraction'], 0.25, at_most=True))
+    fast_path = bool(onu_model.detect_hardware().cpu_bfloat16_flags)
+    for model_name, threshold in (('small', 1.8), ('inception_resnet_v2', 1.25)):
+        if model_name in models and fast_path:
+            entries = precision[model_name]
+            targets.append(_target(13, f'{model_name}, model only (synthetic batch): mixed / float32 examples/sec',
+                                   entries['synthetic mixed']['examples_per_sec']
+                                   / entries['synthetic float32']['examples_per_sec'], threshold))
+    if 'small' in models:
+        main_job = (precision['small']['encoded mixed'] if fast_path else
+                    rows['encoded']['training']['small'])['examples_per_sec']
+        targets.append(_target(
+            13, f'main job ({"mixed" if fast_path else "float32"}, encoded) / plain-TF float32 version '
+                '(plain tf.image pipeline + small CNN) examples/sec',
+            main_job / rows['plain_tf_image']['training']['small']['examples_per_sec'], 2.0 if fast_path else 1.5))
+    if 'inception_resnet_v2' in models:
+        speeds = [rows[way]['training']['inception_resnet_v2']['examples_per_sec']
+                  for way in benchmark_plan.TF_DATA_WAYS]
+        targets.append(_target(7, 'Inception-ResNet-v2: fastest / slowest of images, raw, encoded',
+                               max(speeds) / min(speeds), 1.10, at_most=True))
+        for way in benchmark_plan.TF_DATA_WAYS:
+            targets.append(_target(7, f'Inception-ResNet-v2 input-bound fraction, {way}',
+                                   rows[way]['training']['inception_resnet_v2']['input_bound_fraction'], 0.10,
+                                   at_most=True))
+    return targets
+
+
+
+def _megabytes(num_bytes):
+    """Returns bytes as '123.4 MB' (or GB above 10 GB)."""
+    return f'{num_bytes / 1e9:.2f} GB' if num_bytes >= 1e10 else f'{num_bytes / 1e6:.1f} MB'
+
+
+def _cell(value, digits=1):
+    """Returns a number formatted for a table, or a dash if absent."""
+    return '-' if value is None else f'{value:.{digits}f}'
+
+
+def _table(header, rows):
+    """Returns a Markdown table."""
+    lines = ['| ' + ' | '.join(header) + ' |', '|' + '|'.join(' --- ' for _ in header) + '|']
+    return '\n'.join(lines + ['| ' + ' | '.join(str(cell) for cell in row) + ' |' for row in rows])
+
+
+def _rate_cell(row, stage):
+    """Returns 'images/sec (cores busy)' of a pipeline row's stage, or a dash if not measured."""
+    if f'{stage}_images_per_sec' not in row:
+        return '-'
+    return f'{row[f"{stage}_images_per_sec"]:.1f} ({row[f"{stage}_cores_busy"]:.1f})'
+
+
+def _run_description(report):
+    """Returns the lines that say what ran where: command, hardware, machine load, data and settings."""
+    settings, hardware, others = report['settings'], report['hardware'], report['other_processes']
+    gpus = ', '.join(hardware['gpus']) or 'no GPU'
+    return [f'Command: `{report["command"]}`', '',
+            f'Hardware: {hardware["cpu_model"]}, {hardware["usable_cores"]} cores ({hardware["cpu_count"]} CPUs), '
+            f'{hardware["memory_gib"]} GiB, {gpus}; TensorFlow {hardware["tensorflow"]}, Python {hardware["python"]}. '
+            f'1-minute load average {report["load_average_before"]:.2f} before the run; the run took '
+            f'{benchmark_runner.format_duration(report["seconds"])}. Other processes kept '
+            f'{others["mean_cores"]:.2f} cores busy on '
+            f'average during the measurements (at most {others["max_cores"]:.2f} during one; '
+            f'{others["disturbed_measurements"]} of {others["measurements"]} measurements above '
+            f'{benchmark_runner.BUSY_MACHINE_CORES}).', '',
+            f'Data: {settings["data_dir"]}: {report["data"]["photos"]} photos ({report["data"]["train_photos"]} '
+            f'train), {_megabytes(report["data"]["source_bytes"])}. Medians of {settings["repeats"]} repeat(s); '
+            f'pipelines {settings["image_size"]}x{settings["image_size"]}, batch {settings["batch_size"]}, '
+            f'{settings["batches"]} timed batches after {settings["warmup_batches"]}.', '']
+
+
+def study_comparison_table(report, model_name):
+    """Returns the Markdown table shaped like the study's: model_name's training speed fed by each way."""
+    rows = report['rows']
+    ways = (('encoded', 'raw', 'images', 'serial_cv2', 'synthetic')
+            + (benchmark_plan.SMALL_MODEL_TRAINING_WAYS if model_name == 'small' else ()))
+    return _table(['way', 'sec/batch', 'examples/sec', 'input-bound', 'data on disk'], [
+        [ROW_TITLES[way], _cell(rows[way]['training'][model_name]['sec_per_batch'], 3),
+         _cell(rows[way]['training'][model_name]['examples_per_sec']),
+         f'{rows[way]["training"][model_name].get("input_bound_fraction", 0):.0%}' if way != 'synthetic' else '-',
+         _megabytes(rows[way]['disk_bytes']) if 'disk_bytes' in rows[way] else '-']
+        for way in ways])
+
+
+def storage_table(report):
+    """Returns the Markdown table of bytes on disk and seconds to make them, per way of storing."""
+    rows = report['rows']
+    return _table(['way', 'data on disk', 'x source', 'seconds to make', ''], [
+        [ROW_TITLES['images'], _megabytes(rows['images']['disk_bytes']), '1.000',
+         _cell(rows['images']['read_seconds'], 2), 'reading the photos once, cold cache'],
+        [ROW_TITLES['encoded'], _megabytes(rows['encoded']['disk_bytes']),
+         _cell(rows['encoded']['disk_ratio'], 3), _cell(rows['encoded']['conversion_seconds'], 2),
+         'onu_records.convert, cold cache'],
+        [ROW_TITLES['raw'], _megabytes(rows['raw']['disk_bytes']), _cell(rows['raw']['disk_ratio'], 3),
+         _cell(rows['raw']['conversion_seconds'], 2),
+         f'{rows["decode_limit"]["cores"]} processes; 1 process: '
+         f'{rows["raw"]["conversion_seconds_1_process"]:.2f} s']])
+
+
+def pipeline_table(report):
+    """Returns the Markdown table of input pipeline images/sec, eval and training, and the decode limit."""
+    rows = report['rows']
+    return _table(['way', 'eval preprocessing', 'training augmentation'], [
+        [ROW_TITLES[way]] + [_rate_cell(rows[way], stage) for stage in ('eval', 'train')]
+        for way in benchmark_plan.PIPELINE_WAYS]
+        + [[ROW_TITLES['decode_limit'], f'{rows["decode_limit"]["eval_images_per_sec"]:.1f}', '-']])
+
+
+def _decode_rates_sentence(report):
+    """Returns the sentence on one core's decode+resize rate with TensorFlow and with cv2."""
+    limit = report['rows']['decode_limit']
+    return (f'One core decodes+resizes {limit["single_core_images_per_sec"]:.1f} img/s with '
+            f'TensorFlow (the pipelines\' decoder; {limit["single_core_cores_busy"]:.2f} cores busy '
+            f'while measured) and {limit["cv2_single_core_images_per_sec"]:.1f} img/s with cv2.')
+
+
+def targets_table(report):
+    """Returns the Markdown table of the targets' verdicts."""
+    return _table(['issue', 'target', 'measured', 'verdict'], [
+        [target['issue'], f'{target["target"]} {target["comparison"]} {target["threshold"]:g}',
+         f'{target["measured"]:.3f}', 'PASS' if target['passed'] else 'FAIL']
+        for target in report['targets']])
+
+
+def markdown_report(report):
+    """Returns the run as Markdown: settings, the study-shaped table per model, details and targets."""
+    rows, settings = report['rows'], report['settings']
+    lines = _run_description(report)
+    for model_name in settings['models']:
+        first = rows['synthetic']['training'][model_name]
+        lines += [f'### The study\'s comparison: {model_name}, batch {first["batch_size"]}, '
+                  f'{first["image_size"]}x{first["image_size"]}, training augmentation, '
+                  f'{settings["train_steps"][model_name]} timed step(s) x {settings["repeats"]} repeat(s)', '',
+                  study_comparison_table(report, model_name), '']
+    lines += ['### Storage and conversion', '', storage_table(report), '',
+              f'### Input pipelines: images/sec at {settings["image_size"]}x{settings["image_size"]}, '
+              f'batch {settings["batch_size"]} (cores busy in brackets)', '',
+              pipeline_table(report), '', _decode_rates_sentence(report), '',
+              '### Precision and XLA: examples/sec (loss after the timed steps in brackets)', '',
+              precision_table(report), '']
+    profile = report.get('step_profile')
+    if profile:
+        lines += [f'### Where the {profile["model"]} model\'s step time goes, float32 vs mixed (model only): '
+                  f'ms per step, batch {profile["batch_size"]}, {profile["image_size"]}x{profile["image_size"]}',
+                  '', step_profile_table(profile), '', step_profile_summary(profile), '']
+    lines += ['### Training preprocessing: CPU ms per image (images/sec in brackets)', '',
+              augmentation_table(report), '',
+              '### Targets', '', targets_table(report)]
+    return '\n'.join(lines) + '\n'
+
+
+def _speedup(float32_ms, mixed_ms):
+    """Returns float32 time / mixed time as '2.10x', or a dash where mixed took no time."""
+    return f'{float32_ms / mixed_ms:.2f}x' if mixed_ms > 0 else '-'
+
+
+def step_profile_table(profile):
+    """Returns the Markdown table of a step's op time by kind of op, float32 and mixed, and the whole step."""
+    float32, mixed = profile['float32'], profile['mixed']
+    table_rows = [[STEP_KIND_TITLES[kind], _cell(float32['kinds_ms'][kind], 2), _cell(mixed['kinds_ms'][kind], 2),
+                   _speedup(float32['kinds_ms'][kind], mixed['kinds_ms'][kind])]
+                  for kind in benchmark_measure.STEP_KINDS]
+    table_rows.append(['all ops (sum of op times over threads, traced steps)', _cell(float32['ops_ms'], 2),
+                       _cell(mixed['ops_ms'], 2), _speedup(float32['ops_ms'], mixed['ops_ms'])])
+    table_rows.append(['whole step (wall clock, untraced steps)', _cell(float32['step_ms'], 2),
+                       _cell(mixed['step_ms'], 2), _speedup(float32['step_ms'], mixed['step_ms'])])
+    return _table(['kind of op', 'float32 ms', 'mixed ms', 'float32 / mixed'], table_rows)
+
+
+def _kind_name(kind):
+    """Returns a kind of op as words for a sentence: 'weight-gradient convolutions'."""
+    return STEP_KIND_TITLES[kind].split(' (')[0]
+
+
+def _step_gains_sentence(profile):
+    """Returns the sentences on the whole step's gain from the rewrite and on each kind of op's."""
+    float32, mixed = profile['float32'], profile['mixed']
+    gains = ', '.join(f'{_kind_name(kind)} {_speedup(float32["kinds_ms"][kind], mixed["kinds_ms"][kind])}'
+                      for kind in benchmark_measure.STEP_KINDS)
+    return (f'With the {profile["compute_dtypes"]["mixed"]} rewrite the whole step takes {mixed["step_ms"]:.1f} ms '
+            f'instead of {float32["step_ms"]:.1f} ms ({_speedup(float32["step_ms"], mixed["step_ms"])}), the sum of '
+            f'its op times {_speedup(float32["ops_ms"], mixed["ops_ms"])}. By kind: {gains}.')
+
+
+def _least_gain_sentence(profile):
+    """Returns the sentences on the kind of op that holds the step's gain back, or '' if none stands out.
+
+    That kind is the one, among those with at least MIN_STEP_KIND_SHARE of the float32 op time,
+    that gains least; the sentences also say what the op time would gain had it gained as much as
+    the best of them.
+    """
+    float32, mixed = profile['float32']['kinds_ms'], profile['mixed']['kinds_ms']
+    total32, total_mixed = profile['float32']['ops_ms'], profile['mixed']['ops_ms']
+    gains = {kind: float32[kind] / mixed[kind] for kind in benchmark_measure.STEP_KINDS
+             if mixed[kind] > 0 and float32[kind] >= MIN_STEP_KIND_SHARE * total32}
+    if len(gains) < 2:
+        return ''
+    least, best = min(gains, key=gains.get), max(gains, key=gains.get)
+    as_best = total_mixed - mixed[least] + float32[least] / gains[best]
+    return (f'Among the kinds of op with at least {MIN_STEP_KIND_SHARE:.0%} of the float32 op time, '
+            f'{_kind_name(least)} gained least: {gains[least]:.2f}x, on {mixed[least] / total_mixed:.0%} of the '
+            f'mixed op time ({float32[least] / total32:.0%} in float32). Had {_kind_name(least)} gained as much as '
+            f'{_kind_name(best)} ({gains[best]:.2f}x), the op time would have gained {total32 / as_best:.2f}x '
+            f'instead of {total32 / total_mixed:.2f}x.')
+
+
+def step_profile_summary(profile):
+    """Returns what the step profile table shows, in sentences made from its numbers."""
+    return ' '.join(part for part in (_step_gains_sentence(profile), _least_gain_sentence(profile)) if part)
+
+
+def precision_table(report):
+    """Returns the Markdown table of float32, mixed and XLA training, model only and end to end."""
+    table_rows = []
+    for model_name, entries in report['precision'].items():
+        for way in benchmark_plan.PRECISION_WAYS:
+            base = entries[f'{way} float32']
+            cells = [f'{entries[f"{way} {variant}"]["examples_per_sec"]:.1f} '
+                     f'({entries[f"{way} {variant}"]["final_loss"]:.3f})'
+                     for variant in benchmark_measure.TRAINING_VARIANTS]
+            speedups = [f'{entries[f"{way} {variant}"]["examples_per_sec"] / base["examples_per_sec"]:.2f}x'
+                        for variant in benchmark_measure.PRECISION_VARIANTS]
+            table_rows.append([f'{model_name}, batch {base["batch_size"]}, {base["image_size"]}px',
+                               'model only (synthetic batch)' if way == 'synthetic' else 'end to end (encoded)']
+                              + cells + speedups)
+    return _table(['model', 'fed by', 'float32', 'mixed', 'XLA', 'mixed / float32', 'XLA / float32'], table_rows)
+
+
+def augmentation_table(report):
+    """Returns the Markdown table of training preprocessing: a row per mode and variant, a column per size."""
+    augmentation = report['augmentation']
+    sizes = benchmark_plan.augmentation_sizes(report['settings']['image_size'])
+    titles = {'cached': 'onu_input (default: decoded epoch cached, steady state)',
+              'decoding': 'onu_input, no cache (reads and decodes every image)',
+              'reduced_decode': 'onu_input, no cache, JPEGs decoded at a reduced DCT scale (--reduced_decode)',
+              'on_model': 'onu_input, augmentation on the model (--augment_on=model, here the CPU)',
+              'plain_tf_image': 'plain tf.image pipeline (the previous onu_input algorithm)',
+              'serial': ''}
+    table_rows = []
+    for key in dict.fromkeys(' '.join(name.split()[::2]) for name in augmentation):
+        way, variant = key.split()
+        title = {'study_serial': 'the study\'s serial loop as written (augments the full photo)',
+                 'serial_cv2': 'SerialCv2Loader (resizes first, onu_input augmentation)'}.get(way, way)
+        cells = []
+        for size in sizes:
+            result = augmentation.get(f'{way} {size} {variant}')
+            cells.append('-' if result is None else
+                         f'{result["cpu_ms_per_image"]:.2f} ({result["images_per_sec"]:.0f})')
+        table_rows.append([f'{title}, {titles[variant]}'.rstrip(', ')] + cells)
+    return _table(['way'] + [f'{size}x{size}' for size in sizes], table_rows)
+
+
+def plot_report(report, path):
+    """Draws the comparison (disk, pipeline rates, training speed per model) as a PNG at path."""
+    import matplotlib  # pylint: disable=import-outside-toplevel
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+    rows, models = report['rows'], report['settings']['models']
+    ways = benchmark_plan.PIPELINE_WAYS
+    columns = 2 if models else 1
+    rows_of_plots = math.ceil((2 + len(models)) / columns)
+    figure, axes = plt.subplots(rows_of_plots, columns, figsize=(7 * columns, 5 * rows_of_plots), squeeze=False)
+    axes = axes.ravel()
+    for axis in axes[2 + len(models):]:
+        axis.set_visible(False)
+    short = {'encoded': 'encoded', 'raw': 'raw', 'images': 'images\ntf.data', 'serial_cv2': 'images\nserial cv2',
+             'keras_layers': 'images\nKeras\nlayers', 'keras_reader': 'images\nKeras +\nonu_input',
+             'synthetic': 'synthetic'}
+    axes[0].bar([short[w] for w in ('encoded', 'raw', 'images')],
+                [rows[w]['disk_bytes'] / 1e6 for w in ('encoded', 'raw', 'images')], color='tab:gray')
+    axes[0].set_title('data on disk (MB)')
+    positions = np.arange(len(ways))
+    for offset, stage, colour in ((-0.2, 'eval', 'tab:blue'), (0.2, 'train', 'tab:orange')):
+        axes[1].bar(positions + offset, [rows[w].get(f'{stage}_images_per_sec', 0) for w in ways], 0.4, color=colour,
+                    label='eval preprocessing' if stage == 'eval' else 'training augmentation')
+    axes[1].axhline(rows['decode_limit']['eval_images_per_sec'], color='black', linestyle='--',
+                    label='decode limit (eval)')
+    axes[1].set_xticks(positions, [short[w] for w in ways])
+    axes[1].set_title(f'input pipeline (images/sec, {report["settings"]["image_size"]}px)')
+    axes[1].legend(fontsize='small')
+    for axis, model_name in zip(axes[2:], models):
+        training_ways = ('encoded', 'raw', 'images', 'serial_cv2', 'synthetic')
+        speeds = [rows[w]['training'][model_name]['examples_per_sec'] for w in training_ways]
+        bars = axis.bar([short[w] for w in training_ways], speeds,
+                        color=['tab:green'] * 4 + ['tab:gray'])
+        for bar, way in zip(bars, training_ways):
+            bound = rows[way]['training'][model_name].get('input_bound_fraction')
+            if bound is not None:
+                axis.annotate(f'{bound:.0%} input-bound', (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                              ha='center', va='bottom', fontsize='small')
+        first = rows['synthetic']['training'][model_name]
+        axis.set_title(f'training {model_name}, batch {first["batch_size"]}, {first["image_size"]}px (examples/sec)')
+    figure.suptitle(f'{report["hardware"]["cpu_model"]}, {report["hardware"]["usable_cores"]} cores, '
+                    f'{", ".join(report["hardware"]["gpus"]) or "no GPU"}')
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def write_outputs(report, output_dir):
+    """Writes <timestamp>.json, .md and .png to output_dir; returns their paths."""
+    os.makedirs(output_dir, exist_ok=True)
+    stem = os.path.join(output_dir, report['timestamp'])
+    paths = {'json': stem + '.json', 'md': stem + '.md', 'png': stem + '.png'}
+    with open(paths['json'], 'w', encoding='utf-8') as f:
+        json.dump(report, f, indent=1)
+        f.write('\n')
+    with open(paths['md'], 'w', encoding='utf-8') as f:
+        f.write(markdown_report(report))
+    plot_report(report, paths['png'])
+    return paths
+

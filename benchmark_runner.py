@@ -1,0 +1,230 @@
+"""How onu_benchmark.py runs its measurements: in order with progress, in fresh processes, on a known machine.
+
+  Task, run_tasks          one measurement each, a progress line each, the CPU time others took meanwhile;
+  FreshPython              a new Python process that runs a module's functions (timed without its imports);
+  prepare_photos,          the photo folder measured: the data dir, the sample data made there, or a
+  photo_paths              subset of its first photos per class;
+  hardware_info            the machine the run measured on.
+"""
+import collections
+import dataclasses
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+import tensorflow as tf
+
+import onu_dataset
+import onu_model
+import onu_sample_data
+
+RESULT_MARKER = 'onu_benchmark result: '
+BUSY_MACHINE_CORES = 0.2  # other processes using more than this during a measurement disturb it
+
+_SERVER_CODE = f"""
+import importlib, json, os, sys
+cpu = json.loads(sys.argv[2])
+if cpu is not None:
+    os.sched_setaffinity(0, {{cpu}})  # before any thread starts, so that every thread inherits it
+import onu_cli  # first, as in every script: a quiet start
+module = importlib.import_module(sys.argv[1])
+for line in sys.stdin:
+    name, kwargs = json.loads(line)
+    print({RESULT_MARKER!r} + json.dumps(getattr(module, name)(**kwargs)), flush=True)
+"""
+
+
+# ----------------------------------------------------------------------------------------------
+# Fresh processes.
+
+class FreshPython:
+    """A new Python process that imports module_name once, then runs its functions on request.
+
+    Measurements timed in there exclude its imports. Worker processes it starts (the converter's)
+    import only what they need, as when a user runs convert_to_tfrecord.py; from the benchmark's
+    process they would import it, and TensorFlow with it. cpu: pin the whole process to that one CPU.
+    """
+
+    def __init__(self, module_name, log_path, cpu=None):
+        self._module_name = module_name
+        self._log_path = log_path
+        self._cpu = cpu
+        self._log = None
+        self._process = None
+
+    def _start(self):
+        """Starts the process (at the first call, so that its imports disturb no earlier measurement)."""
+        self._log = open(self._log_path, 'w', encoding='utf-8')  # a file, not a pipe: a full pipe would block it
+        self._process = subprocess.Popen(
+            [sys.executable, '-c', _SERVER_CODE, self._module_name, json.dumps(self._cpu)],
+            cwd=os.path.dirname(os.path.abspath(__file__)),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True)
+
+    def call(self, function_name, **kwargs):
+        """Returns <module>.<function_name>(**kwargs) computed in the process."""
+        if self._process is None:
+            self._start()
+        try:
+            self._process.stdin.write(json.dumps([function_name, kwargs]) + '\n')
+            self._process.stdin.flush()
+            for line in self._process.stdout:
+                if line.startswith(RESULT_MARKER):
+                    return json.loads(line[len(RESULT_MARKER):])
+        except BrokenPipeError:
+            pass
+        self._log.flush()
+        with open(self._log_path, encoding='utf-8') as f:
+            last = [line.strip() for line in f if line.strip()][-1:] or ['no output']
+        raise RuntimeError(f'{function_name} failed in a subprocess (log: {self._log_path}): {last[0]}')
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        if self._process is not None:
+            self._process.stdin.close()
+            self._process.wait()
+            self._process.stdout.close()
+            self._log.close()
+
+
+# ----------------------------------------------------------------------------------------------
+# Running the measurements with a progress display and CPU accounting.
+
+@dataclasses.dataclass
+class Task:
+    """One measurement: results of tasks with the same key are repeats of each other."""
+    key: tuple
+    label: str
+    run: object       # () -> dict
+    describe: object  # dict -> short text
+    estimate: float   # seconds, used until a task with the same key has run
+
+
+def format_duration(seconds):
+    """Returns seconds as '1h02m', '4m05s' or '12s'."""
+    seconds = int(round(seconds))
+    if seconds >= 3600:
+        return f'{seconds // 3600}h{seconds % 3600 // 60:02d}m'
+    return f'{seconds // 60}m{seconds % 60:02d}s' if seconds >= 60 else f'{seconds}s'
+
+
+def machine_busy_seconds():
+    """Returns the CPU seconds every process on the machine has used since boot (Linux /proc/stat)."""
+    with open('/proc/stat', encoding='ascii') as f:
+        user, nice, system, _, _, irq, softirq, steal = (int(v) for v in f.readline().split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf('SC_CLK_TCK')
+
+
+def own_cpu_seconds():
+    """Returns the CPU seconds of this process and of all its descendants, finished ones included."""
+    parents, ticks = {}, {}
+    for name in os.listdir('/proc'):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f'/proc/{name}/stat', encoding='ascii', errors='replace') as f:
+                fields = f.read().rsplit(')', 1)[1].split()
+        except OSError:  # the process has just ended
+            continue
+        parents[int(name)] = int(fields[1])
+        ticks[int(name)] = sum(int(v) for v in fields[11:15])  # utime, stime, cutime, cstime
+    tree, grown = {os.getpid()}, True
+    while grown:
+        children = {pid for pid, parent in parents.items() if parent in tree} - tree
+        tree |= children
+        grown = bool(children)
+    return sum(ticks.get(pid, 0) for pid in tree) / os.sysconf('SC_CLK_TCK')
+
+
+def run_tasks(tasks):
+    """Runs tasks in order, printing a line for each with its result, time so far and time left.
+
+    Returns {key: [result of each repeat]}; each result also holds other_processes_cores, the
+    cores that processes outside this benchmark kept busy meanwhile (0 on an idle machine).
+    """
+    results, durations = collections.defaultdict(list), collections.defaultdict(list)
+    started = time.time()
+    width = len(str(len(tasks)))
+    for index, task in enumerate(tasks, start=1):
+        prefix = f'[{index:{width}d}/{len(tasks)}] {task.label}'
+        # On a terminal the result line overwrites this one; in a log both stay.
+        print(f'{prefix} ...', end='\r' if sys.stdout.isatty() else '\n', flush=True)
+        task_started, machine_before, own_before = time.time(), machine_busy_seconds(), own_cpu_seconds()
+        result = task.run()
+        seconds = time.time() - task_started
+        others = (machine_busy_seconds() - machine_before - (own_cpu_seconds() - own_before)) / seconds
+        results[task.key].append(dict(result, other_processes_cores=others, task_seconds=seconds))
+        durations[task.key].append(seconds)
+        left = sum(statistics.mean(durations[t.key]) if durations[t.key] else t.estimate for t in tasks[index:])
+        warning = f'; other processes busy on {others:.1f} cores!' if others > BUSY_MACHINE_CORES else ''
+        print(f'{prefix}: {task.describe(result)}  ({format_duration(seconds)}; '
+              f'{format_duration(time.time() - started)} elapsed, ~{format_duration(left)} left{warning})',
+              flush=True)
+    return results
+
+
+def other_processes_summary(results):
+    """Returns how busy processes outside the benchmark kept the machine during the measurements."""
+    measured = [result for repeats in results.values() for result in repeats]
+    seconds = sum(result['task_seconds'] for result in measured)
+    return {'mean_cores': sum(r['other_processes_cores'] * r['task_seconds'] for r in measured) / seconds,
+            'max_cores': max(r['other_processes_cores'] for r in measured),
+            'disturbed_measurements': sum(r['other_processes_cores'] > BUSY_MACHINE_CORES for r in measured),
+            'measurements': len(measured)}
+
+
+def load_average():
+    """Returns the 1-minute load average."""
+    return os.getloadavg()[0]
+
+
+# ----------------------------------------------------------------------------------------------
+# The photos measured, and the machine.
+
+def prepare_photos(data_dir, work_dir, max_images_per_class):
+    """Returns the photo folder to measure: data_dir, or a copy of its first photos per class and split.
+
+    The default data dir gets the built-in sample data when it has none.
+    """
+    if not os.path.isdir(os.path.join(data_dir, 'train')) and (
+            os.path.abspath(data_dir) == os.path.abspath(onu_dataset.DEFAULT_DATA_DIR)):
+        print(f'{data_dir} has no data: generating the built-in sample dataset there.', flush=True)
+        onu_sample_data.generate_dataset(data_dir)
+    class_names = onu_dataset.find_class_names(data_dir)
+    if not max_images_per_class:
+        return data_dir
+    subset_dir = os.path.join(work_dir, 'photos')
+    for split in onu_dataset.SPLITS:
+        if not os.path.isdir(os.path.join(data_dir, split)):
+            continue
+        per_class = collections.Counter()
+        for image in onu_dataset.list_split_images(data_dir, split, class_names)[0]:
+            if per_class[image.label] < max_images_per_class:
+                per_class[image.label] += 1
+                target_dir = os.path.join(subset_dir, split, image.class_name)
+                os.makedirs(target_dir, exist_ok=True)
+                shutil.copy2(image.path, target_dir)
+    return subset_dir
+
+
+def photo_paths(data_dir):
+    """Returns the usable photos of every split of data_dir."""
+    class_names = onu_dataset.find_class_names(data_dir)
+    return [image.path for split in onu_dataset.SPLITS if os.path.isdir(os.path.join(data_dir, split))
+            for image in onu_dataset.list_split_images(data_dir, split, class_names)[0]]
+
+
+def hardware_info():
+    """Returns the CPU model, core counts, GPUs and versions this run measured on."""
+    cpu_model = onu_model.read_cpu_info()[0] or platform.processor() or platform.machine()
+    gpus = [tf.config.experimental.get_device_details(gpu).get('device_name', gpu.name)
+            for gpu in tf.config.list_physical_devices('GPU')]
+    return {'cpu_model': cpu_model, 'cpu_count': os.cpu_count(), 'usable_cores': onu_dataset.worker_count(),
+            'gpus': gpus, 'memory_gib': round(os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30, 1),
+            'tensorflow': tf.__version__, 'python': platform.python_version(), 'platform': platform.platform()}
