@@ -154,3 +154,114 @@ def messy_files():
 def pattern_image():
     """The upright RGB image every usable file of messy_data_dir shows."""
     return _pattern()
+
+
+# ----------------------------------------------------------------------------------------------
+# A real TensorBoard server
+#
+#   tensorboard_server(logdir=None, logdir_spec=None) -> TensorBoardServer
+#       factory: starts `python -m tensorboard.main` on 127.0.0.1 at a port the OS picks, once it
+#       serves HTTP; every server it started is stopped (terminate, then kill) at teardown.
+#       server.wait_for_tags(plugin, run, tags) polls /data/plugin/<plugin>/tags until the run lists
+#       them (TensorBoard loads event files a few seconds after it starts); server.get_json(route,
+#       **params) and server.get_bytes(route, **params) read any other route.
+
+import json  # noqa: E402  (kept with the fixture it serves)
+import re  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+import urllib.error  # noqa: E402
+import urllib.parse  # noqa: E402
+import urllib.request  # noqa: E402
+
+TENSORBOARD_TIMEOUT_SECS = 60
+TENSORBOARD_SERVING_LINE = re.compile(r'TensorBoard \S+ at (http://[^\s/]+)/? \(Press CTRL\+C')
+
+
+class TensorBoardServer:
+    """A TensorBoard subprocess on 127.0.0.1 (port chosen by the OS) and its HTTP API."""
+
+    def __init__(self, logdir_args, log_path, timeout=TENSORBOARD_TIMEOUT_SECS):
+        self.log_path = log_path
+        with open(log_path, 'wb') as log:  # a file, not a pipe: nobody has to drain it
+            self.process = subprocess.Popen(
+                [sys.executable, '-m', 'tensorboard.main', *logdir_args, '--host', '127.0.0.1',
+                 '--port', '0', '--reload_interval', '1'],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
+        try:
+            self.url = self._wait_for_url(timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def log(self):
+        """Returns what the server printed so far."""
+        with open(self.log_path, encoding='utf-8', errors='replace') as f:
+            return f.read()
+
+    def _wait_for_url(self, timeout):
+        """Returns the server's address once it prints that it serves (its socket is bound by then)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            match = TENSORBOARD_SERVING_LINE.search(self.log())
+            if match:
+                return match.group(1)
+            if self.process.poll() is not None:
+                raise RuntimeError(f'TensorBoard exited with {self.process.returncode}:\n{self.log()}')
+            time.sleep(0.1)
+        raise TimeoutError(f'TensorBoard did not start in {timeout} s:\n{self.log()}')
+
+    def get_bytes(self, route, **params):
+        """Returns the body of GET route?params."""
+        query = '?' + urllib.parse.urlencode(params) if params else ''
+        with urllib.request.urlopen(self.url + route + query, timeout=10) as response:
+            return response.read()
+
+    def get_json(self, route, **params):
+        """Returns the JSON answer of GET route?params."""
+        return json.loads(self.get_bytes(route, **params))
+
+    def wait_for_tags(self, plugin, run, tags, timeout=TENSORBOARD_TIMEOUT_SECS):
+        """Returns {tag: metadata} of the run's plugin tags once it lists every one of tags."""
+        deadline = time.monotonic() + timeout
+        listed = None
+        while time.monotonic() < deadline:
+            try:
+                listed = self.get_json(f'/data/plugin/{plugin}/tags')
+            except (urllib.error.URLError, ConnectionError):
+                listed = None
+            if listed and set(tags) <= set(listed.get(run, {})):
+                return listed[run]
+            if self.process.poll() is not None:
+                raise RuntimeError(f'TensorBoard exited with {self.process.returncode}:\n{self.log()}')
+            time.sleep(0.25)
+        raise TimeoutError(f'after {timeout} s TensorBoard lists {plugin} tags {listed}, not {run}: '
+                           f'{sorted(tags)}\n{self.log()}')
+
+    def stop(self):
+        """Stops the server: terminate, and kill it if it has not exited within 10 seconds."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+@pytest.fixture
+def tensorboard_server(tmp_path):
+    """Factory: tensorboard_server(logdir=None, logdir_spec=None) -> a serving TensorBoardServer."""
+    servers = []
+
+    def start(logdir=None, logdir_spec=None):
+        if (logdir is None) == (logdir_spec is None):
+            raise ValueError('give exactly one of logdir and logdir_spec')
+        args = ['--logdir', str(logdir)] if logdir is not None else ['--logdir_spec', logdir_spec]
+        servers.append(TensorBoardServer(args, str(tmp_path / f'tensorboard-{len(servers)}.log')))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.stop()

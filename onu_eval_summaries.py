@@ -1,0 +1,202 @@
+"""Pictures of an evaluation for TensorBoard: confusion-matrix heatmap, grid of mistakes, PR curves.
+
+    confusion_matrix_png(confusion, class_names)           -> PNG bytes
+    mistakes_grid_png(mistakes, class_names, max_mistakes)  -> PNG bytes, None without mistakes
+    select_mistakes / misclassified                         -> which examples were wrong
+    image_summary_value(tag, png) / pr_curve_summary_values(labels, probabilities, class_names)
+                                                            -> tf.compat.v1.Summary.Value(s)
+    eval_summary_values(confusion, class_names, labels, probabilities, mistakes)  -> all of them
+
+The caller writes tf.compat.v1.Summary(value=[...]) with its FileWriter at the checkpoint's global
+step. Figures are drawn on matplotlib.figure.Figure with the Agg canvas: pyplot's global state and
+backend are never touched. Labels are class indices into class_names; probabilities are [N, C]
+softmax outputs; a prediction is their argmax (numpy.argmax: the first class on ties).
+"""
+import dataclasses
+import io
+import math
+import os
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+import numpy as np
+from PIL import Image
+from tensorboard.plugins.pr_curve import summary as pr_curve_summary
+import tensorflow as tf
+
+CONFUSION_MATRIX_IMAGE_TAG = 'eval/confusion_matrix_image'  # eval/confusion_matrix is the text table
+MISTAKES_TAG = 'eval/mistakes'
+PR_CURVE_TAG_PREFIX = 'pr_curves/'
+DEFAULT_NUM_THRESHOLDS = 201  # TensorBoard's own default
+DPI = 100
+GRID_COLUMNS = 5
+TILE_SIZE_INCHES = (2.5, 3.0)  # width, height: the photo plus a two-line caption
+MAX_CAPTION_NAME = 30  # characters of a file name in a caption
+PNG_COLORSPACES = {'L': 1, 'LA': 2, 'RGB': 3, 'RGBA': 4}  # Summary.Image.colorspace
+
+
+# Not compared by value: the image is an array, whose == is elementwise.
+@dataclasses.dataclass(frozen=True, eq=False)
+class Mistake:
+    """One misclassified photo: labels are class indices, probability that of the predicted class."""
+    filename: str
+    image: np.ndarray  # uint8 [height, width, 3]
+    true_label: int
+    predicted_label: int
+    probability: float
+
+    @classmethod
+    def from_prediction(cls, filename, image, true_label, probabilities):
+        """Returns the Mistake of a photo whose class probabilities are probabilities ([C])."""
+        predicted = int(np.argmax(probabilities))
+        return cls(_text(filename), image, int(true_label), predicted, float(probabilities[predicted]))
+
+
+def _text(name):
+    """Returns a file name as str (TensorFlow hands them over as UTF-8 bytes)."""
+    return name.decode('utf-8', 'replace') if isinstance(name, bytes) else str(name)
+
+
+def _checked_predictions(filenames, labels, probabilities):
+    """Returns (labels, probabilities, predicted) as arrays; ValueError unless their shapes agree."""
+    labels = np.asarray(labels)
+    probabilities = np.asarray(probabilities)
+    if probabilities.ndim != 2 or labels.shape != probabilities.shape[:1] or len(filenames) != len(labels):
+        raise ValueError(f'expected N file names, labels [N] and probabilities [N, C]; got '
+                         f'{len(filenames)}, {labels.shape} and {probabilities.shape}')
+    return labels, probabilities, np.argmax(probabilities, axis=1)
+
+
+def select_mistakes(filenames, labels, probabilities, max_mistakes):
+    """Returns the indices of at most max_mistakes misclassified examples, most confident first."""
+    labels, probabilities, predicted = _checked_predictions(filenames, labels, probabilities)
+    wrong = np.flatnonzero(predicted != labels)
+    confidence = probabilities[wrong, predicted[wrong]]
+    order = np.argsort(-confidence, kind='stable')  # stable: ties stay in file order
+    return [int(index) for index in wrong[order][:max(max_mistakes, 0)]]
+
+
+def misclassified(filenames, labels, probabilities):
+    """Returns the file names of all misclassified examples, in file order."""
+    labels, _, predicted = _checked_predictions(filenames, labels, probabilities)
+    return [_text(filenames[index]) for index in np.flatnonzero(predicted != labels)]
+
+
+def _png(figure):
+    """Returns the figure rendered as RGB PNG bytes, exactly figsize * dpi pixels."""
+    canvas = FigureCanvasAgg(figure)
+    canvas.draw()
+    rgb = np.asarray(canvas.buffer_rgba())[..., :3]
+    buffer = io.BytesIO()
+    Image.fromarray(rgb).save(buffer, 'PNG')
+    return buffer.getvalue()
+
+
+def confusion_matrix_png(confusion, class_names, title=None):
+    """Returns a PNG heatmap of confusion[true, predicted] counts, each cell annotated with its count.
+
+    Cells are coloured by the fraction of their row (the true class), so that rare classes stay
+    readable; the default title gives the number of examples.
+    """
+    confusion = np.asarray(confusion)
+    count = len(class_names)
+    if confusion.shape != (count, count):
+        raise ValueError(f'confusion matrix of shape {confusion.shape} for {count} class names')
+    totals = confusion.sum(axis=1, keepdims=True)
+    fractions = confusion / np.maximum(totals, 1)
+    side = max(4.0, 1.5 + 0.55 * count)
+    figure = Figure(figsize=(side + 1.0, side), dpi=DPI, layout='constrained')
+    axes = figure.subplots()
+    heatmap = axes.imshow(fractions, cmap='Blues', vmin=0.0, vmax=1.0)
+    figure.colorbar(heatmap, ax=axes, shrink=0.8, label='fraction of the true class')
+    font_size = min(12.0, max(6.0, 14.0 - 0.35 * count))
+    for (true, predicted), value in np.ndenumerate(confusion):
+        axes.text(predicted, true, str(value), ha='center', va='center', fontsize=font_size,
+                  color='white' if fractions[true, predicted] > 0.5 else 'black')
+    rotate = count > 4 or max(len(name) for name in class_names) > 8
+    axes.set_xticks(range(count), class_names, rotation=45 if rotate else 0,
+                    ha='right' if rotate else 'center', rotation_mode='anchor')
+    axes.set_yticks(range(count), class_names)
+    axes.set_xlabel('predicted class')
+    axes.set_ylabel('true class')
+    axes.set_title(title or f'Confusion matrix ({int(confusion.sum())} examples)')
+    return _png(figure)
+
+
+def _short_name(filename):
+    """Returns the file's base name, its middle elided if long (start and end stay recognisable)."""
+    name = os.path.basename(_text(filename))
+    if len(name) <= MAX_CAPTION_NAME:
+        return name
+    keep = MAX_CAPTION_NAME - 3
+    return name[:keep - keep // 2] + '...' + name[-(keep // 2):]
+
+
+def mistake_caption(mistake, class_names):
+    """Returns a tile's caption: file name, then true class -> predicted class and its probability."""
+    return (f'{_short_name(mistake.filename)}\ntrue {class_names[mistake.true_label]} -> '
+            f'{class_names[mistake.predicted_label]} {mistake.probability:.2f}')
+
+
+def mistakes_grid_png(mistakes, class_names, max_mistakes):
+    """Returns a PNG grid of the first max_mistakes mistakes with captions; None if there are none.
+
+    The grid is up to GRID_COLUMNS tiles wide; each tile is TILE_SIZE_INCHES at DPI.
+    """
+    shown = list(mistakes)[:max(max_mistakes, 0)]
+    if not shown:
+        return None
+    columns = min(len(shown), GRID_COLUMNS)
+    rows = math.ceil(len(shown) / columns)
+    width, height = TILE_SIZE_INCHES
+    figure = Figure(figsize=(columns * width, rows * height), dpi=DPI, layout='constrained')
+    for axes in figure.subplots(rows, columns, squeeze=False).flat:
+        axes.set_axis_off()
+    for axes, mistake in zip(figure.axes, shown):
+        image = np.asarray(mistake.image)
+        axes.imshow(image, cmap='gray' if image.ndim == 2 else None)
+        axes.set_title(mistake_caption(mistake, class_names), fontsize=8)
+    return _png(figure)
+
+
+def image_summary_value(tag, png_bytes):
+    """Returns a Summary.Value holding the PNG image, its size and colour space read from the PNG."""
+    with Image.open(io.BytesIO(png_bytes)) as image:  # reads the header only
+        if image.format != 'PNG':
+            raise ValueError(f'{tag}: expected PNG bytes, got {image.format}')
+        width, height = image.size
+        colorspace = PNG_COLORSPACES.get(image.mode, 3)
+    return tf.compat.v1.Summary.Value(tag=tag, image=tf.compat.v1.Summary.Image(
+        height=height, width=width, colorspace=colorspace, encoded_image_string=png_bytes))
+
+
+def pr_curve_summary_values(labels, probabilities, class_names, num_thresholds=DEFAULT_NUM_THRESHOLDS):
+    """Returns one-vs-rest precision-recall curves for the PR curves dashboard, tagged pr_curves/<class>."""
+    labels = np.asarray(labels)
+    # float32 softmax can exceed 1 by a rounding error; the plugin drops values above 1.
+    probabilities = np.clip(np.asarray(probabilities, np.float64), 0.0, 1.0)
+    if probabilities.shape != (len(labels), len(class_names)):
+        raise ValueError(f'probabilities of shape {probabilities.shape} for {len(labels)} labels and '
+                         f'{len(class_names)} classes')
+    values = []
+    for index, name in enumerate(class_names):
+        curve = pr_curve_summary.pb(name, labels == index, probabilities[:, index],
+                                    num_thresholds=num_thresholds, display_name=name,
+                                    description=f'{name} against the other classes')
+        value = curve.value[0]
+        value.tag = PR_CURVE_TAG_PREFIX + name  # pb() would tag it <name>/pr_curves
+        values.append(value)
+    return values
+
+
+def eval_summary_values(confusion, class_names, labels, probabilities, mistakes,
+                        num_thresholds=DEFAULT_NUM_THRESHOLDS):
+    """Returns the Summary.Values of one evaluation: confusion heatmap, mistakes grid (if any), PR curves.
+
+    mistakes: the Mistakes to show, all of them (select_mistakes picks and orders them).
+    """
+    values = [image_summary_value(CONFUSION_MATRIX_IMAGE_TAG, confusion_matrix_png(confusion, class_names))]
+    grid = mistakes_grid_png(mistakes, class_names, len(mistakes))
+    if grid is not None:
+        values.append(image_summary_value(MISTAKES_TAG, grid))
+    return values + pr_curve_summary_values(labels, probabilities, class_names, num_thresholds)
