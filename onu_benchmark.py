@@ -25,6 +25,7 @@ benchmark_report (targets, tables, PNG).
     python onu_benchmark.py --quick               # a short run on a subset, small model only
 """
 import onu_cli  # first: quiet start
+onu_cli.import_tensorflow()  # noqa: E402  (TensorFlow's start-up lines dropped)
 
 import dataclasses
 import datetime
