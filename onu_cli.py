@@ -36,7 +36,8 @@ HARMLESS_WARNING_MESSAGES = r'.*(deprecated|dtype argument)'
 # initialised yet, and the CUDA driver probe failing on a machine without a GPU.
 NATIVE_START_UP_LINE = re.compile(r'([IW]\d{4} [\d:.]+ +\d+ \S+:\d+\] |'
                                   r'WARNING: All log messages before absl::InitializeLog\(\) |'
-                                  r'E\d{4} .*\] failed call to cuInit: )')
+                                  r'E\d{4} .*\] failed call to cuInit: |'
+                                  r'To enable the following instructions: .* rebuild TensorFlow with)')
 
 
 def verbose_requested(argv=None):

@@ -14,6 +14,7 @@ import itertools
 import json
 import multiprocessing
 import os
+import sys
 
 from PIL import Image
 
@@ -321,13 +322,33 @@ def worker_count(processes=None):
 
 
 @contextlib.contextmanager
+def _main_script_not_reimported():
+    """Within it, spawned processes do not re-run the main script's imports (onu_train.py's TensorFlow).
+
+    A spawned worker imports the main script's file (as __mp_main__) before running anything; the
+    work functions live in library modules, which the worker imports itself, so it needs none of it.
+    """
+    main = sys.modules.get('__main__')
+    main_file = getattr(main, '__file__', None)
+    if main_file is None or getattr(main, '__spec__', None) is not None:
+        yield
+        return
+    del main.__file__
+    try:
+        yield
+    finally:
+        main.__file__ = main_file
+
+
+@contextlib.contextmanager
 def process_pool(processes, initializer=None):
     """A pool of worker processes, or None when a single process is asked for (work runs in the caller)."""
     if processes <= 1:
         yield None
         return
     # 'spawn', not 'fork': callers may already run TensorFlow threads, which do not survive a fork.
-    pool = multiprocessing.get_context('spawn').Pool(processes, initializer=initializer)
+    with _main_script_not_reimported():
+        pool = multiprocessing.get_context('spawn').Pool(processes, initializer=initializer)
     try:
         yield pool
     finally:

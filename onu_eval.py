@@ -7,8 +7,11 @@
 Each checkpoint is evaluated once, with the moving averages of the weights that training kept, on
 every example of the split exactly once. For each it prints `<time>: step N, precision @ 1 = 0.xxx`,
 writes TensorBoard summaries at the checkpoint's global step (Precision @ 1, eval/loss: the mean
-cross-entropy, eval/recall/<class>, eval/confusion_matrix as a text table) and appends a JSON line
-to eval_dir/results.jsonl.
+cross-entropy, eval/recall/<class>, eval/confusion_matrix as a text table and as a heatmap image,
+eval/mistakes: a grid of up to --max_mistakes misclassified photos with their file names, true and
+predicted classes, and pr_curves/<class>: a precision-recall curve per class) and appends a JSON
+line to eval_dir/results.jsonl (with the misclassified file names). On a terminal a progress bar
+shows the examples evaluated; in logs and pipes there is none.
 It stops by itself once the training run's final step (onu_train.py --max_steps) is evaluated,
 after --timeout_secs seconds without a new checkpoint, or after one evaluation with --run_once.
 Model, image size, data and class names come from the training run's run_config.json; flags given
@@ -27,9 +30,11 @@ from absl import app
 from absl import flags
 import numpy as np
 import tensorflow as tf
+from tqdm import tqdm
 
 import onu_checkpoint
 import onu_dataset
+import onu_eval_summaries
 import onu_flags
 import onu_input
 import onu_model
@@ -42,6 +47,7 @@ LOSS_TAG = 'eval/loss'
 RECALL_TAG_PREFIX = 'eval/recall/'
 CONFUSION_MATRIX_TAG = 'eval/confusion_matrix'
 DEVICES = ('cpu', 'gpu')
+DEFAULT_MAX_MISTAKES = 16
 
 FLAGS = flags.FLAGS
 
@@ -55,6 +61,7 @@ class EvalResult:
     confusion: np.ndarray
     loss: float
     weights: str  # onu_checkpoint.WEIGHTS_AVERAGED or WEIGHTS_RAW
+    predictions: 'Predictions' = None
 
     @property
     def num_examples(self):
@@ -118,24 +125,68 @@ def check_class_names(run_config, info):
     return trained
 
 
-def count_predictions(session, labels, predictions, losses, num_classes, limit):
-    """Runs the eval graph over its input until the end (or limit examples); returns (confusion, loss sum)."""
-    confusion = np.zeros([num_classes, num_classes], np.int64)
-    loss_sum = 0.0
-    while confusion.sum() < limit:
-        try:
-            batch_labels, batch_predictions, batch_losses = session.run([labels, predictions, losses])
-        except tf.errors.OutOfRangeError:
-            break
-        keep = int(min(len(batch_labels), limit - confusion.sum()))
-        pairs = batch_labels[:keep] * num_classes + batch_predictions[:keep]
-        confusion += np.bincount(pairs, minlength=num_classes**2).reshape(num_classes, num_classes)
-        loss_sum += float(np.sum(batch_losses[:keep], dtype=np.float64))
-    return confusion, loss_sum
+@dataclasses.dataclass
+class Predictions:
+    """What the model said of each evaluated example, in input order, and the photos of its worst mistakes."""
+    filenames: list
+    labels: np.ndarray         # [N] true class indices
+    probabilities: np.ndarray  # [N, num_classes] softmax
+    mistakes: list             # onu_eval_summaries.Mistake: the most confident ones, at most max_mistakes
+
+    def misclassified(self):
+        """Returns the file names of every misclassified example, in input order."""
+        return onu_eval_summaries.misclassified(self.filenames, self.labels, self.probabilities)
+
+
+def show_progress():
+    """True when a progress bar can be seen: stdout and stderr both a terminal (never into logs or pipes)."""
+    return sys.stdout.isatty() and sys.stderr.isatty()
+
+
+def run_predictions(session, fetches, limit, max_mistakes):
+    """Runs the eval graph over its input until the end (or limit examples); returns (Predictions, loss sum).
+
+    fetches: {'images', 'labels', 'filenames', 'probabilities', 'losses'} tensors of a batch. Only
+    the photos of the current worst max_mistakes mistakes are kept, so memory stays bounded.
+    """
+    filenames, labels, probabilities, kept_images, loss_sum = [], [], [], {}, 0.0
+    with tqdm(total=limit, unit='photo', desc='evaluating', leave=False, disable=not show_progress()) as bar:
+        while len(labels) < limit:
+            try:
+                batch = session.run(fetches)
+            except tf.errors.OutOfRangeError:
+                break
+            keep = int(min(len(batch['labels']), limit - len(labels)))
+            first = len(labels)
+            filenames += [onu_eval_summaries.text(name) for name in batch['filenames'][:keep]]
+            labels += batch['labels'][:keep].tolist()
+            probabilities += list(batch['probabilities'][:keep])
+            loss_sum += float(np.sum(batch['losses'][:keep], dtype=np.float64))
+            chosen = onu_eval_summaries.select_mistakes(filenames, labels, np.array(probabilities), max_mistakes)
+            kept_images = {index: kept_images[index] if index < first else batch['images'][index - first]
+                           for index in chosen}
+            bar.update(keep)
+    probabilities = np.array(probabilities, np.float32).reshape(len(labels), -1)
+    labels = np.array(labels, np.int64)
+    mistakes = [onu_eval_summaries.Mistake.from_prediction(filenames[index], model_input_photo(kept_images[index]),
+                                                           labels[index], probabilities[index])
+                for index in onu_eval_summaries.select_mistakes(filenames, labels, probabilities, max_mistakes)]
+    return Predictions(filenames, labels, probabilities, mistakes), loss_sum
+
+
+def model_input_photo(image):
+    """Returns the model's input image ([-1, 1] float) as the uint8 photo it was made from (resized)."""
+    return np.clip(np.round((np.asarray(image, np.float32) + 1.0) * 127.5), 0, 255).astype(np.uint8)
+
+
+def confusion_of(labels, probabilities, num_classes):
+    """Returns the confusion matrix [true, predicted] of the examples' labels and class probabilities."""
+    pairs = labels * num_classes + np.argmax(probabilities, axis=1)
+    return np.bincount(pairs, minlength=num_classes ** 2).reshape(num_classes, num_classes)
 
 
 def evaluate(checkpoint_path, run_config, eval_data='val', batch_size=32, num_examples=None,
-             allow_raw_weights=False, device='cpu', compute_dtype='float32'):
+             allow_raw_weights=False, device='cpu', compute_dtype='float32', max_mistakes=DEFAULT_MAX_MISTAKES):
     """Evaluates one checkpoint on the examples of eval_data (each once); returns its EvalResult.
 
     run_config: model, image_size, data_dir, data_format, class_names, moving_average_decay.
@@ -147,21 +198,22 @@ def evaluate(checkpoint_path, run_config, eval_data='val', batch_size=32, num_ex
     class_names = check_class_names(run_config, info)
     limit = min(num_examples or info.num_examples, info.num_examples)
     with tf.Graph().as_default():
-        images, labels = onu_input.inputs(eval_data, data_dir, data_format, batch_size,
-                                          run_config.image_size)
+        images, labels, filenames = onu_input.inputs(eval_data, data_dir, data_format, batch_size,
+                                                     run_config.image_size, with_filenames=True)
         logits, _ = onu_model.inference(images, len(class_names), run_config.model,
                                         is_training=False, create_aux_logits=False)
-        losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
-        predictions = tf.argmax(logits, axis=1, output_type=tf.int32)
+        fetches = {'images': images, 'labels': labels, 'filenames': filenames,
+                   'probabilities': tf.nn.softmax(tf.cast(logits, tf.float32)),
+                   'losses': tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)}
         session_config = onu_model.set_precision_options(
             onu_flags.session_config(hide_gpus=device == 'cpu'), compute_dtype)
         with tf.compat.v1.Session(config=session_config) as session:
             step, weights = restore_checkpoint(session, checkpoint_path, run_config, allow_raw_weights)
             with onu_input.damaged_records_as_data_error(data_dir, data_format, eval_data):
-                confusion, loss_sum = count_predictions(session, labels, predictions, losses,
-                                                        len(class_names), limit)
-    return EvalResult(checkpoint=checkpoint_path, step=step, class_names=class_names,
-                      confusion=confusion, loss=loss_sum / max(confusion.sum(), 1), weights=weights)
+                predictions, loss_sum = run_predictions(session, fetches, limit, max_mistakes)
+    confusion = confusion_of(predictions.labels, predictions.probabilities, len(class_names))
+    return EvalResult(checkpoint=checkpoint_path, step=step, class_names=class_names, confusion=confusion,
+                      loss=loss_sum / max(confusion.sum(), 1), weights=weights, predictions=predictions)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -188,6 +240,10 @@ def result_summary(result):
         plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name='text'))
     values.append(value(tag=CONFUSION_MATRIX_TAG, metadata=text_plugin,
                         tensor=tf.compat.v1.make_tensor_proto(confusion_markdown(result))))
+    if result.predictions is not None:  # the pictures: heatmap, mistakes grid, PR curves
+        predictions = result.predictions
+        values += onu_eval_summaries.eval_summary_values(result.confusion, result.class_names, predictions.labels,
+                                                         predictions.probabilities, predictions.mistakes)
     return tf.compat.v1.Summary(value=values)
 
 
@@ -205,6 +261,7 @@ def result_record(result, run_config, eval_data):
         'confusion_matrix': result.confusion.tolist(),
         'class_names': list(result.class_names),
         'weights': result.weights,
+        'misclassified': result.predictions.misclassified() if result.predictions else None,
         'model': run_config.model,
         'image_size': run_config.image_size,
         'data_dir': run_config.data_dir,
@@ -355,7 +412,7 @@ def evaluate_checkpoints(writer, precision):
         path = pending[0]
         try:
             result = evaluate(path, run_config, eval_data, FLAGS.batch_size, FLAGS.num_examples,
-                              FLAGS.allow_raw_weights, FLAGS.device, precision.compute_dtype)
+                              FLAGS.allow_raw_weights, FLAGS.device, precision.compute_dtype, FLAGS.max_mistakes)
         except onu_checkpoint.CheckpointGone:
             newer = [p for p in onu_checkpoint.list_checkpoints(checkpoint_dir) if p not in done and p != path]
             done.update([path] + newer[:-1])
@@ -393,6 +450,9 @@ def define_flags():
                          'val is read in class order, so a few give a quick check, not a fair sample.',
                          lower_bound=1)
     flags.DEFINE_boolean('run_once', False, 'Evaluate the latest checkpoint once, then exit.')
+    flags.DEFINE_integer('max_mistakes', DEFAULT_MAX_MISTAKES,
+                         'Misclassified photos shown in TensorBoard (eval/mistakes), the most confident '
+                         'mistakes first; results.jsonl lists them all (0: no grid).', lower_bound=0)
     flags.DEFINE_float('timeout_secs', None, 'Stop after this many seconds without a new checkpoint '
                        '(default: wait until the training run\'s final step).', lower_bound=0)
     onu_flags.define_allow_raw_weights_flag(

@@ -49,10 +49,10 @@ class Mistake:
     def from_prediction(cls, filename, image, true_label, probabilities):
         """Returns the Mistake of a photo whose class probabilities are probabilities ([C])."""
         predicted = int(np.argmax(probabilities))
-        return cls(_text(filename), image, int(true_label), predicted, float(probabilities[predicted]))
+        return cls(text(filename), image, int(true_label), predicted, float(probabilities[predicted]))
 
 
-def _text(name):
+def text(name):
     """Returns a file name as str (TensorFlow hands them over as UTF-8 bytes)."""
     return name.decode('utf-8', 'replace') if isinstance(name, bytes) else str(name)
 
@@ -79,7 +79,7 @@ def select_mistakes(filenames, labels, probabilities, max_mistakes):
 def misclassified(filenames, labels, probabilities):
     """Returns the file names of all misclassified examples, in file order."""
     labels, _, predicted = _checked_predictions(filenames, labels, probabilities)
-    return [_text(filenames[index]) for index in np.flatnonzero(predicted != labels)]
+    return [text(filenames[index]) for index in np.flatnonzero(predicted != labels)]
 
 
 def _png(figure):
@@ -125,7 +125,7 @@ def confusion_matrix_png(confusion, class_names, title=None):
 
 def _short_name(filename):
     """Returns the file's base name, its middle elided if long (start and end stay recognisable)."""
-    name = os.path.basename(_text(filename))
+    name = os.path.basename(text(filename))
     if len(name) <= MAX_CAPTION_NAME:
         return name
     keep = MAX_CAPTION_NAME - 3

@@ -493,13 +493,15 @@ def _file_order(num_files, training, seed):
 
 
 def _decoded_files(info, training, seed, at_least=None, repeat=True):
-    """Returns a dataset of (uint8 image, int32 label) from the image files of info.
+    """Returns a dataset of (uint8 image, int32 label, file name) from the image files of info.
 
+    The file name is relative to the data dir, as records store it (onu_dataset.KEY_FILENAME).
     at_least: decode JPEGs at a reduced scale down to this side (decode_image_bytes); repeat: a new
     permutation per epoch forever (training), else one epoch.
     """
     num_files = len(info.files)
     paths = tf.constant(info.files)
+    names = tf.constant([os.path.relpath(path, info.data_dir).replace(os.sep, '/') for path in info.files])
     labels = tf.constant(info.labels, tf.int32)
     orientations = tf.constant(info.orientations, tf.int32)
     file_index = _file_order(num_files, training, seed)
@@ -519,15 +521,15 @@ def _decoded_files(info, training, seed, at_least=None, repeat=True):
         def read(position):
             index = file_index(epoch, position)
             image = decode_image_bytes(tf.io.read_file(paths[index]), at_least)
-            return position, apply_exif_orientation(image, orientations[index]), labels[index]
+            return position, apply_exif_orientation(image, orientations[index]), labels[index], names[index]
 
         def skip_gap(expected, example):
-            position, image, label = example
+            position, image, label, name = example
             position = tf.cond(
                 position > expected,
                 lambda: tf.py_function(report_skipped, [epoch, expected, position], tf.int64),
                 lambda: position)
-            return position + 1, (image, label)
+            return position + 1, (image, label, name)
 
         # deterministic: the positions must stay in order for the gaps to name skipped files.
         examples = tf.data.Dataset.range(num_files).map(
@@ -535,8 +537,8 @@ def _decoded_files(info, training, seed, at_least=None, repeat=True):
         examples = examples.ignore_errors()  # not silent: skip_gap reports each dropped file
         # An end marker, so that failures among the last files leave a gap too.
         examples = examples.concatenate(tf.data.Dataset.from_tensors(
-            (np.int64(num_files), tf.zeros([0, 0, 3], tf.uint8), np.int32(-1))))
-        return examples.scan(np.int64(0), skip_gap).filter(lambda image, label: label >= 0)
+            (np.int64(num_files), tf.zeros([0, 0, 3], tf.uint8), np.int32(-1), '')))
+        return examples.scan(np.int64(0), skip_gap).filter(lambda image, label, name: label >= 0)
 
     if not repeat:
         return one_epoch(np.int64(0))
@@ -547,7 +549,7 @@ def _decoded_files(info, training, seed, at_least=None, repeat=True):
 # Record modes.
 
 def _parse_record(serialized, data_format, at_least=None):
-    """Returns (uint8 image, int32 label) from one raw or encoded record (at_least: decode_image_bytes)."""
+    """Returns (uint8 image, int32 label, file name) from one raw or encoded record (at_least: decode_image_bytes)."""
     image_key = onu_dataset.KEY_RAW if data_format == 'raw' else onu_dataset.KEY_ENCODED
     features = tf.io.parse_single_example(serialized, {
         image_key: tf.io.FixedLenFeature([], tf.string),
@@ -555,6 +557,7 @@ def _parse_record(serialized, data_format, at_least=None):
         onu_dataset.KEY_HEIGHT: tf.io.FixedLenFeature([], tf.int64),
         onu_dataset.KEY_WIDTH: tf.io.FixedLenFeature([], tf.int64),
         onu_dataset.KEY_CHANNELS: tf.io.FixedLenFeature([], tf.int64),
+        onu_dataset.KEY_FILENAME: tf.io.FixedLenFeature([], tf.string, default_value=''),
     })
     if data_format == 'raw':
         shape = tf.stack([features[onu_dataset.KEY_HEIGHT], features[onu_dataset.KEY_WIDTH],
@@ -563,7 +566,7 @@ def _parse_record(serialized, data_format, at_least=None):
         image = tf.ensure_shape(image, [None, None, 3])
     else:
         image = decode_image_bytes(features[image_key], at_least)
-    return image, tf.cast(features[onu_dataset.KEY_LABEL], tf.int32)
+    return image, tf.cast(features[onu_dataset.KEY_LABEL], tf.int32), features[onu_dataset.KEY_FILENAME]
 
 
 def _shuffle_buffer_size(info):
@@ -573,7 +576,7 @@ def _shuffle_buffer_size(info):
 
 
 def _decoded_records(info, training, seed, deterministic, at_least=None, repeat=True):
-    """Returns a dataset of (uint8 image, int32 label) from the record shards of info.
+    """Returns a dataset of (uint8 image, int32 label, file name) from the record shards of info.
 
     Training interleaves the shards in a shuffled order (a new one each epoch; forever when
     repeat) and shuffles records in a buffer; eval reads the shards one after the other, in the
@@ -615,7 +618,7 @@ def _training_examples(info, image_size, seed, deterministic, cache, reduced_dec
         examples = _decoded_files(info, True, seed, at_least=at_least, repeat=repeat)
     else:
         examples = _decoded_records(info, True, seed, deterministic, at_least=at_least, repeat=repeat)
-    examples = examples.map(lambda image, label: (resize_for_training(image, image_size), label),
+    examples = examples.map(lambda image, label, name: (resize_for_training(image, image_size), label),
                             num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
     if cache:
         examples = examples.cache().shuffle(info.num_examples, seed=seed,
@@ -624,7 +627,7 @@ def _training_examples(info, image_size, seed, deterministic, cache, reduced_dec
 
 
 def make_dataset(info, batch_size, image_size, training, augment=True, seed=None,
-                 augment_on='input', cache=None, reduced_decode=False):
+                 augment_on='input', cache=None, reduced_decode=False, with_filenames=False):
     """Returns a tf.data.Dataset of batches for the split described by info.
 
     training: shuffle, repeat forever, drop the final partial batch, and give each image its
@@ -632,7 +635,8 @@ def make_dataset(info, batch_size, image_size, training, augment=True, seed=None
     with 'model' they are (uint8 images, labels, draws) for augment_batch on the model's device.
     cache: keep the decoded epoch in memory (None: when fits_in_cache). reduced_decode: decode JPEGs
     at a reduced DCT scale: cheaper, but the pixels differ from eval's (see README).
-    Otherwise read each example once in order, eval preprocessing, keep the partial batch.
+    Otherwise read each example once in order, eval preprocessing, keep the partial batch;
+    with_filenames: (images, labels, file names relative to the data dir).
     seed: makes the order and the augmentations reproducible.
     """
     if batch_size < 1 or image_size < 1:
@@ -644,8 +648,11 @@ def make_dataset(info, batch_size, image_size, training, augment=True, seed=None
             examples = _decoded_files(info, training, seed, repeat=False)
         else:
             examples = _decoded_records(info, training, seed, deterministic)
-        examples = examples.map(lambda image, label: (preprocess_for_eval(image, image_size), label),
-                                num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+
+        def preprocessed(image, label, name):
+            example = (preprocess_for_eval(image, image_size), label)
+            return example + (name,) if with_filenames else example
+        examples = examples.map(preprocessed, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
         return examples.batch(batch_size).prefetch(tf.data.AUTOTUNE)
     cache = fits_in_cache(info, image_size) if cache is None else cache
     batches = _training_examples(info, image_size, seed, deterministic, cache, reduced_decode).batch(
@@ -702,14 +709,16 @@ def undistorted_inputs(data_dir, data_format, batch_size, image_size, seed=None,
                                         augment_on='model', cache=cache, reduced_decode=reduced_decode))
 
 
-def inputs(eval_data, data_dir, data_format, batch_size, image_size):
+def inputs(eval_data, data_dir, data_format, batch_size, image_size, with_filenames=False):
     """Returns eval (images, labels) of split eval_data, each example once, then OutOfRangeError.
 
-    The final batch may be smaller, so the batch dimension is None.
+    The final batch may be smaller, so the batch dimension is None. with_filenames: (images,
+    labels, file names relative to data_dir).
     """
     info = dataset_info(data_dir, data_format, eval_data)
     with tf.device(PIPELINE_DEVICE):
-        return _next_batch(make_dataset(info, batch_size, image_size, training=False))
+        return _next_batch(make_dataset(info, batch_size, image_size, training=False,
+                                        with_filenames=with_filenames))
 
 
 # ----------------------------------------------------------------------------------------------

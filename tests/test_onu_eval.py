@@ -364,3 +364,97 @@ def test_without_run_config_the_model_flags_are_required_and_used(polled_run, tm
     final = read_results(eval_dir)[-1]
     assert (entry['step'], entry['precision_at_1'], entry['confusion_matrix']) == (
         final['step'], final['precision_at_1'], final['confusion_matrix'])
+
+
+# ----------------------------------------------------------------------------------------------
+# What the model gets wrong: the mistakes grid, results.jsonl, TensorBoard, the progress display
+
+def reference_mistakes(checkpoint_path, data_dir):
+    """Returns (val file names, labels, softmax probabilities) of the independent computation."""
+    labels, logits = reference_logits(checkpoint_path, data_dir, IMAGE_SIZE, shadows=True)
+    names = [os.path.relpath(path, data_dir) for name in CLASS_NAMES
+             for path in sorted(glob.glob(os.path.join(data_dir, 'val', name, '*')))]
+    exponentials = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return names, labels, exponentials / exponentials.sum(axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize('data_format', ['images', 'encoded'])
+def test_mistakes_name_exactly_the_files_the_model_gets_wrong(handmade_checkpoints, tiny_data_dir, data_format):
+    path = handmade_checkpoints['averaged']
+    names, labels, probabilities = reference_mistakes(path, tiny_data_dir)
+    predicted = probabilities.argmax(axis=1)
+    wrong = [index for index in range(len(names)) if predicted[index] != labels[index]]
+    assert 0 < len(wrong) < len(names)  # the handmade model gets some right and some wrong
+    most_confident = sorted(wrong, key=lambda index: -probabilities[index, predicted[index]])
+
+    result = onu_eval.evaluate(path, handmade_run_config(tiny_data_dir, data_format), 'val', batch_size=3,
+                               max_mistakes=len(wrong) - 1 or 1)
+    assert result.predictions.filenames == names
+    assert result.predictions.misclassified() == [names[index] for index in wrong]
+    shown = result.predictions.mistakes
+    assert [mistake.filename for mistake in shown] == [names[index] for index in most_confident][:len(shown)]
+    assert len(shown) == max(len(wrong) - 1, 1)
+    for mistake, index in zip(shown, most_confident):
+        assert (mistake.true_label, mistake.predicted_label) == (labels[index], predicted[index])
+        assert mistake.probability == pytest.approx(probabilities[index, predicted[index]], abs=1e-4)
+        assert mistake.image.shape == (IMAGE_SIZE, IMAGE_SIZE, 3) and mistake.image.dtype == np.uint8
+    record = onu_eval.result_record(result, handmade_run_config(tiny_data_dir, data_format), 'val')
+    assert record['misclassified'] == [names[index] for index in wrong]
+    tags = {value.tag: value for value in onu_eval.result_summary(result).value}
+    assert tags['eval/mistakes'].image.width > 0 and tags['eval/confusion_matrix_image'].image.height > 0
+    assert {'pr_curves/F603', 'pr_curves/F663N'} <= set(tags)
+
+
+def test_max_mistakes_zero_writes_no_grid_but_still_lists_the_mistakes(handmade_checkpoints, tiny_data_dir):
+    result = onu_eval.evaluate(handmade_checkpoints['averaged'], handmade_run_config(tiny_data_dir), 'val',
+                               batch_size=3, max_mistakes=0)
+    assert result.predictions.mistakes == [] and result.predictions.misclassified()
+    tags = {value.tag for value in onu_eval.result_summary(result).value}
+    assert 'eval/mistakes' not in tags and 'eval/confusion_matrix_image' in tags
+
+
+def test_tensorboard_lists_the_eval_pictures_and_pr_curves(polled_run, tensorboard_server):
+    _, train_dir, eval_dir, _ = polled_run
+    results = read_results(eval_dir)
+    assert any(record['misclassified'] for record in results)  # some checkpoint got photos wrong
+    assert os.path.dirname(train_dir) == os.path.dirname(eval_dir)
+    server = tensorboard_server(logdir=os.path.dirname(eval_dir))  # runs 'train' and 'eval'
+    images = server.wait_for_tags('images', 'eval', ['eval/confusion_matrix_image', 'eval/mistakes'])
+    assert 'eval/confusion_matrix_image' in images and 'eval/mistakes' in images
+    curves = server.wait_for_tags('pr_curves', 'eval', [f'pr_curves/{name}' for name in CLASS_NAMES])
+    assert {f'pr_curves/{name}' for name in CLASS_NAMES} <= set(curves)
+    steps = [entry['step'] for entry in server.get_json('/data/plugin/images/images', run='eval',
+                                                          tag='eval/confusion_matrix_image')]
+    assert steps == [record['step'] for record in results]  # one heatmap per evaluated checkpoint, at its step
+    assert 'augmented_inputs' in ' '.join(server.wait_for_tags('images', 'train', []))
+
+
+def run_on_a_terminal(command):
+    """Runs command with stdout and stderr on a pseudo-terminal; returns (exit code, everything it printed)."""
+    import fcntl, pty, struct, termios  # pylint: disable=import-outside-toplevel,multiple-imports  (POSIX only)
+    main_fd, terminal_fd = pty.openpty()
+    # 24 rows of 100 columns, as a terminal window has (a new pseudo-terminal is 0x0: no room for a bar).
+    fcntl.ioctl(terminal_fd, termios.TIOCSWINSZ, struct.pack('HHHH', 24, 100, 0, 0))
+    process = subprocess.Popen(command, stdout=terminal_fd, stderr=terminal_fd, cwd=REPO_ROOT)
+    os.close(terminal_fd)
+    output = b''
+    while True:
+        try:
+            chunk = os.read(main_fd, 65536)
+        except OSError:  # the terminal closed: the process has exited
+            break
+        if not chunk:
+            break
+        output += chunk
+    os.close(main_fd)
+    return process.wait(timeout=TIMEOUT_SECS), output.decode(errors='replace')
+
+
+def test_progress_shows_on_a_terminal_only(polled_run, tmp_path):
+    _, train_dir, _, result = polled_run
+    assert 'evaluating' not in result.stdout + result.stderr  # pipes: no progress display
+    code, output = run_on_a_terminal(eval_command(f'--checkpoint_dir={train_dir}', f'--eval_dir={tmp_path}',
+                                                  '--run_once', '--batch_size=2'))
+    assert code == 0, output
+    assert 'evaluating:' in output and f'/{len(CLASS_NAMES) * VAL_PER_CLASS} [' in output and 'photo/s' in output
+    assert 'precision @ 1 = ' in output

@@ -1,6 +1,7 @@
 """Tests of onu_train.py: runs the real script on tiny generated data in a temp dir."""
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -287,3 +288,34 @@ def test_bad_precision_is_a_one_line_error(trained, tmp_path):
     lines = [line for line in result.stderr.splitlines() if '--precision=half' in line]
     assert len(lines) == 1 and 'auto|float32|mixed' in lines[0]
     assert 'Traceback' not in result.stderr and not os.path.exists(tmp_path / 'bad')
+
+
+# A line of TensorFlow's C++ log (absl format, e.g. "I0000 00:00:17.. 123 port.cc:153] ..."), absl's
+# note that logging is not initialised, or a Python/TensorFlow deprecation or user warning.
+NOISE_LINE = re.compile(r'^([IWEF]\d{4} \S+ +\d+ \S+:\d+\]|WARNING: All log messages|WARNING:tensorflow:)|'
+                        r'deprecat|Warning:|warnings\.warn', re.IGNORECASE)
+
+
+def lines_before_the_first_step(output):
+    """Returns the lines of output before the first `step N, loss = ...` line."""
+    lines = output.splitlines()
+    first_step = next(index for index, line in enumerate(lines) if ', loss = ' in line)
+    return lines[:first_step]
+
+
+def test_main_job_starts_quietly_and_verbose_shows_everything(trained, tmp_path):
+    data_dir, _, _ = trained
+    command = [sys.executable, os.path.join(REPO_ROOT, 'onu_train.py'), *TINY_FLAGS, f'--data_dir={data_dir}',
+               '--max_steps=3']
+    env = {name: value for name, value in os.environ.items() if not name.startswith(('TF_CPP', 'ONU_'))}
+    quiet = subprocess.run(command + [f'--train_dir={tmp_path / "quiet"}'], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, timeout=TIMEOUT_SECS, env=env, cwd=REPO_ROOT)
+    assert quiet.returncode == 0, quiet.stdout[-3000:]
+    start = lines_before_the_first_step(quiet.stdout)
+    assert [line for line in start if NOISE_LINE.search(line)] == []
+    assert start[0].startswith('GPUs: ') and any(line.startswith('Training small at 32x32') for line in start)
+    verbose = subprocess.run(command + [f'--train_dir={tmp_path / "verbose"}', '--verbose'],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=TIMEOUT_SECS,
+                             env=env, cwd=REPO_ROOT)
+    assert verbose.returncode == 0, verbose.stdout[-3000:]
+    assert [line for line in lines_before_the_first_step(verbose.stdout) if NOISE_LINE.search(line)]
