@@ -4,7 +4,6 @@ fresh machine with no download.
     python make_sample_data.py                      # into /tmp/onu_data, where onu_train.py looks
     python make_sample_data.py --data_dir=DATA --photo_size=1024x768
 """
-import sys
 
 import onu_cli  # first: quiet start
 from absl import app

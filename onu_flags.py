@@ -17,6 +17,7 @@ import onu_dataset
 import onu_input
 import onu_model
 import onu_run_config
+import onu_training
 
 DEFAULT_TRAIN_DIR = '/tmp/onu_train'
 
@@ -176,6 +177,49 @@ def training_run_config(precision, default_model_name):
         data_dir=os.path.abspath(FLAGS.data_dir), data_format=FLAGS.data_format,
         precision=precision.name, compute_dtype=precision.compute_dtype, max_steps=FLAGS.max_steps,
         moving_average_decay=FLAGS.moving_average_decay, flags=project_flag_values())
+
+
+def training_role():
+    """Returns (precision, this process's onu_cluster.Role) as the precision and cluster flags (or TF_CONFIG) say."""
+    precision = resolve_precision(FLAGS.precision)
+    task = onu_cluster.resolve_task(FLAGS.ps_hosts, FLAGS.worker_hosts, FLAGS.job_name, FLAGS.task_index,
+                                    os.environ.get('TF_CONFIG'), FLAGS.sync_replicas, FLAGS.model is not None)
+    session = onu_model.set_precision_options(session_config(), precision.compute_dtype, FLAGS.xla)
+    return precision, onu_cluster.join(task, session, FLAGS.sync_replicas)
+
+
+def begin_training_run(precision, role):
+    """Makes the data ready, checks and saves the run configuration; returns (RunConfig, checkpoint resumed from)."""
+    onu_training.prepare_data(FLAGS.data_dir, FLAGS.data_format)
+    run_config = training_run_config(precision, onu_training.default_model_name())
+    onu_training.start_run(FLAGS.train_dir, run_config, onu_run_config.RunConfig.load(FLAGS.train_dir),
+                           role.is_chief)
+    return run_config, onu_training.resume_point(FLAGS.train_dir, role.is_chief)
+
+
+def learning_rate(global_step, run_config, examples_per_step):
+    """Returns the learning-rate tensor of the learning-rate flags, an epoch being run_config's examples."""
+    return onu_model.make_learning_rate(
+        global_step, FLAGS.learning_rate or onu_model.DEFAULT_LEARNING_RATE[run_config.model],
+        FLAGS.learning_rate_schedule, run_config.num_examples_per_epoch, examples_per_step,
+        FLAGS.num_epochs_per_decay, FLAGS.learning_rate_decay_factor)
+
+
+def training_hooks(run_config, role, resume_from, total_loss, global_step, learning_rate_tensor, examples_per_step):
+    """Returns (Scaffold, hooks) of a training run, as the checkpoint and logging flags say (onu_training's)."""
+    scaffold = onu_training.make_scaffold(FLAGS.train_dir, resume_from, FLAGS.fine_tune_checkpoint,
+                                          FLAGS.checkpoint_exclude_scopes, FLAGS.keep_checkpoint_max)
+    hooks = onu_training.training_hooks(
+        run_config, FLAGS.train_dir, role, scaffold, total_loss, global_step, learning_rate_tensor,
+        examples_per_step, FLAGS.max_steps, FLAGS.log_frequency, FLAGS.save_checkpoint_secs,
+        FLAGS.save_checkpoint_steps, FLAGS.export_every_n_epochs)
+    return scaffold, hooks
+
+
+def monitored_training_session(role, scaffold, hooks):
+    """Returns onu_training's MonitoredTrainingSession context for --train_dir and the data flags."""
+    return onu_training.monitored_training_session(role, FLAGS.train_dir, scaffold, hooks,
+                                                   FLAGS.save_summaries_steps, FLAGS.data_dir, FLAGS.data_format)
 
 
 def project_flag_values():

@@ -16,7 +16,6 @@ evaluates them and either script resumes them; also the multi-machine flags (eac
 trains its own towers). Without GPUs the towers run on the CPU: that exercises the tower logic, it
 is not faster.
 """
-import os
 import sys
 
 import onu_cli  # first: quiet start
@@ -29,7 +28,6 @@ import onu_cluster
 import onu_flags
 import onu_input
 import onu_model
-import onu_run_config
 import onu_training
 
 FLAGS = flags.FLAGS
@@ -143,19 +141,10 @@ def train():
 
     Returns the exit code: 0, or 128 + the signal that stopped training.
     """
-    precision = onu_flags.resolve_precision(FLAGS.precision)
-    role = onu_cluster.join(
-        onu_cluster.resolve_task(FLAGS.ps_hosts, FLAGS.worker_hosts, FLAGS.job_name, FLAGS.task_index,
-                                 os.environ.get('TF_CONFIG'), FLAGS.sync_replicas, FLAGS.model is not None),
-        onu_model.set_precision_options(onu_flags.session_config(), precision.compute_dtype, FLAGS.xla),
-        FLAGS.sync_replicas)
+    precision, role = onu_flags.training_role()
     if role.is_ps:
         return role.serve()
-    onu_training.prepare_data(FLAGS.data_dir, FLAGS.data_format)
-    run_config = onu_flags.training_run_config(precision, onu_training.default_model_name())
-    onu_training.start_run(FLAGS.train_dir, run_config, onu_run_config.RunConfig.load(FLAGS.train_dir),
-                           role.is_chief)
-    resume_from = onu_training.resume_point(FLAGS.train_dir, role.is_chief)
+    run_config, resume_from = onu_flags.begin_training_run(precision, role)
     devices = tower_devices(FLAGS.num_gpus, len(tf.config.list_physical_devices('GPU')))
     if devices[0] == VARIABLE_DEVICE:
         print(f'{len(devices)} towers on the CPU (TensorFlow sees no GPU): this exercises the tower '
@@ -172,10 +161,7 @@ def train():
             tf.compat.v1.set_random_seed(seed)
             global_step = tf.compat.v1.train.get_or_create_global_step()
             batch = tower_inputs(devices, run_config, seed)
-            learning_rate = onu_model.make_learning_rate(
-                global_step, FLAGS.learning_rate or onu_model.DEFAULT_LEARNING_RATE[run_config.model],
-                FLAGS.learning_rate_schedule, run_config.num_examples_per_epoch, examples_per_step,
-                FLAGS.num_epochs_per_decay, FLAGS.learning_rate_decay_factor)
+            learning_rate = onu_flags.learning_rate(global_step, run_config, examples_per_step)
             optimizer = onu_model.make_optimizer(FLAGS.optimizer, learning_rate, run_config.compute_dtype)
             tower_outputs = []
 
@@ -207,16 +193,10 @@ def train():
                 extra_ops=[average_op])
 
         # The hooks and the loop: as in onu_train.py.
-        scaffold = onu_training.make_scaffold(FLAGS.train_dir, resume_from, FLAGS.fine_tune_checkpoint,
-                                              FLAGS.checkpoint_exclude_scopes, FLAGS.keep_checkpoint_max)
-        hooks = onu_training.training_hooks(
-            run_config, FLAGS.train_dir, role, scaffold, total_loss, global_step, learning_rate,
-            examples_per_step, FLAGS.max_steps, FLAGS.log_frequency, FLAGS.save_checkpoint_secs,
-            FLAGS.save_checkpoint_steps, FLAGS.export_every_n_epochs)
+        scaffold, hooks = onu_flags.training_hooks(run_config, role, resume_from, total_loss, global_step,
+                                                   learning_rate, examples_per_step)
         role.wait_for_chief()
-        with onu_training.monitored_training_session(role, FLAGS.train_dir, scaffold, hooks,
-                                                     FLAGS.save_summaries_steps, FLAGS.data_dir,
-                                                     FLAGS.data_format) as session:
+        with onu_flags.monitored_training_session(role, scaffold, hooks) as session:
             while not session.should_stop():
                 session.run(train_op)
     return onu_training.finish(hooks, role, FLAGS.train_dir, FLAGS.max_steps)

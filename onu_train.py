@@ -19,7 +19,6 @@ between-graph replication, see onu_cluster.py), described by TF_CONFIG or the cl
 
 Updates are asynchronous; --sync_replicas averages one batch of every worker per step.
 """
-import os
 
 import onu_cli  # first: quiet start
 onu_cli.import_tensorflow()  # noqa: E402  (TensorFlow's start-up lines dropped)
@@ -31,7 +30,6 @@ import onu_cluster
 import onu_flags
 import onu_input
 import onu_model
-import onu_run_config
 import onu_training
 
 FLAGS = flags.FLAGS
@@ -44,19 +42,10 @@ def train():
 
     Returns the exit code: 0, or 128 + the signal that stopped training.
     """
-    precision = onu_flags.resolve_precision(FLAGS.precision)
-    role = onu_cluster.join(
-        onu_cluster.resolve_task(FLAGS.ps_hosts, FLAGS.worker_hosts, FLAGS.job_name, FLAGS.task_index,
-                                 os.environ.get('TF_CONFIG'), FLAGS.sync_replicas, FLAGS.model is not None),
-        onu_model.set_precision_options(onu_flags.session_config(), precision.compute_dtype, FLAGS.xla),
-        FLAGS.sync_replicas)
+    precision, role = onu_flags.training_role()
     if role.is_ps:
         return role.serve()
-    onu_training.prepare_data(FLAGS.data_dir, FLAGS.data_format)
-    run_config = onu_flags.training_run_config(precision, onu_training.default_model_name())
-    onu_training.start_run(FLAGS.train_dir, run_config, onu_run_config.RunConfig.load(FLAGS.train_dir),
-                           role.is_chief)
-    resume_from = onu_training.resume_point(FLAGS.train_dir, role.is_chief)
+    run_config, resume_from = onu_flags.begin_training_run(precision, role)
     examples_per_step = FLAGS.batch_size * role.num_replicas
 
     with tf.Graph().as_default():
@@ -74,10 +63,7 @@ def train():
             total_loss = onu_model.loss(logits, labels, end_points, FLAGS.label_smoothing)
             average_op = onu_training.add_training_summaries(logits, labels, end_points, total_loss,
                                                              histograms=FLAGS.histograms)
-            learning_rate = onu_model.make_learning_rate(
-                global_step, FLAGS.learning_rate or onu_model.DEFAULT_LEARNING_RATE[run_config.model],
-                FLAGS.learning_rate_schedule, run_config.num_examples_per_epoch, examples_per_step,
-                FLAGS.num_epochs_per_decay, FLAGS.learning_rate_decay_factor)
+            learning_rate = onu_flags.learning_rate(global_step, run_config, examples_per_step)
             optimizer = role.synchronous(
                 onu_model.make_optimizer(FLAGS.optimizer, learning_rate, run_config.compute_dtype),
                 global_step, FLAGS.moving_average_decay)
@@ -87,18 +73,12 @@ def train():
                                                 FLAGS.moving_average_decay, extra_ops=[average_op])
 
         # The hooks: stop at --max_steps or on a signal, NaN check, logging, checkpoints.
-        scaffold = onu_training.make_scaffold(FLAGS.train_dir, resume_from, FLAGS.fine_tune_checkpoint,
-                                              FLAGS.checkpoint_exclude_scopes, FLAGS.keep_checkpoint_max)
-        hooks = onu_training.training_hooks(
-            run_config, FLAGS.train_dir, role, scaffold, total_loss, global_step, learning_rate,
-            examples_per_step, FLAGS.max_steps, FLAGS.log_frequency, FLAGS.save_checkpoint_secs,
-            FLAGS.save_checkpoint_steps, FLAGS.export_every_n_epochs)
+        scaffold, hooks = onu_flags.training_hooks(run_config, role, resume_from, total_loss, global_step,
+                                                   learning_rate, examples_per_step)
 
         # The loop: MonitoredTrainingSession restores or initialises, runs the hooks, saves at the end.
         role.wait_for_chief()
-        with onu_training.monitored_training_session(role, FLAGS.train_dir, scaffold, hooks,
-                                                     FLAGS.save_summaries_steps, FLAGS.data_dir,
-                                                     FLAGS.data_format) as session:
+        with onu_flags.monitored_training_session(role, scaffold, hooks) as session:
             while not session.should_stop():
                 session.run(train_op)
     return onu_training.finish(hooks, role, FLAGS.train_dir, FLAGS.max_steps)
