@@ -42,8 +42,8 @@ NATIVE_START_UP_LINE = re.compile(r'([IW]\d{4} [\d:.]+ +\d+ \S+:\d+\] |'
 
 def verbose_requested(argv=None):
     """Returns True when the command line asks for --verbose (read before flags are parsed)."""
-    return any(arg in (f'--{VERBOSE_FLAG}', f'--{VERBOSE_FLAG}=true', f'--{VERBOSE_FLAG}=True')
-               for arg in (sys.argv[1:] if argv is None else argv))
+    spellings = {f'--{VERBOSE_FLAG}'} | {f'--{VERBOSE_FLAG}={value}' for value in ('true', 'True', '1')}
+    return any(arg in spellings for arg in (sys.argv[1:] if argv is None else argv))
 
 
 def quiet_start(verbose):
@@ -119,7 +119,7 @@ def define_deprecated_alias(old_name, new_name):
     """Declares --old_name as a deprecated spelling of the declared flag --new_name, kept for a release."""
     flag = FLAGS[new_name]
     flags.DEFINE_flag(flags.Flag(flag.parser, flag.serializer, old_name, None,
-                                 f'Deprecated spelling of --{new_name}; use that.'))
+                                 f'Deprecated spelling of --{new_name}; use that.'), flag_values=FLAGS)
     _ALIASES[old_name] = new_name
 
 
@@ -155,7 +155,7 @@ def run_script(body, argv, takes_arguments=False, user_errors=(), failures=()):
     if len(argv) > 1 and not takes_arguments:
         print(f'error: unexpected arguments {argv[1:]}; see --help', file=sys.stderr)
         return 2
-    if not FLAGS.verbose and not FLAGS['verbosity'].present:
+    if not FLAGS[VERBOSE_FLAG].value and not FLAGS['verbosity'].present:
         logging.set_verbosity(logging.WARNING)  # TensorFlow's INFO lines drown the script's own
         if 'tensorflow' in sys.modules:
             sys.modules['tensorflow'].get_logger().setLevel('ERROR')

@@ -1,0 +1,67 @@
+"""Tests of onu_cli.py: the native start-up lines filter, deprecated flag spellings, one-line errors."""
+import os
+
+from absl import flags
+import pytest
+
+import onu_cli
+import onu_dataset
+
+START_UP_LINES = [
+    'WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n',
+    'I0000 00:00:1796124987.368846    7252 port.cc:153] oneDNN custom operations are on.\n',
+    'I0000 00:00:1796124987.369246    7252 cudart_stub.cc:31] Could not find cuda drivers on your machine.\n',
+    'E0000 00:00:1796125000.192303    7414 cuda_platform.cc:52] failed call to cuInit: INTERNAL: CUDA error\n',
+    'I0000 00:00:1796126237.971660   32646 cpu_feature_guard.cc:227] This TensorFlow binary is optimized.\n',
+    'To enable the following instructions: AVX2 AVX512F FMA, in other operations, rebuild TensorFlow with the '
+    'appropriate compiler flags.\n',
+]
+KEPT_LINES = ['warning: /data/train/F603/x.jpg skipped: truncated\n',
+              'E0000 00:00:1796125000.1    7414 kernel.cc:1] a real error\n']
+
+
+def test_native_start_up_lines_are_dropped_and_everything_else_kept(capfd):
+    with onu_cli.native_start_up_lines_dropped():
+        for line in START_UP_LINES[:3] + KEPT_LINES[:1] + START_UP_LINES[3:] + KEPT_LINES[1:]:
+            os.write(2, line.encode())
+    assert capfd.readouterr().err == ''.join(KEPT_LINES)
+
+
+@pytest.fixture
+def alias_flags(monkeypatch):
+    """A fresh FlagValues with --new_name and its deprecated spelling --old_name, used by onu_cli."""
+    values = flags.FlagValues()
+    flags.DEFINE_string('new_name', 'default', 'A flag.', flag_values=values)
+    monkeypatch.setattr(onu_cli, 'FLAGS', values)
+    monkeypatch.setattr(onu_cli, '_ALIASES', {})
+    onu_cli.define_deprecated_alias('old_name', 'new_name')
+    return values
+
+
+def test_a_deprecated_spelling_sets_its_flag_with_one_warning(alias_flags, capsys):
+    alias_flags(['prog', '--old_name=given'])
+    onu_cli.apply_deprecated_aliases()
+    assert alias_flags.new_name == 'given' and alias_flags['new_name'].present
+    assert capsys.readouterr().err == 'warning: --old_name is deprecated and will be removed: use --new_name\n'
+    assert onu_cli.is_deprecated_alias('old_name') and not onu_cli.is_deprecated_alias('new_name')
+
+
+def test_both_spellings_with_different_values_are_an_error(alias_flags):
+    alias_flags(['prog', '--old_name=a', '--new_name=b'])
+    with pytest.raises(flags.Error, match='--old_name .deprecated. and --new_name disagree'):
+        onu_cli.apply_deprecated_aliases()
+
+
+def test_run_script_turns_user_errors_and_failures_into_one_line(capsys):
+    def data_error():
+        raise onu_dataset.DataError('/data: no train/ folder; put photos in /data/train/<class>/')
+
+    def failure():
+        raise RuntimeError('loss is nan at step 3')
+
+    assert onu_cli.run_script(data_error, ['prog']) == 2
+    assert capsys.readouterr().err == 'error: /data: no train/ folder; put photos in /data/train/<class>/\n'
+    assert onu_cli.run_script(failure, ['prog'], failures=(RuntimeError,)) == 1
+    assert capsys.readouterr().err == 'error: loss is nan at step 3\n'
+    assert onu_cli.run_script(lambda: None, ['prog', 'extra']) == 2
+    assert 'unexpected arguments' in capsys.readouterr().err
