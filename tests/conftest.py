@@ -1,10 +1,22 @@
-"""Shared tiny-data fixtures: datasets of a few small images, made in pytest's temporary folders.
+"""Shared tiny-data fixtures (small images, one tiny training run; in pytest's temp folders) and the script runner.
 
   make_tiny_dataset(name='data', train_per_class=4, val_per_class=2, image_size=(64, 48)) -> data_dir
       factory: a fresh sample dataset (classes F603, F663N) under tmp_path/name, yours to modify.
   tiny_data_dir     session-wide, read-only: a sample dataset (4 train + 2 val JPEGs of 64x48 per class)
                     already converted to both record kinds in tiny_data_dir/tfrecords (2 shards per split).
   tiny_records_dir  session-wide, read-only: tiny_data_dir/tfrecords (shards, labels.txt, manifest.json).
+  tiny_run          session-wide, read-only (copy it into tmp_path before changing anything): one real
+                    onu_train.py run (TINY_RUN_FLAGS: default model, i.e. small; 32x32, batch 8, seed 1) of 12
+                    steps on 8 train + 4 val JPEGs of 96x72 per class. An epoch is 2 steps; checkpoints at 0,
+                    2, ..., 12; SavedModels exported at 4, 8, 12; the encoded records made by that run; a
+                    user's notes.txt in train_dir.
+                    Attributes: data_dir, train_dir, export_dir, result (CompletedProcess), config (RunConfig).
+  run_script(script, *args, timeout=300, env=None) -> CompletedProcess
+                    runs `python REPO_ROOT/script *args` (a name without .py: that tool on PATH) in
+                    REPO_ROOT, output as text; env None: this process's environment, as it is.
+  script_command(script, *args)  the command line run_script runs, for a test that needs a Popen.
+  copy_train_dir(tiny_run, tmp_path, name='train', exports=True) -> a copy of tiny_run's train_dir, yours to change.
+  file_states(*folders)  {path: (size, mtime in ns)} of every file below folders: what a test must not change.
   messy_data_dir    session-wide, read-only: the bad input of real photo folders; train/F603 holds them all.
   messy_files       MESSY_FILES: name in messy_data_dir/train/F603 -> None (usable) or a word of its skip reason.
   pattern_image     the 48x32 RGB picture (four coloured quadrants) every messy image is made from.
@@ -12,7 +24,10 @@
 
 import io
 import os
+import shutil
+import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -22,6 +37,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
 import onu_records  # noqa: E402  (needs REPO_ROOT on sys.path)
+import onu_run_config  # noqa: E402
 import onu_sample_data  # noqa: E402
 
 TINY_IMAGE_SIZE = (64, 48)
@@ -157,6 +173,70 @@ def pattern_image():
 
 
 # ----------------------------------------------------------------------------------------------
+# The scripts as subprocesses, and the one tiny training run the script tests share
+
+SCRIPT_TIMEOUT_SECS = 300
+TINY_RUN_STEPS = 12
+TINY_RUN_FLAGS = ('--image_size=32', '--batch_size=8', '--seed=1', '--log_frequency=1', '--save_summaries_steps=1',
+                  '--save_checkpoint_steps=2', '--keep_checkpoint_max=20', '--export_every_n_epochs=2')
+TINY_RUN_NOTES = 'mine'  # train_dir/notes.txt, the user's file training must leave alone
+
+
+def script_command(script, *args):
+    """Returns the command line that runs a repo script (or, for a name without .py, a tool on PATH)."""
+    if script.endswith('.py'):
+        return [sys.executable, os.path.join(REPO_ROOT, script), *args]
+    return [script, *args]
+
+
+def run_script(script, *args, timeout=SCRIPT_TIMEOUT_SECS, env=None):
+    """Runs script_command(script, *args) in REPO_ROOT; returns the CompletedProcess (text output)."""
+    return subprocess.run(script_command(script, *args), capture_output=True, text=True, timeout=timeout,
+                          env=env, cwd=REPO_ROOT)
+
+
+def copy_train_dir(tiny_run, tmp_path, name='train', exports=True):
+    """Returns a copy of tiny_run's train_dir at tmp_path/name (exports=False: without its export folder)."""
+    copy = str(tmp_path / name)
+    shutil.copytree(tiny_run.train_dir, copy, ignore=None if exports else shutil.ignore_patterns('export'))
+    return copy
+
+
+def file_states(*folders):
+    """Returns {path: (size, mtime in ns)} of every file below folders."""
+    states = {}
+    for folder in folders:
+        for root, _, names in os.walk(folder):
+            for name in names:
+                info = os.stat(os.path.join(root, name))
+                states[os.path.join(root, name)] = (info.st_size, info.st_mtime_ns)
+    return states
+
+
+@pytest.fixture(scope='session')
+def tiny_run(tmp_path_factory):
+    """The shared tiny training run (see the module docstring); fails at teardown if a test changed it."""
+    root = tmp_path_factory.mktemp('tiny_run')
+    data_dir, train_dir = str(root / 'data'), str(root / 'train')
+    onu_sample_data.generate_dataset(data_dir, 8, 4, (96, 72), seed=0, processes=1)  # no records yet
+    os.makedirs(train_dir)
+    with open(os.path.join(train_dir, 'notes.txt'), 'w') as f:
+        f.write(TINY_RUN_NOTES)
+    # No --model: the run also shows the default (small, as no machine of this project has a GPU).
+    result = run_script('onu_train.py', *TINY_RUN_FLAGS, f'--max_steps={TINY_RUN_STEPS}',
+                        f'--data_dir={data_dir}', f'--train_dir={train_dir}')
+    assert result.returncode == 0, result.stderr[-3000:]
+    import onu_serving  # pylint: disable=import-outside-toplevel  (TensorFlow: only where the run is used)
+    before = file_states(data_dir, train_dir)
+    yield types.SimpleNamespace(data_dir=data_dir, train_dir=train_dir, result=result,
+                                export_dir=onu_serving.default_export_dir(train_dir),
+                                config=onu_run_config.RunConfig.load(train_dir))
+    after = file_states(data_dir, train_dir)
+    changed = sorted(path for path in before.keys() | after.keys() if before.get(path) != after.get(path))
+    assert not changed, f'tests changed the shared tiny_run (copy it with shutil.copytree first): {changed}'
+
+
+# ----------------------------------------------------------------------------------------------
 # A real TensorBoard server
 #
 #   tensorboard_server(logdir=None, logdir_spec=None) -> TensorBoardServer
@@ -168,7 +248,6 @@ def pattern_image():
 
 import json  # noqa: E402  (kept with the fixture it serves)
 import re  # noqa: E402
-import subprocess  # noqa: E402
 import time  # noqa: E402
 import urllib.error  # noqa: E402
 import urllib.parse  # noqa: E402

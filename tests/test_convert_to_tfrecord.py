@@ -3,19 +3,19 @@
 import hashlib
 import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 from PIL import Image
 
+from conftest import run_script
+
 import onu_records
 from conftest import REPO_ROOT
 import onu_dataset
 
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'convert_to_tfrecord.py')
+SCRIPT = 'convert_to_tfrecord.py'
 METADATA_KEYS = {onu_dataset.KEY_FORMAT, onu_dataset.KEY_LABEL, onu_dataset.KEY_TEXT, onu_dataset.KEY_HEIGHT,
                  onu_dataset.KEY_WIDTH, onu_dataset.KEY_CHANNELS, onu_dataset.KEY_FILENAME}
 PAYLOAD_KEYS = {'raw': onu_dataset.KEY_RAW, 'encoded': onu_dataset.KEY_ENCODED}
@@ -356,14 +356,12 @@ def test_summary_table(tiny_records_dir):
 
 
 def test_script_exit_codes_and_output(make_tiny_dataset, tmp_path):
-    missing = subprocess.run([sys.executable, SCRIPT, f'--data_dir={tmp_path / "nowhere"}'],
-                             capture_output=True, text=True, timeout=120)
+    missing = run_script(SCRIPT, f'--data_dir={tmp_path / "nowhere"}', timeout=120)
     assert missing.returncode == 2
     assert missing.stderr.startswith('error: ') and missing.stderr.count('\n') == 1
     assert str(tmp_path / 'nowhere' / 'train') in missing.stderr
     data_dir = make_tiny_dataset()
-    done = subprocess.run([sys.executable, SCRIPT, f'--data_dir={data_dir}', '--format=encoded', '--processes=1'],
-                          capture_output=True, text=True, timeout=300)
+    done = run_script(SCRIPT, f'--data_dir={data_dir}', '--format=encoded', '--processes=1')
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0].split()[:3] == ['split', 'format', 'images']
     assert onu_dataset.read_manifest(os.path.join(data_dir, 'tfrecords'))['splits']['val']['encoded']['records'] == 4

@@ -10,7 +10,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 
@@ -18,7 +17,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, run_script, script_command
 from test_onu_train import checkpoint_step
 
 import onu_sample_data
@@ -169,12 +168,10 @@ def assert_all_exited(pids):
 
 def test_launcher_trains_asynchronously_and_the_chief_checkpoint_evaluates(cluster_data_dir, tmp_path):
     train_dir = str(tmp_path / 'train')
-    env = dict(os.environ)
     launcher = subprocess.Popen(
-        [sys.executable, os.path.join(REPO_ROOT, 'run_local_cluster.py'), '--num_workers=2', *CLUSTER_FLAGS,
-         f'--data_dir={cluster_data_dir}', f'--train_dir={train_dir}', '--max_steps=30', '--timeout_secs=240'],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO_ROOT,
-        start_new_session=True)
+        script_command('run_local_cluster.py', '--num_workers=2', *CLUSTER_FLAGS, f'--data_dir={cluster_data_dir}',
+                       f'--train_dir={train_dir}', '--max_steps=30', '--timeout_secs=240'),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT, start_new_session=True)
     try:
         output, _ = launcher.communicate(timeout=PROCESS_TIMEOUT_SECS)
     finally:
@@ -195,10 +192,8 @@ def test_launcher_trains_asynchronously_and_the_chief_checkpoint_evaluates(clust
     assert (run_config.flags['job_name'], run_config.flags['task_index']) == ('worker', 0)
 
     eval_dir = str(tmp_path / 'eval')
-    evaluated = subprocess.run(
-        [sys.executable, os.path.join(REPO_ROOT, 'onu_eval.py'), f'--checkpoint_dir={train_dir}', '--run_once',
-         f'--eval_dir={eval_dir}'], capture_output=True, text=True, timeout=PROCESS_TIMEOUT_SECS, env=env,
-        cwd=REPO_ROOT)
+    evaluated = run_script('onu_eval.py', f'--checkpoint_dir={train_dir}', '--run_once', f'--eval_dir={eval_dir}',
+                           timeout=PROCESS_TIMEOUT_SECS)
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     assert f'step {checkpoint_step(train_dir)}, precision @ 1 = ' in evaluated.stdout
 
@@ -216,8 +211,8 @@ def test_synchronous_workers_configured_by_tf_config_all_exit_promptly(cluster_d
             log = open(tmp_path / f'{job}{index}.log', 'w+')
             logs.append(log)
             processes.append(subprocess.Popen(
-                [sys.executable, os.path.join(REPO_ROOT, 'onu_train.py'), *CLUSTER_FLAGS, '--sync_replicas',
-                 f'--data_dir={cluster_data_dir}', f'--train_dir={train_dir}', '--max_steps=12'],
+                script_command('onu_train.py', *CLUSTER_FLAGS, '--sync_replicas', f'--data_dir={cluster_data_dir}',
+                               f'--train_dir={train_dir}', '--max_steps=12'),
                 stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT, start_new_session=True))
         deadline = time.time() + PROCESS_TIMEOUT_SECS
         exit_times = {}

@@ -1,17 +1,17 @@
 """Tests of make_sample_data: layout, determinism, re-run behaviour, and that classes differ in shape only."""
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from PIL import Image
 
+from conftest import run_script
+
 import onu_sample_data
 import onu_dataset
 
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'make_sample_data.py')
+SCRIPT = 'make_sample_data.py'
 
 
 def _files(data_dir):
@@ -115,23 +115,22 @@ def test_classes_not_separable_by_global_colour_or_brightness(tmp_path):
 
 def test_script_runs_and_reports_bad_flags(tmp_path):
     data_dir = str(tmp_path / 'data')
-    command = [sys.executable, SCRIPT, f'--data_dir={data_dir}', '--train_per_class=1', '--val_per_class=1',
-               '--photo_size=64x48', '--processes=1']
-    first = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    args = [f'--data_dir={data_dir}', '--train_per_class=1', '--val_per_class=1', '--photo_size=64x48',
+            '--processes=1']
+    first = run_script(SCRIPT, *args, timeout=120)
     assert first.returncode == 0, first.stderr
     assert first.stdout.startswith('wrote 4 photos')
-    second = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    second = run_script(SCRIPT, *args, timeout=120)
     assert second.returncode == 0 and 'nothing to do' in second.stdout
-    bad = subprocess.run(command[:-2] + ['--photo_size=64by48'], capture_output=True, text=True, timeout=120)
+    bad = run_script(SCRIPT, *args[:-2], '--photo_size=64by48', timeout=120)
     assert bad.returncode == 2
     assert bad.stderr.startswith('error: ') and bad.stderr.count('\n') == 1 and '--photo_size' in bad.stderr
 
 
 def test_old_flag_spellings_still_work_with_a_deprecation_warning(tmp_path):
     data_dir = str(tmp_path / 'data')
-    old = subprocess.run([sys.executable, SCRIPT, f'--output_dir={data_dir}', '--train_per_class=1',
-                          '--val_per_class=1', '--image_size=64x48', '--processes=1'],
-                         capture_output=True, text=True, timeout=120)
+    old = run_script(SCRIPT, f'--output_dir={data_dir}', '--train_per_class=1', '--val_per_class=1',
+                     '--image_size=64x48', '--processes=1', timeout=120)
     assert old.returncode == 0, old.stderr
     assert old.stdout.startswith('wrote 4 photos') and data_dir in old.stdout
     warnings = [line for line in old.stderr.splitlines() if line.startswith('warning: ')]
@@ -140,6 +139,5 @@ def test_old_flag_spellings_still_work_with_a_deprecation_warning(tmp_path):
     with Image.open(next(os.path.join(root, name) for root, _, names in os.walk(os.path.join(data_dir, 'train'))
                          for name in names)) as image:
         assert image.size == (64, 48)
-    both = subprocess.run([sys.executable, SCRIPT, f'--output_dir={data_dir}', f'--data_dir={tmp_path}/other'],
-                          capture_output=True, text=True, timeout=120)
+    both = run_script(SCRIPT, f'--output_dir={data_dir}', f'--data_dir={tmp_path}/other', timeout=120)
     assert both.returncode == 2 and both.stderr.startswith('error: --output_dir (deprecated) and --data_dir disagree')

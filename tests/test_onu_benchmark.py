@@ -2,21 +2,18 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import REPO_ROOT
+from conftest import run_script
 import benchmark_baselines
 import benchmark_measure
 import benchmark_plan
 import benchmark_report
 import onu_input
 
-SCRIPT = os.path.join(REPO_ROOT, 'onu_benchmark.py')
 PIPELINE_ROWS = ('images', 'raw', 'encoded', 'serial_cv2', 'keras_reader')
 TRAINING_ROWS = ('images', 'raw', 'encoded', 'serial_cv2', 'synthetic')
 IMAGE_SIZE = 32
@@ -34,10 +31,8 @@ def _numbers(value, path=''):
 def test_quick_run_measures_every_row(make_tiny_dataset, tmp_path):
     data_dir = make_tiny_dataset('photos', train_per_class=8, val_per_class=2, image_size=(96, 72))
     output_dir = tmp_path / 'results'
-    done = subprocess.run(
-        [sys.executable, SCRIPT, '--quick', f'--data_dir={data_dir}', f'--output_dir={output_dir}',
-         f'--work_dir={tmp_path}', '--image_size=32', '--batch_size=4', '--model=small'],
-        capture_output=True, text=True, timeout=600)
+    done = run_script('onu_benchmark.py', '--quick', f'--data_dir={data_dir}', f'--output_dir={output_dir}',
+                      f'--work_dir={tmp_path}', '--image_size=32', '--batch_size=4', '--model=small', timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
 
     outputs = sorted(os.listdir(output_dir))

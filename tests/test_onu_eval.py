@@ -4,7 +4,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 
 import numpy as np
@@ -12,7 +11,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, copy_train_dir, run_script, script_command
 
 import onu_sample_data
 import onu_checkpoint
@@ -27,13 +26,15 @@ IMAGE_SIZE = 32
 MAX_STEPS = 6
 CLASS_NAMES = ['F603', 'F663N']
 VAL_PER_CLASS = 5
-SUBPROCESS_ENV = dict(os.environ)
 SHADOW_SUFFIX = '/ExponentialMovingAverage'
 
 # Runs onu_eval.main with the trainer deleting the checkpoint named by the first argument right
-# after the evaluator has read its global step, before the weights are restored.
+# after the evaluator has read its global step, before the weights are restored. A script file:
+# run_script runs it in the repo, which it imports from.
 RACE_DRIVER = '''
+import os
 import sys
+sys.path.insert(0, os.getcwd())
 from absl import app
 import tensorflow as tf
 import onu_checkpoint, onu_eval
@@ -54,15 +55,9 @@ app.run(onu_eval.main)
 '''
 
 
-def eval_command(*args):
-    """Returns the command line that runs onu_eval.py with args."""
-    return [sys.executable, os.path.join(REPO_ROOT, 'onu_eval.py'), *args]
-
-
-def run(command, timeout=TIMEOUT_SECS):
-    """Runs command in the repo; returns the CompletedProcess (text output)."""
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=SUBPROCESS_ENV,
-                          cwd=REPO_ROOT)
+def run_eval(*args):
+    """Runs onu_eval.py with args; returns the CompletedProcess (text output)."""
+    return run_script('onu_eval.py', *args, timeout=TIMEOUT_SECS)
 
 
 def read_results(eval_dir):
@@ -146,13 +141,13 @@ def polled_run(tmp_path_factory):
     data_dir, train_dir, eval_dir = (str(root / name) for name in ('data', 'train', 'eval'))
     onu_sample_data.generate_dataset(data_dir, 8, VAL_PER_CLASS, (96, 72), seed=0, processes=1)
     evaluator = subprocess.Popen(
-        eval_command(f'--checkpoint_dir={train_dir}', f'--eval_dir={eval_dir}', '--batch_size=4',
-                     '--eval_interval_secs=0.2', '--timeout_secs=120'),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=SUBPROCESS_ENV, cwd=REPO_ROOT)
+        script_command('onu_eval.py', f'--checkpoint_dir={train_dir}', f'--eval_dir={eval_dir}', '--batch_size=4',
+                       '--eval_interval_secs=0.2', '--timeout_secs=120'),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
     try:
-        trainer = run([sys.executable, os.path.join(REPO_ROOT, 'onu_train.py'), f'--data_dir={data_dir}',
-                       f'--train_dir={train_dir}', f'--max_steps={MAX_STEPS}', '--save_checkpoint_steps=2',
-                       f'--image_size={IMAGE_SIZE}', '--batch_size=4', '--seed=0'])
+        trainer = run_script('onu_train.py', f'--data_dir={data_dir}', f'--train_dir={train_dir}',
+                             f'--max_steps={MAX_STEPS}', '--save_checkpoint_steps=2', f'--image_size={IMAGE_SIZE}',
+                             '--batch_size=4', '--seed=0', timeout=TIMEOUT_SECS)
         assert trainer.returncode == 0, trainer.stderr
         stdout, stderr = evaluator.communicate(timeout=TIMEOUT_SECS)
     finally:
@@ -313,19 +308,19 @@ def test_summaries_are_written_at_each_checkpoints_global_step(polled_run):
             assert f'| **{name}** | {row[0]} | {row[1]} |' in table
 
 
-def test_checkpoint_deleted_while_read_is_skipped_for_the_newest(polled_run, tmp_path):
-    _, train_dir, _, _ = polled_run
-    copy_dir, eval_dir = str(tmp_path / 'train'), str(tmp_path / 'eval')
-    shutil.copytree(train_dir, copy_dir)
+def test_checkpoint_deleted_while_read_is_skipped_for_the_newest(tiny_run, tmp_path):
+    copy_dir, eval_dir = copy_train_dir(tiny_run, tmp_path), str(tmp_path / 'eval')
     doomed = os.path.join(copy_dir, 'model.ckpt-0')
-    result = run([sys.executable, '-c', RACE_DRIVER, doomed, f'--checkpoint_dir={copy_dir}',
-                  f'--eval_dir={eval_dir}', '--eval_interval_secs=0.2', '--timeout_secs=60'])
+    driver = tmp_path / 'race_driver.py'
+    driver.write_text(RACE_DRIVER)
+    result = run_script(str(driver), doomed, f'--checkpoint_dir={copy_dir}', f'--eval_dir={eval_dir}',
+                        '--eval_interval_secs=0.2', '--timeout_secs=60', timeout=TIMEOUT_SECS)
     assert result.returncode == 0, result.stderr
     assert 'Traceback' not in result.stderr
     notes = [line for line in result.stdout.splitlines() if 'was deleted while being read' in line]
     assert len(notes) == 1 and notes[0].startswith(doomed) and 'skipping to the newest' in notes[0]
     assert [(entry['step'], entry['checkpoint']) for entry in read_results(eval_dir)] == [
-        (MAX_STEPS, os.path.join(copy_dir, f'model.ckpt-{MAX_STEPS}'))]
+        (12, os.path.join(copy_dir, 'model.ckpt-12'))]  # the shared run's final step
 
 
 # ----------------------------------------------------------------------------------------------
@@ -334,8 +329,8 @@ def test_checkpoint_deleted_while_read_is_skipped_for_the_newest(polled_run, tmp
 def test_no_checkpoint_waits_with_a_message_then_times_out(tmp_path):
     checkpoint_dir = str(tmp_path / 'not_yet')
     started = time.monotonic()
-    result = run(eval_command(f'--checkpoint_dir={checkpoint_dir}', f'--eval_dir={tmp_path / "eval"}',
-                              '--eval_interval_secs=0.2', '--timeout_secs=1.5'))
+    result = run_eval(f'--checkpoint_dir={checkpoint_dir}', f'--eval_dir={tmp_path / "eval"}',
+                      '--eval_interval_secs=0.2', '--timeout_secs=1.5')
     assert time.monotonic() - started >= 1.5
     assert result.returncode == 2
     assert f'Waiting for the first checkpoint in {checkpoint_dir}' in result.stdout
@@ -353,12 +348,12 @@ def test_without_run_config_the_model_flags_are_required_and_used(polled_run, tm
         shutil.copy(path, bare_dir)
     shutil.copy(os.path.join(train_dir, 'checkpoint'), bare_dir)
     args = [f'--checkpoint_dir={bare_dir}', f'--eval_dir={tmp_path / "eval"}', '--run_once']
-    refused = run(eval_command(*args))
+    refused = run_eval(*args)
     assert refused.returncode == 2
     assert refused.stderr.strip().splitlines()[-1].startswith(
         f'error: {bare_dir}/run_config.json not found, so the model is unknown')
     assert '--model' in refused.stderr
-    evaluated = run(eval_command(*args, '--model=small', f'--image_size={IMAGE_SIZE}', f'--data_dir={data_dir}'))
+    evaluated = run_eval(*args, '--model=small', f'--image_size={IMAGE_SIZE}', f'--data_dir={data_dir}')
     assert evaluated.returncode == 0, evaluated.stderr
     [entry] = read_results(str(tmp_path / 'eval'))
     final = read_results(eval_dir)[-1]

@@ -1,52 +1,24 @@
-"""Tests of onu_export.py: a real tiny training run, exported and compared with the eval graph."""
+"""Tests of onu_export.py: conftest's shared tiny run (a real training run exporting every 2 epochs, 4
+steps, with a checkpoint every 2 steps), exported again and compared with the eval graph."""
 import json
 import os
 import subprocess
-import sys
-import types
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import REPO_ROOT
+from conftest import run_script
 
-import onu_sample_data
 import onu_checkpoint
 import onu_dataset
 import onu_input
 import onu_model
-import onu_run_config
 import onu_serving
 
-TIMEOUT_SECS = 240
 IMAGE_SIZE = 32
-BATCH_SIZE = 8
-TRAIN_PER_CLASS = 8  # 16 examples: an epoch is 2 steps of 8
+BATCH_SIZE = 8  # 16 training examples: an epoch is 2 steps of 8
 MAX_STEPS = 12
-
-
-def run_script(script, *args, timeout=TIMEOUT_SECS):
-    """Runs a repo script (or a tool on PATH) with args; returns the CompletedProcess (text output)."""
-    env = dict(os.environ)
-    command = [sys.executable, os.path.join(REPO_ROOT, script)] if script.endswith('.py') else [script]
-    return subprocess.run(command + list(args), capture_output=True, text=True, timeout=timeout,
-                          env=env, cwd=REPO_ROOT)
-
-
-def train_run(root, *extra_flags):
-    """Makes tiny data under root and trains the small model on it for MAX_STEPS; returns the run."""
-    data_dir, train_dir = os.path.join(root, 'data'), os.path.join(root, 'train')
-    onu_sample_data.generate_dataset(data_dir, TRAIN_PER_CLASS, 4, (96, 72), seed=0, processes=1)
-    result = run_script('onu_train.py', f'--data_dir={data_dir}', f'--train_dir={train_dir}',
-                        f'--max_steps={MAX_STEPS}', f'--batch_size={BATCH_SIZE}',
-                        f'--image_size={IMAGE_SIZE}', '--data_format=images', '--model=small',
-                        '--seed=1', '--save_checkpoint_steps=2', '--keep_checkpoint_max=20',
-                        *extra_flags)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return types.SimpleNamespace(data_dir=data_dir, train_dir=train_dir, stdout=result.stdout,
-                                 stderr=result.stderr, config=onu_run_config.RunConfig.load(train_dir),
-                                 export_dir=onu_serving.default_export_dir(train_dir))
 
 
 def checkpoint(run, step):
@@ -94,37 +66,31 @@ def listing(directory):
     return sorted(os.listdir(directory))
 
 
-@pytest.fixture(scope='module')
-def run(tmp_path_factory):
-    """A 12-step run exporting every 2 epochs (4 steps) with a checkpoint every 2 steps."""
-    return train_run(str(tmp_path_factory.mktemp('export')), '--export_every_n_epochs=2')
-
-
-def test_training_exports_a_version_every_n_epochs(run):
-    assert listing(run.export_dir) == ['12', '4', '8', onu_serving.EXPORT_LOG_FILENAME]
-    assert [step for step, _ in onu_serving.version_dirs(run.export_dir)] == [4, 8, 12]
-    with open(os.path.join(run.export_dir, onu_serving.EXPORT_LOG_FILENAME)) as f:
+def test_training_exports_a_version_every_n_epochs(tiny_run):
+    assert listing(tiny_run.export_dir) == ['12', '4', '8', onu_serving.EXPORT_LOG_FILENAME]
+    assert [step for step, _ in onu_serving.version_dirs(tiny_run.export_dir)] == [4, 8, 12]
+    with open(os.path.join(tiny_run.export_dir, onu_serving.EXPORT_LOG_FILENAME)) as f:
         log = [json.loads(line) for line in f]
     assert [(e['step'], e['epoch'], e['checkpoint_path']) for e in log] == [
-        (step, step / 2, checkpoint(run, step)) for step in (4, 8, 12)]
+        (step, step / 2, checkpoint(tiny_run, step)) for step in (4, 8, 12)]
     assert all('error' not in entry for entry in log)
-    for step, version_dir in onu_serving.version_dirs(run.export_dir):
+    for step, version_dir in onu_serving.version_dirs(tiny_run.export_dir):
         info = onu_serving.load_export_config(version_dir)
         assert info.export['global_step'] == step
-        assert info.export['checkpoint_path'] == checkpoint(run, step)
+        assert info.export['checkpoint_path'] == checkpoint(tiny_run, step)
         assert info.export['weights'] == onu_checkpoint.WEIGHTS_AVERAGED
         assert info.class_names == ('F603', 'F663N') and info.image_size == IMAGE_SIZE
         assert onu_dataset.read_labels(os.path.join(version_dir, 'assets.extra', 'labels.txt')) == [
             'F603', 'F663N']
-    assert run.stdout.count('Exported ') == 3
+    assert tiny_run.result.stdout.count('Exported ') == 3
 
 
-def test_saved_model_equals_eval_graph_softmax_with_moving_averages(run):
-    version_dir = os.path.join(run.export_dir, str(MAX_STEPS))
-    paths = val_files(run)
+def test_saved_model_equals_eval_graph_softmax_with_moving_averages(tiny_run):
+    version_dir = os.path.join(tiny_run.export_dir, str(MAX_STEPS))
+    paths = val_files(tiny_run)
     served = serve(version_dir, onu_serving.SERVING_SIGNATURE, image_bytes=read_bytes(paths))
-    expected, eval_images = eval_graph_softmax(checkpoint(run, MAX_STEPS),
-                                               run.config.moving_average_decay, run.data_dir)
+    expected, eval_images = eval_graph_softmax(checkpoint(tiny_run, MAX_STEPS),
+                                               tiny_run.config.moving_average_decay, tiny_run.data_dir)
 
     assert served['probabilities'].shape == (len(paths), 2)
     np.testing.assert_allclose(served['probabilities'], expected, atol=1e-5)
@@ -135,11 +101,11 @@ def test_saved_model_equals_eval_graph_softmax_with_moving_averages(run):
     from_images = serve(version_dir, onu_serving.IMAGES_SIGNATURE, images=eval_images)
     np.testing.assert_allclose(from_images['probabilities'], expected, atol=1e-5)
     # The raw weights give other outputs: the comparison above would catch a wrong restore.
-    raw, _ = eval_graph_softmax(checkpoint(run, MAX_STEPS), 0, run.data_dir)
+    raw, _ = eval_graph_softmax(checkpoint(tiny_run, MAX_STEPS), 0, tiny_run.data_dir)
     assert np.abs(raw - expected).max() > 1e-3
 
 
-def test_export_writes_a_temp_dir_then_renames_it_to_the_step(run, tmp_path, monkeypatch, capsys):
+def test_export_writes_a_temp_dir_then_renames_it_to_the_step(tiny_run, tmp_path, monkeypatch, capsys):
     export_dir = str(tmp_path / 'serving')
     renames = []
     publish = onu_serving._publish
@@ -149,7 +115,7 @@ def test_export_writes_a_temp_dir_then_renames_it_to_the_step(run, tmp_path, mon
         publish(temp_dir, version_dir)
     monkeypatch.setattr(onu_serving, '_publish', watch)
 
-    version_dir = onu_serving.export_saved_model(checkpoint(run, 6), run.config, export_dir)
+    version_dir = onu_serving.export_saved_model(checkpoint(tiny_run, 6), tiny_run.config, export_dir)
 
     assert version_dir == os.path.join(export_dir, '6')
     assert renames == [(os.path.join(export_dir, f'.tmp-6-{os.getpid()}'), version_dir,
@@ -159,14 +125,14 @@ def test_export_writes_a_temp_dir_then_renames_it_to_the_step(run, tmp_path, mon
     assert f'to {version_dir}' in capsys.readouterr().out
 
 
-def test_existing_version_is_left_unchanged(run, tmp_path, capsys):
+def test_existing_version_is_left_unchanged(tiny_run, tmp_path, capsys):
     export_dir = str(tmp_path / 'serving')
-    version_dir = onu_serving.export_saved_model(checkpoint(run, 4), run.config, export_dir)
+    version_dir = onu_serving.export_saved_model(checkpoint(tiny_run, 4), tiny_run.config, export_dir)
     model_file = os.path.join(version_dir, 'saved_model.pb')
     before = os.stat(model_file).st_mtime_ns, listing(version_dir)
     capsys.readouterr()
 
-    assert onu_serving.export_saved_model(checkpoint(run, 4), run.config, export_dir) == version_dir
+    assert onu_serving.export_saved_model(checkpoint(tiny_run, 4), tiny_run.config, export_dir) == version_dir
 
     assert (os.stat(model_file).st_mtime_ns, listing(version_dir)) == before
     assert listing(export_dir) == ['4']
@@ -178,7 +144,7 @@ def test_existing_version_is_left_unchanged(run, tmp_path, capsys):
     ('_write_metadata', True, OSError('No space left on device')),
     ('_publish', False, OSError('Read-only file system')),  # the rename itself fails
 ])
-def test_interrupted_export_leaves_no_version_and_no_temp_dir(run, tmp_path, monkeypatch, stage, finishes,
+def test_interrupted_export_leaves_no_version_and_no_temp_dir(tiny_run, tmp_path, monkeypatch, stage, finishes,
                                                                error):
     export_dir = str(tmp_path / 'serving')
     real_stage = getattr(onu_serving, stage)
@@ -189,15 +155,15 @@ def test_interrupted_export_leaves_no_version_and_no_temp_dir(run, tmp_path, mon
         raise error
     monkeypatch.setattr(onu_serving, stage, fail)
     with pytest.raises(type(error)):
-        onu_serving.export_saved_model(checkpoint(run, 8), run.config, export_dir)
+        onu_serving.export_saved_model(checkpoint(tiny_run, 8), tiny_run.config, export_dir)
     assert listing(export_dir) == []
 
     monkeypatch.setattr(onu_serving, stage, real_stage)
-    version_dir = onu_serving.export_saved_model(checkpoint(run, 8), run.config, export_dir)
+    version_dir = onu_serving.export_saved_model(checkpoint(tiny_run, 8), tiny_run.config, export_dir)
     assert listing(export_dir) == ['8'] and onu_serving.is_saved_model(version_dir)
 
 
-def test_temp_dir_of_a_killed_export_is_removed_by_the_next(run, tmp_path):
+def test_temp_dir_of_a_killed_export_is_removed_by_the_next(tiny_run, tmp_path):
     export_dir = tmp_path / 'serving'
     dead = subprocess.Popen(['true'])  # its process id no longer runs once it is waited for
     dead.wait()
@@ -206,17 +172,17 @@ def test_temp_dir_of_a_killed_export_is_removed_by_the_next(run, tmp_path):
     mine = export_dir / 'README'  # not the exporter's: kept
     mine.write_text('models for the F603 line')
 
-    onu_serving.export_saved_model(checkpoint(run, 2), run.config, str(export_dir))
+    onu_serving.export_saved_model(checkpoint(tiny_run, 2), tiny_run.config, str(export_dir))
 
     assert listing(export_dir) == ['2', 'README']
     assert mine.read_text() == 'models for the F603 line'
 
 
 def test_listener_exports_at_boundaries_and_a_failure_does_not_block_the_next(
-        run, tmp_path, monkeypatch, capsys):
+        tiny_run, tmp_path, monkeypatch, capsys):
     checkpoint_dir, export_dir = str(tmp_path / 'train'), str(tmp_path / 'serving')
     os.makedirs(checkpoint_dir)
-    listener = onu_serving.PeriodicExportListener(checkpoint_dir, run.config, export_dir,
+    listener = onu_serving.PeriodicExportListener(checkpoint_dir, tiny_run.config, export_dir,
                                                  every_n_epochs=1, examples_per_step=BATCH_SIZE)
     failures = [OSError('No space left on device')]
     publish = onu_serving._publish
@@ -228,7 +194,7 @@ def test_listener_exports_at_boundaries_and_a_failure_does_not_block_the_next(
     monkeypatch.setattr(onu_serving, '_publish', publish_or_fail)
 
     for step in (0, 2, 4, 10):  # as the saver would call it; an epoch is 2 steps
-        tf.compat.v1.train.update_checkpoint_state(checkpoint_dir, checkpoint(run, step))
+        tf.compat.v1.train.update_checkpoint_state(checkpoint_dir, checkpoint(tiny_run, step))
         assert listener.after_save(None, step) is None  # never asks training to stop
 
     # step 2 failed; 4 exported; 10 is the first checkpoint after the boundaries at 6 and 8.
@@ -242,16 +208,16 @@ def test_listener_exports_at_boundaries_and_a_failure_does_not_block_the_next(
     warnings = [line for line in capsys.readouterr().err.splitlines() if 'warning:' in line]
     assert len(warnings) == 1
     assert 'export of step 2 failed' in warnings[0]
-    assert f'--checkpoint_path={checkpoint(run, 2)}' in warnings[0]
+    assert f'--checkpoint_path={checkpoint(tiny_run, 2)}' in warnings[0]
 
 
-def test_listener_does_not_export_the_checkpoint_training_resumes_from(run, tmp_path):
+def test_listener_does_not_export_the_checkpoint_training_resumes_from(tiny_run, tmp_path):
     checkpoint_dir, export_dir = str(tmp_path / 'train'), str(tmp_path / 'serving')
     os.makedirs(checkpoint_dir)
-    listener = onu_serving.PeriodicExportListener(checkpoint_dir, run.config, export_dir,
+    listener = onu_serving.PeriodicExportListener(checkpoint_dir, tiny_run.config, export_dir,
                                                  every_n_epochs=2, examples_per_step=BATCH_SIZE)
     for step in (6, 8, 10):  # resumed at 6; boundaries every 4 steps
-        tf.compat.v1.train.update_checkpoint_state(checkpoint_dir, checkpoint(run, step))
+        tf.compat.v1.train.update_checkpoint_state(checkpoint_dir, checkpoint(tiny_run, step))
         listener.after_save(None, step)
     assert [step for step, _ in onu_serving.version_dirs(export_dir)] == [8]
 
@@ -267,27 +233,27 @@ def write_checkpoint_without_moving_averages(directory):
                                                    global_step=global_step)
 
 
-def test_checkpoint_without_moving_averages_needs_allow_raw_weights(run, tmp_path):
+def test_checkpoint_without_moving_averages_needs_allow_raw_weights(tiny_run, tmp_path):
     path = write_checkpoint_without_moving_averages(str(tmp_path))
     export_dir = str(tmp_path / 'serving')
     with pytest.raises(onu_dataset.DataError, match='no moving average of SmallNet/.*--allow_raw_weights'):
-        onu_serving.export_saved_model(path, run.config, export_dir)
+        onu_serving.export_saved_model(path, tiny_run.config, export_dir)
     assert not os.path.exists(os.path.join(export_dir, '0'))
 
-    version_dir = onu_serving.export_saved_model(path, run.config, export_dir, allow_raw_weights=True)
+    version_dir = onu_serving.export_saved_model(path, tiny_run.config, export_dir, allow_raw_weights=True)
     assert onu_serving.load_export_config(version_dir).export['weights'] == onu_checkpoint.WEIGHTS_RAW
 
 
-def test_checkpoint_of_another_model_is_a_clear_error(run, tmp_path):
-    three_classes = run.config.replace(class_names=['F603', 'F663N', 'HG8245'])
+def test_checkpoint_of_another_model_is_a_clear_error(tiny_run, tmp_path):
+    three_classes = tiny_run.config.replace(class_names=['F603', 'F663N', 'HG8245'])
     with pytest.raises(onu_dataset.DataError, match=r'model.ckpt-12: SmallNet/Logits/weights has shape '
                                                     r'\[256, 2\] but the model needs \[256, 3\]'):
-        onu_serving.export_saved_model(checkpoint(run, MAX_STEPS), three_classes, str(tmp_path))
+        onu_serving.export_saved_model(checkpoint(tiny_run, MAX_STEPS), three_classes, str(tmp_path))
     assert listing(tmp_path) == []
 
 
-def test_saved_model_cli_shows_and_runs_both_signatures(run, tmp_path):
-    version_dir = os.path.join(run.export_dir, str(MAX_STEPS))
+def test_saved_model_cli_shows_and_runs_both_signatures(tiny_run, tmp_path):
+    version_dir = os.path.join(tiny_run.export_dir, str(MAX_STEPS))
     shown = run_script('saved_model_cli', 'show', '--all', '--dir', version_dir)
     assert shown.returncode == 0, shown.stderr[-2000:]
     for text in ("signature_def['serving_default']", "signature_def['predict_images']",
@@ -295,7 +261,7 @@ def test_saved_model_cli_shows_and_runs_both_signatures(run, tmp_path):
                  "outputs['classes']", "outputs['class_names']", 'shape: (-1, 32, 32, 3)'):
         assert text in shown.stdout
 
-    paths = val_files(run)[:3]
+    paths = val_files(tiny_run)[:3]
     inputs = str(tmp_path / 'image_bytes.npy')
     np.save(inputs, np.array(read_bytes(paths), dtype=object), allow_pickle=True)
     result = run_script('saved_model_cli', 'run', '--dir', version_dir, '--tag_set', 'serve',
@@ -309,12 +275,12 @@ def test_saved_model_cli_shows_and_runs_both_signatures(run, tmp_path):
                                   expected['class_names'])
 
 
-def test_export_script_exports_the_latest_checkpoint(run, tmp_path):
+def test_export_script_exports_the_latest_checkpoint(tiny_run, tmp_path):
     export_dir = str(tmp_path / 'serving')
-    result = run_script('onu_export.py', f'--checkpoint_dir={run.train_dir}', f'--export_dir={export_dir}')
+    result = run_script('onu_export.py', f'--checkpoint_dir={tiny_run.train_dir}', f'--export_dir={export_dir}')
     assert result.returncode == 0, result.stderr[-2000:]
     assert listing(export_dir) == [str(MAX_STEPS)]
-    assert f'Exported {checkpoint(run, MAX_STEPS)} (small 32x32, moving_averages weights' in result.stdout
+    assert f'Exported {checkpoint(tiny_run, MAX_STEPS)} (small 32x32, moving_averages weights' in result.stdout
 
 
 

@@ -5,15 +5,13 @@ Without GPUs the towers run on the CPU, which is how the tower logic is tested h
 import json
 import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 import tf_slim as slim
 
-from conftest import REPO_ROOT
+from conftest import run_script
 from test_onu_train import checkpoint_step, event_tags
 
 import onu_sample_data
@@ -22,16 +20,8 @@ import onu_model
 import onu_multi_gpu_train
 import onu_run_config
 
-TIMEOUT_SECS = 300
 TINY_FLAGS = ['--image_size=32', '--batch_size=2', '--log_frequency=1', '--save_summaries_steps=1',
               '--save_checkpoint_secs=600']
-
-
-def run_script(script, *args):
-    """Runs a repo script with args; returns the CompletedProcess (text output)."""
-    env = dict(os.environ)
-    return subprocess.run([sys.executable, os.path.join(REPO_ROOT, script), *args], capture_output=True,
-                          text=True, timeout=TIMEOUT_SECS, env=env, cwd=REPO_ROOT)
 
 
 def device_type(device):

@@ -1,4 +1,7 @@
-"""Tests of onu_predict.py: a small model trained in-process, exported, run on good and bad photos."""
+"""Tests of onu_predict.py: conftest's shared tiny run (its checkpoints and exports) on good and bad photos.
+
+The run's newest export and its latest checkpoint are both of step 12; an older export is of step 8.
+"""
 import io
 import json
 import os
@@ -9,52 +12,22 @@ from PIL import Image
 import pytest
 import tensorflow as tf
 
-from test_onu_export import IMAGE_SIZE, eval_graph_softmax, run_script
+from conftest import run_script
+from test_onu_export import eval_graph_softmax
 
 import onu_records
 import onu_dataset
 import onu_input
-import onu_model
 import onu_predict
-import onu_run_config
 import onu_serving
 
 CLASS_NAMES = ['F603', 'F663N']
-MOVING_AVERAGE_DECAY = 0.9999
-
-
-def train_small_model(train_dir, steps=4, save_every=2):
-    """Trains the small model a few steps on random images; saves checkpoints and the run configuration."""
-    with tf.Graph().as_default():
-        tf.compat.v1.set_random_seed(0)
-        global_step = tf.compat.v1.train.get_or_create_global_step()
-        images = tf.random.uniform([8, IMAGE_SIZE, IMAGE_SIZE, 3], -1.0, 1.0)
-        labels = tf.random.uniform([8], 0, len(CLASS_NAMES), tf.int32)
-        logits, end_points = onu_model.inference(images, len(CLASS_NAMES), 'small', is_training=True)
-        optimizer = onu_model.make_optimizer('momentum', 0.1)
-        grads_and_vars = optimizer.compute_gradients(onu_model.loss(logits, labels, end_points))
-        train_op = onu_model.build_train_op(optimizer, grads_and_vars, global_step, MOVING_AVERAGE_DECAY)
-        saver = tf.compat.v1.train.Saver(max_to_keep=None)
-        with tf.compat.v1.Session() as session:
-            session.run(tf.compat.v1.global_variables_initializer())
-            for step in range(1, steps + 1):
-                session.run(train_op)
-                if step % save_every == 0:
-                    saver.save(session, os.path.join(train_dir, 'model.ckpt'), global_step=global_step)
-    onu_run_config.RunConfig(model='small', image_size=IMAGE_SIZE, class_names=CLASS_NAMES,
-                             num_examples_per_epoch=16, moving_average_decay=MOVING_AVERAGE_DECAY).save(train_dir)
 
 
 @pytest.fixture(scope='module')
-def model(tmp_path_factory):
-    """A train_dir with checkpoints at steps 2 and 4, both exported to train_dir/export."""
-    train_dir = str(tmp_path_factory.mktemp('predict') / 'train')
-    train_small_model(train_dir)
-    run_config = onu_run_config.RunConfig.load(train_dir)
-    export_dir = onu_serving.default_export_dir(train_dir)
-    for step in (2, 4):
-        onu_serving.export_saved_model(os.path.join(train_dir, f'model.ckpt-{step}'), run_config, export_dir)
-    return train_dir
+def model(tiny_run):
+    """The shared run's train_dir: checkpoints up to step 12, exported at 4, 8 and 12 to train_dir/export."""
+    return tiny_run.train_dir
 
 
 def version(model, step):
@@ -100,7 +73,7 @@ def photo_folder(messy_data_dir, tmp_path):
 
 def test_bad_files_get_one_error_line_each_and_the_rest_are_classified(model, photo_folder, messy_files):
     missing = os.path.join(photo_folder, 'not_there.jpg')
-    code, lines, errors = predict([photo_folder, missing], version(model, 4), batch_size=3)
+    code, lines, errors = predict([photo_folder, missing], version(model, 12), batch_size=3)
 
     assert code == 0
     usable = sorted(os.path.join(photo_folder, name) for name, reason in messy_files.items()
@@ -119,18 +92,18 @@ def test_bad_files_get_one_error_line_each_and_the_rest_are_classified(model, ph
     assert all('\n' not in reason and len(reason) < 300 for reason in reasons.values())
 
 
-def test_predictions_equal_the_eval_softmax_on_the_same_photos(model, messy_data_dir, tmp_path):
+def test_predictions_equal_the_eval_softmax_on_the_same_photos(model, tiny_run, messy_data_dir, tmp_path):
     data_dir = str(tmp_path / 'data')
     shutil.copytree(messy_data_dir, data_dir)
     onu_records.convert(data_dir, formats=('encoded',), num_shards=1, processes=1)
     info = onu_input.dataset_info(data_dir, 'encoded', 'train')
-    expected, _ = eval_graph_softmax(os.path.join(model, 'model.ckpt-4'), MOVING_AVERAGE_DECAY,
+    expected, _ = eval_graph_softmax(os.path.join(model, 'model.ckpt-12'), tiny_run.config.moving_average_decay,
                                      data_dir, 'encoded', 'train')
     filenames = [tf.train.Example.FromString(record.numpy()).features.feature[onu_dataset.KEY_FILENAME]
                  .bytes_list.value[0].decode() for record in tf.data.TFRecordDataset(list(info.files))]
     assert 'train/F603/exif_rotated.jpg' in filenames and len(filenames) == len(expected)
 
-    predicted = predicted_probabilities([os.path.join(data_dir, 'train')], version(model, 4))
+    predicted = predicted_probabilities([os.path.join(data_dir, 'train')], version(model, 12))
 
     for filename, probabilities in zip(filenames, expected):
         np.testing.assert_allclose(predicted[os.path.join(data_dir, filename)], probabilities, atol=1e-5,
@@ -143,16 +116,17 @@ def test_export_folder_uses_the_newest_version_and_train_dir_its_latest_checkpoi
         predicted = predicted_probabilities(photos, model_dir)
         assert list(predicted) == photos
         return np.array(list(predicted.values()))
-    newest = probabilities(version(model, 4))
+    newest = probabilities(version(model, 12))
     np.testing.assert_allclose(probabilities(onu_serving.default_export_dir(model)), newest, atol=1e-6)
     np.testing.assert_allclose(probabilities(model), newest, atol=1e-5)  # built from the checkpoint
-    assert np.abs(probabilities(version(model, 2)) - newest).max() > 1e-4
+    assert np.abs(probabilities(version(model, 8)) - newest).max() > 1e-4
 
 
 def test_nothing_classified_exits_1_and_a_bad_model_dir_exits_2(model, photo_folder, tmp_path):
-    code, lines, errors = predict([os.path.join(photo_folder, 'empty.jpg')], version(model, 4))
+    code, lines, errors = predict([os.path.join(photo_folder, 'empty.jpg')], version(model, 12))
     assert (code, lines) == (1, [])
-    assert errors == [f'Classifying with the SavedModel {version(model, 4)}',f'error: {photo_folder}/empty.jpg: empty file',
+    assert errors == [f'Classifying with the SavedModel {version(model, 12)}',
+                      f'error: {photo_folder}/empty.jpg: empty file',
                       'error: none of the 1 paths could be classified']
 
     code, _, errors = predict([photo_folder], str(tmp_path))
@@ -160,7 +134,7 @@ def test_nothing_classified_exits_1_and_a_bad_model_dir_exits_2(model, photo_fol
     assert errors == [f'error: {tmp_path}: neither a SavedModel, nor a folder of exported versions, nor a '
                       f'training run; pass --model_dir=<train_dir>/export (after python onu_export.py) or '
                       f'the --train_dir of onu_train.py']
-    assert predict([], version(model, 4))[0] == 2
+    assert predict([], version(model, 12))[0] == 2
 
 
 def test_script_prints_json_lines_and_errors(model, photo_folder):
@@ -175,4 +149,4 @@ def test_script_prints_json_lines_and_errors(model, photo_folder):
     assert sum(classified['probabilities'].values()) == pytest.approx(1.0, abs=1e-6)
     assert failed == {'path': empty, 'error': 'empty file'}
     assert f'error: {empty}: empty file' in result.stderr.splitlines()
-    assert f'Classifying with the SavedModel {version(model, 4)}\n' in result.stderr  # the newest
+    assert f'Classifying with the SavedModel {version(model, 12)}\n' in result.stderr  # the newest

@@ -1,33 +1,31 @@
-"""Tests of onu_train.py: runs the real script on tiny generated data in a temp dir."""
+"""Tests of onu_train.py: the shared tiny run (conftest's tiny_run), copies of it and new runs on its data."""
 import json
 import os
 import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, TINY_RUN_NOTES, copy_train_dir, run_script, script_command
 
 import onu_dataset
 import onu_model
 import onu_run_config
 
 TIMEOUT_SECS = 240
-TINY_FLAGS = ['--image_size=32', '--batch_size=4', '--log_frequency=1', '--save_summaries_steps=1',
+# The shared run's input size and batch; checkpoints only at the start and the end of a run.
+TINY_FLAGS = ['--image_size=32', '--batch_size=8', '--log_frequency=1', '--save_summaries_steps=1',
               '--save_checkpoint_secs=600']
 
 
-def run_train(*args, timeout=TIMEOUT_SECS):
-    """Runs onu_train.py with args; returns the CompletedProcess (text output)."""
-    env = dict(os.environ)
-    return subprocess.run([sys.executable, os.path.join(REPO_ROOT, 'onu_train.py'), *TINY_FLAGS, *args],
-                          capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO_ROOT)
+def run_train(*args):
+    """Runs onu_train.py with TINY_FLAGS and args; returns the CompletedProcess (text output)."""
+    return run_script('onu_train.py', *TINY_FLAGS, *args, timeout=TIMEOUT_SECS)
 
 
 def logged_steps(stdout):
@@ -54,29 +52,14 @@ def event_tags(train_dir):
     return tags
 
 
-@pytest.fixture(scope='module')
-def trained(tmp_path_factory):
-    """A tiny dataset and a 6-step training run on it: (data_dir, train_dir, completed process)."""
-    root = tmp_path_factory.mktemp('train')
-    data_dir = str(root / 'data')
-    import onu_sample_data
-    onu_sample_data.generate_dataset(data_dir, 4, 2, (64, 48), seed=0, processes=1)
-    train_dir = str(root / 'train')
-    os.makedirs(train_dir)
-    with open(os.path.join(train_dir, 'notes.txt'), 'w') as f:
-        f.write('mine')
-    result = run_train(f'--data_dir={data_dir}', f'--train_dir={train_dir}', '--max_steps=6', '--seed=1')
-    return data_dir, train_dir, result
-
-
-def test_training_writes_checkpoint_events_and_config(trained):
-    data_dir, train_dir, result = trained
+def test_training_writes_checkpoint_events_and_config(tiny_run):
+    data_dir, train_dir, result = tiny_run.data_dir, tiny_run.train_dir, tiny_run.result
     assert result.returncode == 0, result.stderr[-3000:]
     assert 'no encoded records: converting them now' in result.stdout
     assert os.path.isfile(os.path.join(data_dir, 'tfrecords', 'manifest.json'))
     assert '--model not given: using small (no GPU visible)' in result.stdout
-    assert logged_steps(result.stdout) == [2, 3, 4, 5, 6]
-    assert checkpoint_step(train_dir) == 6
+    assert logged_steps(result.stdout) == list(range(2, 13))
+    assert checkpoint_step(train_dir) == 12
     tags = event_tags(train_dir)
     for tag in ('losses/total', 'losses/cross_entropy', 'losses/regularization', 'learning_rate',
                 'training_batch/precision_at_1', 'examples/sec'):
@@ -90,33 +73,30 @@ def test_training_writes_checkpoint_events_and_config(trained):
     assert run_config.image_size == 32
     assert run_config.class_names == ('F603', 'F663N')
     assert run_config.num_classes == 2
-    assert run_config.num_examples_per_epoch == 8
+    assert run_config.num_examples_per_epoch == 16
     assert run_config.data_format == 'encoded'
-    assert run_config.flags['batch_size'] == 4
-    assert run_config.flags['max_steps'] == 6
+    assert run_config.flags['batch_size'] == 8
+    assert run_config.flags['max_steps'] == 12
     assert 'checkpoint_path' not in run_config.flags  # deprecated spellings are not saved
     with open(os.path.join(train_dir, 'notes.txt')) as f:
-        assert f.read() == 'mine'  # training never clears the user's train_dir
+        assert f.read() == TINY_RUN_NOTES  # training never clears the user's train_dir
 
 
-def test_restart_resumes_from_saved_global_step(trained, tmp_path):
-    data_dir, train_dir, _ = trained
-    resumed_dir = str(tmp_path / 'train')
-    shutil.copytree(train_dir, resumed_dir)
-    result = run_train(f'--data_dir={data_dir}', f'--train_dir={resumed_dir}', '--max_steps=9')
+def test_restart_resumes_from_saved_global_step(tiny_run, tmp_path):
+    resumed_dir = copy_train_dir(tiny_run, tmp_path)
+    result = run_train(f'--data_dir={tiny_run.data_dir}', f'--train_dir={resumed_dir}', '--max_steps=15')
     assert result.returncode == 0, result.stderr[-3000:]
-    assert logged_steps(result.stdout) == [8, 9]
-    assert checkpoint_step(resumed_dir) == 9
+    assert logged_steps(result.stdout) == [14, 15]
+    assert checkpoint_step(resumed_dir) == 15
 
 
-def test_restart_after_kill_resumes_from_last_checkpoint(trained, tmp_path):
-    data_dir, _, _ = trained
+def test_restart_after_kill_resumes_from_last_checkpoint(tiny_run, tmp_path):
+    data_dir = tiny_run.data_dir
     train_dir = str(tmp_path / 'train')
-    env = dict(os.environ)
     process = subprocess.Popen(
-        [sys.executable, os.path.join(REPO_ROOT, 'onu_train.py'), *TINY_FLAGS, f'--data_dir={data_dir}',
-         f'--train_dir={train_dir}', '--max_steps=100000', '--save_checkpoint_steps=5'],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=REPO_ROOT)
+        script_command('onu_train.py', *TINY_FLAGS, f'--data_dir={data_dir}', f'--train_dir={train_dir}',
+                       '--max_steps=100000', '--save_checkpoint_steps=5'),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO_ROOT)
     try:
         deadline = time.time() + TIMEOUT_SECS
         while time.time() < deadline:
@@ -136,20 +116,20 @@ def test_restart_after_kill_resumes_from_last_checkpoint(trained, tmp_path):
     assert logged_steps(result.stdout) == [saved + 2, saved + 3]
 
 
-def test_resuming_with_other_image_size_is_a_clear_error(trained):
-    data_dir, train_dir, _ = trained
-    result = run_train(f'--data_dir={data_dir}', f'--train_dir={train_dir}', '--max_steps=8',
+def test_resuming_with_other_image_size_is_a_clear_error(tiny_run, tmp_path):
+    train_dir = copy_train_dir(tiny_run, tmp_path)
+    result = run_train(f'--data_dir={tiny_run.data_dir}', f'--train_dir={train_dir}', '--max_steps=14',
                        '--image_size=48')
     assert result.returncode == 2
     message = result.stderr.strip().splitlines()[-1]
     assert message.startswith(f'error: {train_dir} holds a run with image_size=32, not 48')
     assert '--train_dir' in message
-    assert checkpoint_step(train_dir) == 6
+    assert checkpoint_step(train_dir) == 12
     assert 'Traceback' not in result.stderr
 
 
-def test_fine_tune_with_other_class_count_uses_exclude_scopes(trained, tmp_path):
-    data_dir, train_dir, _ = trained
+def test_fine_tune_with_other_class_count_uses_exclude_scopes(tiny_run, tmp_path):
+    data_dir, train_dir = tiny_run.data_dir, tiny_run.train_dir
     three_class_dir = str(tmp_path / 'three')
     shutil.copytree(data_dir, three_class_dir, ignore=shutil.ignore_patterns('tfrecords'))
     for split in ('train', 'val'):
@@ -178,10 +158,9 @@ def test_fine_tune_with_other_class_count_uses_exclude_scopes(trained, tmp_path)
     assert start.get_tensor('SmallNet/Logits/weights').shape[-1] == 3
 
 
-def test_nan_loss_stops_with_step_and_learning_rate(trained, tmp_path):
-    data_dir, _, _ = trained
+def test_nan_loss_stops_with_step_and_learning_rate(tiny_run, tmp_path):
     train_dir = str(tmp_path / 'nan')
-    result = run_train(f'--data_dir={data_dir}', f'--train_dir={train_dir}', '--max_steps=50',
+    result = run_train(f'--data_dir={tiny_run.data_dir}', f'--train_dir={train_dir}', '--max_steps=50',
                        '--optimizer=sgd', '--learning_rate=1e30', '--learning_rate_schedule=fixed')
     assert result.returncode == 1
     message = result.stderr.strip().splitlines()[-1]
@@ -242,8 +221,8 @@ def _checkpoint_dtypes(train_dir):
     return {name: dtype.name for name, dtype in reader.get_variable_to_dtype_map().items()}
 
 
-def test_precision_is_printed_and_saved_and_runs_resume_in_the_other(trained, tmp_path):
-    data_dir, train_dir, result = trained
+def test_precision_is_printed_and_saved_and_runs_resume_in_the_other(tiny_run, tmp_path):
+    data_dir, train_dir, result = tiny_run.data_dir, tiny_run.train_dir, tiny_run.result
     assert result.returncode == 0, result.stderr[-3000:]
     hardware = onu_model.detect_hardware()
     expected, _ = onu_model.choose_precision('auto', hardware)  # the default --precision=auto
@@ -257,12 +236,11 @@ def test_precision_is_printed_and_saved_and_runs_resume_in_the_other(trained, tm
     assert not any('loss_scale' in name or 'good_steps' in name for name in dtypes)
 
     other = 'float32' if expected.name == 'mixed' else 'mixed'
-    resumed_dir = str(tmp_path / 'resumed')
-    shutil.copytree(train_dir, resumed_dir)
-    resumed = run_train(f'--data_dir={data_dir}', f'--train_dir={resumed_dir}', '--max_steps=8',
+    resumed_dir = copy_train_dir(tiny_run, tmp_path, 'resumed')
+    resumed = run_train(f'--data_dir={data_dir}', f'--train_dir={resumed_dir}', '--max_steps=14',
                         f'--precision={other}')
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert logged_steps(resumed.stdout)[-1] == 8 and checkpoint_step(resumed_dir) == 8
+    assert logged_steps(resumed.stdout)[-1] == 14 and checkpoint_step(resumed_dir) == 14
     assert _checkpoint_dtypes(resumed_dir) == dtypes  # the same float32 variables, whatever computed them
     if other == 'mixed' and not hardware.cpu_bfloat16_flags:  # no fast path: one warning, then float32
         warnings = [line for line in resumed.stderr.splitlines() if '--precision=mixed' in line]
@@ -270,20 +248,18 @@ def test_precision_is_printed_and_saved_and_runs_resume_in_the_other(trained, tm
         assert onu_run_config.RunConfig.load(resumed_dir).precision == 'float32'
 
 
-def test_xla_trains_and_writes_the_same_variables(trained, tmp_path):
-    data_dir, train_dir, _ = trained
+def test_xla_trains_and_writes_the_same_variables(tiny_run, tmp_path):
     xla_dir = str(tmp_path / 'xla')
-    result = run_train(f'--data_dir={data_dir}', f'--train_dir={xla_dir}', '--max_steps=3', '--xla',
+    result = run_train(f'--data_dir={tiny_run.data_dir}', f'--train_dir={xla_dir}', '--max_steps=3', '--xla',
                        '--precision=float32')
     assert result.returncode == 0, result.stderr[-3000:]
     assert checkpoint_step(xla_dir) == 3
-    assert _checkpoint_dtypes(xla_dir) == _checkpoint_dtypes(train_dir)
+    assert _checkpoint_dtypes(xla_dir) == _checkpoint_dtypes(tiny_run.train_dir)
     assert onu_run_config.RunConfig.load(xla_dir).flags['xla'] is True
 
 
-def test_bad_precision_is_a_one_line_error(trained, tmp_path):
-    data_dir, _, _ = trained
-    result = run_train(f'--data_dir={data_dir}', f'--train_dir={tmp_path / "bad"}', '--precision=half')
+def test_bad_precision_is_a_one_line_error(tiny_run, tmp_path):
+    result = run_train(f'--data_dir={tiny_run.data_dir}', f'--train_dir={tmp_path / "bad"}', '--precision=half')
     assert result.returncode != 0
     lines = [line for line in result.stderr.splitlines() if '--precision=half' in line]
     assert len(lines) == 1 and 'auto|float32|mixed' in lines[0]
