@@ -3,16 +3,16 @@
 import hashlib
 import os
 import shutil
+import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 from PIL import Image
 
-from conftest import run_script
+from conftest import REPO_ROOT, run_script
 
 import onu_records
-from conftest import REPO_ROOT
 import onu_dataset
 
 SCRIPT = 'convert_to_tfrecord.py'
@@ -384,6 +384,11 @@ def test_count_records_counts_only_complete_records(tmp_path, compression):
             assert onu_records.count_records(path, compression) == complete, cut
 
 
+def run_with_import_log(script, *args):
+    """Runs a repo script under `python -X importtime` (each process logs its imports to stderr)."""
+    return run_script(sys.executable, '-X', 'importtime', os.path.join(REPO_ROOT, script), *args)
+
+
 def imports_by_process(stderr, module):
     """Returns how many processes imported module, from `python -X importtime` output (its top-level line)."""
     return sum(1 for line in stderr.splitlines() if line.startswith('import time:') and line.split('|')[-1].strip() == module)
@@ -393,22 +398,20 @@ def test_workers_of_the_data_scripts_and_of_training_never_import_tensorflow(mak
     """Generation, conversion and training's on-demand conversion start worker processes without TensorFlow."""
     # -X importtime is passed on to the spawned workers, which log their imports to the same stderr.
     data_dir = str(tmp_path / 'data')
-    generated = subprocess.run([sys.executable, '-X', 'importtime', os.path.join(REPO_ROOT, 'make_sample_data.py'),
-                                f'--data_dir={data_dir}', '--train_per_class=2', '--val_per_class=1',
-                                '--photo_size=64x48', '--processes=2'], capture_output=True, text=True, timeout=300)
+    generated = run_with_import_log('make_sample_data.py', f'--data_dir={data_dir}', '--train_per_class=2',
+                                    '--val_per_class=1', '--photo_size=64x48', '--processes=2')
     assert generated.returncode == 0, generated.stderr[-3000:]
     assert imports_by_process(generated.stderr, 'onu_sample_data') == 3  # this process and 2 workers
     assert imports_by_process(generated.stderr, 'tensorflow') == 0
-    converted = subprocess.run([sys.executable, '-X', 'importtime', SCRIPT, f'--data_dir={data_dir}',
-                                '--format=raw', '--processes=2'], capture_output=True, text=True, timeout=300)
+    converted = run_with_import_log('convert_to_tfrecord.py', f'--data_dir={data_dir}', '--format=raw',
+                                    '--processes=2')
     assert converted.returncode == 0, converted.stderr[-3000:]
     assert imports_by_process(converted.stderr, 'onu_records') == 3
     assert imports_by_process(converted.stderr, 'tensorflow') == 1  # only this process, to verify the shards
     fresh_dir = make_tiny_dataset('fresh')  # no records yet: training converts them
-    trained = subprocess.run([sys.executable, '-X', 'importtime', os.path.join(REPO_ROOT, 'onu_train.py'),
-                              f'--data_dir={fresh_dir}', f'--train_dir={tmp_path / "train"}', '--data_format=raw',
-                              '--max_steps=1', '--image_size=32', '--batch_size=2', '--model=small'],
-                             capture_output=True, text=True, timeout=300)
+    trained = run_with_import_log('onu_train.py', f'--data_dir={fresh_dir}', f'--train_dir={tmp_path / "train"}',
+                                  '--data_format=raw', '--max_steps=1', '--image_size=32', '--batch_size=2',
+                                  '--model=small')
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert 'no raw records: converting them now' in trained.stdout
     assert imports_by_process(trained.stderr, 'onu_records') >= 2  # training converted with worker processes

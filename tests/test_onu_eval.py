@@ -448,8 +448,8 @@ def run_on_a_terminal(command):
 def test_progress_shows_on_a_terminal_only(polled_run, tmp_path):
     _, train_dir, _, result = polled_run
     assert 'evaluating' not in result.stdout + result.stderr  # pipes: no progress display
-    code, output = run_on_a_terminal(eval_command(f'--checkpoint_dir={train_dir}', f'--eval_dir={tmp_path}',
-                                                  '--run_once', '--batch_size=2'))
+    code, output = run_on_a_terminal(script_command('onu_eval.py', f'--checkpoint_dir={train_dir}',
+                                                    f'--eval_dir={tmp_path}', '--run_once', '--batch_size=2'))
     assert code == 0, output
     assert 'evaluating:' in output and f'/{len(CLASS_NAMES) * VAL_PER_CLASS} [' in output and 'photo/s' in output
     assert 'precision @ 1 = ' in output

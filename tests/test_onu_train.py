@@ -279,19 +279,14 @@ def lines_before_the_first_step(output):
     return lines[:first_step]
 
 
-def test_main_job_starts_quietly_and_verbose_shows_everything(trained, tmp_path):
-    data_dir, _, _ = trained
-    command = [sys.executable, os.path.join(REPO_ROOT, 'onu_train.py'), *TINY_FLAGS, f'--data_dir={data_dir}',
-               '--max_steps=3']
+def test_main_job_starts_quietly_and_verbose_shows_everything(tiny_run, tmp_path):
     env = {name: value for name, value in os.environ.items() if not name.startswith(('TF_CPP', 'ONU_'))}
-    quiet = subprocess.run(command + [f'--train_dir={tmp_path / "quiet"}'], stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True, timeout=TIMEOUT_SECS, env=env, cwd=REPO_ROOT)
-    assert quiet.returncode == 0, quiet.stdout[-3000:]
-    start = lines_before_the_first_step(quiet.stdout)
+    args = [*TINY_FLAGS, f'--data_dir={tiny_run.data_dir}', '--max_steps=3']
+    quiet = run_script('onu_train.py', *args, f'--train_dir={tmp_path / "quiet"}', env=env)
+    assert quiet.returncode == 0, quiet.stderr[-3000:]
+    start = lines_before_the_first_step(quiet.stdout) + quiet.stderr.splitlines()  # stderr: before any step too
     assert [line for line in start if NOISE_LINE.search(line)] == []
     assert start[0].startswith('GPUs: ') and any(line.startswith('Training small at 32x32') for line in start)
-    verbose = subprocess.run(command + [f'--train_dir={tmp_path / "verbose"}', '--verbose'],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=TIMEOUT_SECS,
-                             env=env, cwd=REPO_ROOT)
-    assert verbose.returncode == 0, verbose.stdout[-3000:]
-    assert [line for line in lines_before_the_first_step(verbose.stdout) if NOISE_LINE.search(line)]
+    verbose = run_script('onu_train.py', *args, f'--train_dir={tmp_path / "verbose"}', '--verbose', env=env)
+    assert verbose.returncode == 0, verbose.stderr[-3000:]
+    assert [line for line in verbose.stderr.splitlines() if NOISE_LINE.search(line)]
