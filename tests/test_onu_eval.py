@@ -82,10 +82,13 @@ def event_summaries(eval_dir):
             for value in event.summary.value:
                 # FileWriter keeps a tag's plugin metadata on its first occurrence only.
                 plugins.setdefault(value.tag, value.metadata.plugin_data.plugin_name)
-                if value.WhichOneof('value') == 'simple_value':
+                kind = value.WhichOneof('value')
+                if kind == 'simple_value':
                     found[value.tag, event.step] = value.simple_value
-                else:
+                elif kind == 'tensor' and value.tensor.string_val:  # text
                     found[value.tag, event.step] = value.tensor.string_val[0].decode()
+                else:  # an image, or a PR curve's tensor
+                    found[value.tag, event.step] = kind
     return found, plugins
 
 
@@ -297,6 +300,7 @@ def test_summaries_are_written_at_each_checkpoints_global_step(polled_run):
     _, _, eval_dir, _ = polled_run
     summaries, plugins = event_summaries(eval_dir)
     assert plugins[onu_eval.CONFUSION_MATRIX_TAG] == 'text'
+    assert plugins['pr_curves/F603'] == plugins['pr_curves/F663N'] == 'pr_curves'
     for entry in read_results(eval_dir):
         step = entry['step']
         assert summaries[onu_eval.PRECISION_TAG, step] == pytest.approx(entry['precision_at_1'])
@@ -306,6 +310,8 @@ def test_summaries_are_written_at_each_checkpoints_global_step(polled_run):
         table = summaries[onu_eval.CONFUSION_MATRIX_TAG, step]
         for name, row in zip(CLASS_NAMES, entry['confusion_matrix']):
             assert f'| **{name}** | {row[0]} | {row[1]} |' in table
+        assert summaries['eval/confusion_matrix_image', step] == 'image'
+        assert (summaries.get(('eval/mistakes', step)) == 'image') == bool(entry['misclassified'])
 
 
 def test_checkpoint_deleted_while_read_is_skipped_for_the_newest(tiny_run, tmp_path):
