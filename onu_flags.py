@@ -130,7 +130,7 @@ def define_training_flags():
     flags.DEFINE_boolean('reduced_decode', False,
                          'Decode training JPEGs at a reduced DCT scale (1/2, 1/4 or 1/8, as --image_size '
                          'allows): less CPU per photo, but smoother pixels than evaluation\'s exact decode; on '
-                         'the sample data at 64x64 it cost 5 points of precision (README).')
+                         'the sample data at 64x64 it cost 5-7 points of precision (BENCHMARKS.md).')
     define_precision_flag(
         'auto', 'float32; mixed: bfloat16 compute through oneDNN on the CPU, float16 with dynamic loss '
         'scaling on a GPU (variables and checkpoints stay float32); auto: mixed where the hardware has a '
