@@ -150,6 +150,7 @@ def run_predictions(session, fetches, limit, max_mistakes):
     the photos of the current worst max_mistakes mistakes are kept, so memory stays bounded.
     """
     filenames, labels, probabilities, kept_images, loss_sum = [], [], [], {}, 0.0
+    chosen = []
     with tqdm(total=limit, unit='photo', desc='evaluating', leave=False, disable=not show_progress()) as bar:
         while len(labels) < limit:
             try:
@@ -162,7 +163,9 @@ def run_predictions(session, fetches, limit, max_mistakes):
             labels += batch['labels'][:keep].tolist()
             probabilities += list(batch['probabilities'][:keep])
             loss_sum += float(np.sum(batch['losses'][:keep], dtype=np.float64))
-            chosen = onu_eval_summaries.select_mistakes(filenames, labels, np.array(probabilities), max_mistakes)
+            # The worst mistakes so far are among those kept and this batch's: only these are ranked again.
+            chosen = worst_mistakes(sorted(chosen) + list(range(first, first + keep)),
+                                    filenames, labels, probabilities, max_mistakes)
             kept_images = {index: kept_images[index] if index < first else batch['images'][index - first]
                            for index in chosen}
             bar.update(keep)
@@ -170,8 +173,19 @@ def run_predictions(session, fetches, limit, max_mistakes):
     labels = np.array(labels, np.int64)
     mistakes = [onu_eval_summaries.Mistake.from_prediction(filenames[index], model_input_photo(kept_images[index]),
                                                            labels[index], probabilities[index])
-                for index in onu_eval_summaries.select_mistakes(filenames, labels, probabilities, max_mistakes)]
+                for index in chosen]
     return Predictions(filenames, labels, probabilities, mistakes), loss_sum
+
+
+def worst_mistakes(candidates, filenames, labels, probabilities, max_mistakes):
+    """Returns the indices of the max_mistakes most confident mistakes among candidates (ascending indices)."""
+    if not candidates:
+        return []
+    ranked = onu_eval_summaries.select_mistakes([filenames[index] for index in candidates],
+                                                [labels[index] for index in candidates],
+                                                np.array([probabilities[index] for index in candidates]),
+                                                max_mistakes)
+    return [candidates[position] for position in ranked]
 
 
 def model_input_photo(image):

@@ -401,12 +401,14 @@ def test_workers_of_the_data_scripts_and_of_training_never_import_tensorflow(mak
     generated = run_with_import_log('make_sample_data.py', f'--data_dir={data_dir}', '--train_per_class=2',
                                     '--val_per_class=1', '--photo_size=64x48', '--processes=2')
     assert generated.returncode == 0, generated.stderr[-3000:]
-    assert imports_by_process(generated.stderr, 'onu_sample_data') == 3  # this process and 2 workers
+    # This process and at least one worker: the pool is terminated once the work is done, so a worker still
+    # starting up on a slow machine may be stopped before its imports (6 photos are done by the first).
+    assert imports_by_process(generated.stderr, 'onu_sample_data') >= 2
     assert imports_by_process(generated.stderr, 'tensorflow') == 0
     converted = run_with_import_log('convert_to_tfrecord.py', f'--data_dir={data_dir}', '--format=raw',
                                     '--processes=2')
     assert converted.returncode == 0, converted.stderr[-3000:]
-    assert imports_by_process(converted.stderr, 'onu_records') == 3
+    assert imports_by_process(converted.stderr, 'onu_records') >= 2
     assert imports_by_process(converted.stderr, 'tensorflow') == 1  # only this process, to verify the shards
     fresh_dir = make_tiny_dataset('fresh')  # no records yet: training converts them
     trained = run_with_import_log('onu_train.py', f'--data_dir={fresh_dir}', f'--train_dir={tmp_path / "train"}',

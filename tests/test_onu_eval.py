@@ -11,12 +11,13 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from conftest import REPO_ROOT, copy_train_dir, run_script, script_command
+from conftest import REPO_ROOT, TINY_IMAGE_SIZE, copy_train_dir, run_script, script_command
 
 import onu_sample_data
 import onu_checkpoint
 import onu_dataset
 import onu_eval
+import onu_eval_summaries
 import onu_input
 import onu_model
 import onu_run_config
@@ -404,6 +405,40 @@ def test_mistakes_name_exactly_the_files_the_model_gets_wrong(handmade_checkpoin
     tags = {value.tag: value for value in onu_eval.result_summary(result).value}
     assert tags['eval/mistakes'].image.width > 0 and tags['eval/confusion_matrix_image'].image.height > 0
     assert {'pr_curves/F603', 'pr_curves/F663N'} <= set(tags)
+
+
+def test_mistakes_kept_batch_by_batch_are_those_of_one_batch(handmade_checkpoints, tmp_path):
+    """Keeping the worst mistakes batch by batch keeps the same photos, with the same pixels, as one batch."""
+    data_dir = str(tmp_path / 'data')
+    onu_sample_data.generate_dataset(data_dir, 1, 12, TINY_IMAGE_SIZE, seed=3, processes=1)
+    path, run_config = handmade_checkpoints['averaged'], handmade_run_config(data_dir, 'images')
+    whole = onu_eval.evaluate(path, run_config, 'val', batch_size=64, max_mistakes=100).predictions.mistakes
+    assert len(whole) >= 3
+    for batch_size, max_mistakes in ((1, 2), (2, len(whole) - 1), (3, 100)):
+        kept = onu_eval.evaluate(path, run_config, 'val', batch_size=batch_size,
+                                 max_mistakes=max_mistakes).predictions.mistakes
+        assert [mistake.filename for mistake in kept] == [mistake.filename for mistake in whole][:max_mistakes]
+        for mine, reference in zip(kept, whole):
+            np.testing.assert_array_equal(mine.image, reference.image)
+
+
+def test_worst_mistakes_of_a_stream_rank_as_all_at_once():
+    """Ranking the kept mistakes and each new batch gives the ranking of all examples, ties in input order."""
+    generator = np.random.default_rng(7)
+    count, num_classes = 500, 3
+    # Probabilities from few distinct values, so that many mistakes tie in confidence.
+    probabilities = generator.choice([0.1, 0.2, 0.3, 0.5], size=(count, num_classes))
+    probabilities /= probabilities.sum(axis=1, keepdims=True)
+    labels = generator.integers(0, num_classes, count).tolist()
+    filenames = [f'val/{index}.jpg' for index in range(count)]
+    for max_mistakes in (0, 1, 7, 1000):
+        everything = onu_eval_summaries.select_mistakes(filenames, labels, probabilities, max_mistakes)
+        chosen = []
+        for first in range(0, count, 32):
+            chosen = onu_eval.worst_mistakes(sorted(chosen) + list(range(first, min(first + 32, count))),
+                                             filenames, list(labels), list(probabilities), max_mistakes)
+        assert chosen == everything
+    assert len(everything) == sum(np.argmax(probabilities, axis=1) != labels) > 100
 
 
 def test_max_mistakes_zero_writes_no_grid_but_still_lists_the_mistakes(handmade_checkpoints, tiny_data_dir):
