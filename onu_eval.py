@@ -149,8 +149,7 @@ def run_predictions(session, fetches, limit, max_mistakes):
     fetches: {'images', 'labels', 'filenames', 'probabilities', 'losses'} tensors of a batch. Only
     the photos of the current worst max_mistakes mistakes are kept, so memory stays bounded.
     """
-    filenames, labels, probabilities, kept_images, loss_sum = [], [], [], {}, 0.0
-    chosen = []
+    filenames, labels, probabilities, kept_images, chosen, loss_sum = [], [], [], {}, [], 0.0
     with tqdm(total=limit, unit='photo', desc='evaluating', leave=False, disable=not show_progress()) as bar:
         while len(labels) < limit:
             try:
@@ -178,7 +177,7 @@ def run_predictions(session, fetches, limit, max_mistakes):
 
 
 def worst_mistakes(candidates, filenames, labels, probabilities, max_mistakes):
-    """Returns the indices of the max_mistakes most confident mistakes among candidates (ascending indices)."""
+    """Returns the indices of the max_mistakes most confident mistakes among candidates (indices in input order)."""
     if not candidates:
         return []
     ranked = onu_eval_summaries.select_mistakes([filenames[index] for index in candidates],
