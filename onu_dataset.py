@@ -114,6 +114,11 @@ def _orientation(image):
     return value if value in ORIENTATION_TRANSPOSE else 1
 
 
+def relative_name(path, data_dir):
+    """path relative to data_dir with '/' separators, as stored in image/filename and the manifest."""
+    return os.path.relpath(path, data_dir).replace(os.sep, '/')
+
+
 def read_image_info(path, label=0, class_name=''):
     """The ImageInfo of one file, or UnreadableImage(reason) if it cannot be used.
 

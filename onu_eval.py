@@ -61,7 +61,7 @@ class EvalResult:
     confusion: np.ndarray
     loss: float
     weights: str  # onu_checkpoint.WEIGHTS_AVERAGED or WEIGHTS_RAW
-    predictions: 'Predictions' = None
+    predictions: 'Predictions'
 
     @property
     def num_examples(self):
@@ -146,8 +146,9 @@ def show_progress():
 def run_predictions(session, fetches, limit, max_mistakes):
     """Runs the eval graph over its input until the end (or limit examples); returns (Predictions, loss sum).
 
-    fetches: {'images', 'labels', 'filenames', 'probabilities', 'losses'} tensors of a batch. Only
-    the photos of the current worst max_mistakes mistakes are kept, so memory stays bounded.
+    fetches: {'labels', 'filenames', 'probabilities', 'losses'} tensors of a batch, and 'images' when
+    max_mistakes > 0. Only the photos of the current worst max_mistakes mistakes are kept, so memory
+    stays bounded.
     """
     filenames, labels, probabilities, kept_images, chosen, loss_sum = [], [], [], {}, [], 0.0
     with tqdm(total=limit, unit='photo', desc='evaluating', leave=False, disable=not show_progress()) as bar:
@@ -215,9 +216,11 @@ def evaluate(checkpoint_path, run_config, eval_data='val', batch_size=32, num_ex
                                                      run_config.image_size, with_filenames=True)
         logits, _ = onu_model.inference(images, len(class_names), run_config.model,
                                         is_training=False, create_aux_logits=False)
-        fetches = {'images': images, 'labels': labels, 'filenames': filenames,
+        fetches = {'labels': labels, 'filenames': filenames,
                    'probabilities': tf.nn.softmax(tf.cast(logits, tf.float32)),
                    'losses': tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)}
+        if max_mistakes > 0:  # the photos of the mistakes (a copy of every batch out of the session)
+            fetches['images'] = images
         session_config = onu_model.set_precision_options(
             onu_flags.session_config(hide_gpus=device == 'cpu'), compute_dtype)
         with tf.compat.v1.Session(config=session_config) as session:
@@ -253,10 +256,9 @@ def result_summary(result):
         plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name='text'))
     values.append(value(tag=CONFUSION_MATRIX_TAG, metadata=text_plugin,
                         tensor=tf.compat.v1.make_tensor_proto(confusion_markdown(result))))
-    if result.predictions is not None:  # the pictures: heatmap, mistakes grid, PR curves
-        predictions = result.predictions
-        values += onu_eval_summaries.eval_summary_values(result.confusion, result.class_names, predictions.labels,
-                                                         predictions.probabilities, predictions.mistakes)
+    predictions = result.predictions  # the pictures: heatmap, mistakes grid, PR curves
+    values += onu_eval_summaries.eval_summary_values(result.confusion, result.class_names, predictions.labels,
+                                                     predictions.probabilities, predictions.mistakes)
     return tf.compat.v1.Summary(value=values)
 
 
@@ -274,7 +276,7 @@ def result_record(result, run_config, eval_data):
         'confusion_matrix': result.confusion.tolist(),
         'class_names': list(result.class_names),
         'weights': result.weights,
-        'misclassified': result.predictions.misclassified() if result.predictions else None,
+        'misclassified': result.predictions.misclassified(),
         'model': run_config.model,
         'image_size': run_config.image_size,
         'data_dir': run_config.data_dir,

@@ -501,7 +501,7 @@ def _decoded_files(info, training, seed, at_least=None, repeat=True):
     """
     num_files = len(info.files)
     paths = tf.constant(info.files)
-    names = tf.constant([os.path.relpath(path, info.data_dir).replace(os.sep, '/') for path in info.files])
+    names = tf.constant([onu_dataset.relative_name(path, info.data_dir) for path in info.files])
     labels = tf.constant(info.labels, tf.int32)
     orientations = tf.constant(info.orientations, tf.int32)
     file_index = _file_order(num_files, training, seed)

@@ -138,7 +138,7 @@ def model_input_bytes(path):
     """Returns the bytes to classify for the image at path; UnreadableImage(reason) if it is not usable."""
     try:
         info = onu_dataset.read_image_info(path)
-        # The bytes an encoded record holds (see the module docstring); pylint: disable=protected-access
+        # The bytes an encoded record holds (see the module docstring).
         payload, payload_format = onu_records.encoded_payload(info)
     except OSError as e:
         raise onu_dataset.UnreadableImage(f'unreadable ({e.strerror or e})') from None

@@ -45,11 +45,6 @@ def _tf():
     return tf
 
 
-def _relative_name(path, data_dir):
-    """path relative to data_dir with '/' separators, as stored in image/filename and the manifest."""
-    return os.path.relpath(path, data_dir).replace(os.sep, '/')
-
-
 def _raw_payload(info):
     """(upright RGB uint8 pixel bytes, 'raw'), or (None, reason) if the file does not decode."""
     try:
@@ -235,7 +230,7 @@ def _convert_split(data_dir, output_dir, split, record_format, images, options, 
         """Serialized examples of one shard, counting what is written and skipping what does not decode."""
         for info, (payload, payload_format) in zip(chunk, payloads):
             progress.update()
-            filename = _relative_name(info.path, data_dir)
+            filename = onu_dataset.relative_name(info.path, data_dir)
             if payload is None:
                 if options['strict']:
                     raise DataError(f'{info.path}: {payload_format} (--strict): fix or remove the file')
@@ -292,7 +287,7 @@ def _inputs_digest(data_dir, paths):
     digest = hashlib.sha256()
     for path in paths:
         stat = os.stat(path)
-        digest.update(os.fsencode(_relative_name(path, data_dir)))
+        digest.update(os.fsencode(onu_dataset.relative_name(path, data_dir)))
         digest.update(f'\0{stat.st_size}\0{stat.st_mtime_ns}\n'.encode())
     return digest.hexdigest()
 
@@ -426,7 +421,7 @@ def _list_inputs(data_dir, splits, strict):
     """(class names, {split: (images, skipped)}, skipped as manifest entries); DataError on any skip if strict."""
     class_names = onu_dataset.find_class_names(data_dir)
     listings = {split: onu_dataset.list_split_images(data_dir, split, class_names) for split in splits}
-    skipped = [{'path': _relative_name(path, data_dir), 'reason': reason}
+    skipped = [{'path': onu_dataset.relative_name(path, data_dir), 'reason': reason}
                for split in splits for path, reason in listings[split][1]]
     unreadable = _unreadable(skipped)
     if strict and unreadable:
