@@ -363,9 +363,7 @@ def measure_training(model_name, way, info_of, batch_size, image_size, warmup, s
     options: TrainingRun's compute_dtype and xla.
     """
     run = TrainingRun(model_name, way, info_of, batch_size, image_size, **options)
-    run.run(warmup)
-    for _ in range(repeats):
-        run.time_window(steps)
+    _interleaved_windows({model_name: run}, warmup, steps, repeats)
     return run.result(batch_size, image_size)
 
 

@@ -164,9 +164,9 @@ def augment_options():
         **{f.name: f.name in names for f in dataclasses.fields(onu_input.AugmentOptions)})
 
 
-def training_run_config(precision, default_model_name):
-    """Returns the RunConfig the training flags describe (the model defaults to default_model_name)."""
-    model_name = FLAGS.model or default_model_name
+def training_run_config(precision):
+    """Returns the RunConfig the training flags describe (the model defaults to onu_training's choice)."""
+    model_name = FLAGS.model or onu_training.default_model_name()
     if not FLAGS.model:
         print(f'--model not given: using {model_name} '
               f'({"a GPU is visible" if model_name != "small" else "no GPU visible"}).', flush=True)
@@ -191,9 +191,8 @@ def training_role():
 def begin_training_run(precision, role):
     """Makes the data ready, checks and saves the run configuration; returns (RunConfig, checkpoint resumed from)."""
     onu_training.prepare_data(FLAGS.data_dir, FLAGS.data_format)
-    run_config = training_run_config(precision, onu_training.default_model_name())
-    onu_training.start_run(FLAGS.train_dir, run_config, onu_run_config.RunConfig.load(FLAGS.train_dir),
-                           role.is_chief)
+    run_config = training_run_config(precision)
+    onu_training.start_run(FLAGS.train_dir, run_config, role.is_chief)
     return run_config, onu_training.resume_point(FLAGS.train_dir, role.is_chief)
 
 

@@ -8,12 +8,12 @@ Models (chosen by name, see MODEL_NAMES), both fed float32 RGB images in [-1, 1]
 
     logits, end_points = inference(images, num_classes, 'small', is_training=True)
     total_loss = loss(logits, labels, end_points)
-    train_op = train(total_loss, global_step, num_examples_per_epoch, batch_size)
+    optimizer = make_optimizer('momentum', make_learning_rate(global_step, 0.01, 'fixed'))
+    train_op = build_train_op(optimizer, optimizer.compute_gradients(total_loss), global_step)
 
-Multi-tower training reuses the pieces of train(): make_learning_rate, make_optimizer,
-variables_to_train and apply_gradients. Training keeps moving averages of the weights and
-batch-norm statistics (averaged_variables, named by moving_average_name), which evaluation
-restores through onu_checkpoint.
+Multi-tower training builds the same train op from its towers' averaged gradients. build_train_op
+keeps moving averages of the weights and batch-norm statistics (averaged_variables, named by
+moving_average_name), which evaluation restores through onu_checkpoint.
 
 Precision: choose_precision picks float32 or mixed (bfloat16 compute through oneDNN on CPUs with
 AMX/AVX512_BF16, float16 with dynamic loss scaling on GPUs of compute capability 7.0+);
@@ -41,7 +41,6 @@ LR_SCHEDULES = ('exponential', 'fixed')
 DEFAULT_MOVING_AVERAGE_DECAY = 0.9999
 AUX_LOSS_WEIGHT = 0.4
 MOVING_AVERAGE_NAME = 'ExponentialMovingAverage'  # tf.train.ExponentialMovingAverage's default
-LEARNING_RATE_COLLECTION = 'learning_rate'
 PRECISIONS = ('float32', 'mixed')  # with 'auto' (the hardware decides) the --precision choices
 CPU_BFLOAT16_FLAGS = ('amx_bf16', 'avx512_bf16')  # /proc/cpuinfo flags of a fast bfloat16 path
 MIN_FLOAT16_COMPUTE_CAPABILITY = (7, 0)  # tensor cores: V100 and later
@@ -448,7 +447,7 @@ def loss(logits, labels, end_points=None, label_smoothing=0.0):
 def make_learning_rate(global_step, initial_learning_rate, schedule='exponential',
                        num_examples_per_epoch=None, batch_size=None, num_epochs_per_decay=2.0,
                        decay_factor=0.94):
-    """Returns the learning-rate tensor (named learning_rate, summarized, in LEARNING_RATE_COLLECTION).
+    """Returns the learning-rate tensor (named learning_rate, with a learning_rate summary).
 
     'fixed' keeps initial_learning_rate; 'exponential' multiplies it by decay_factor every
     num_epochs_per_decay epochs (staircase), an epoch being num_examples_per_epoch / batch_size steps.
@@ -466,19 +465,10 @@ def make_learning_rate(global_step, initial_learning_rate, schedule='exponential
         raise ValueError(f'unknown learning-rate schedule {schedule!r}; choose one of '
                          f'{", ".join(LR_SCHEDULES)}')
     rate = tf.identity(rate, name='learning_rate')
-    tf.compat.v1.add_to_collection(LEARNING_RATE_COLLECTION, rate)
     # An explicit tag: summary.scalar would take its tag from a fresh op name, 'learning_rate_1'.
     tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SUMMARIES, tf.raw_ops.ScalarSummary(
         tags='learning_rate', values=rate, name='learning_rate_summary'))
     return rate
-
-
-def get_learning_rate(graph=None):
-    """Returns the learning-rate tensor make_learning_rate put in graph (default graph)."""
-    rates = (graph or tf.compat.v1.get_default_graph()).get_collection(LEARNING_RATE_COLLECTION)
-    if not rates:
-        raise ValueError('this graph has no learning rate; build it with make_learning_rate')
-    return rates[-1]
 
 
 def make_optimizer(name, learning_rate, compute_dtype='float32', momentum=0.9, rmsprop_decay=0.9,

@@ -16,6 +16,7 @@ import onu_checkpoint
 import onu_dataset
 import onu_input
 import onu_records
+import onu_run_config
 import onu_sample_data
 import onu_serving
 
@@ -44,9 +45,9 @@ def prepare_data(data_dir, data_format):
         onu_records.convert(data_dir, formats=(data_format,))
 
 
-def start_run(train_dir, run_config, saved, is_chief):
-    """Checks that train_dir's run (saved) can be resumed as run_config; the chief saves it; prints the run."""
-    onu_checkpoint.check_resumable(train_dir, run_config, saved)
+def start_run(train_dir, run_config, is_chief):
+    """Checks that train_dir's saved run can be resumed as run_config; the chief saves it; prints the run."""
+    onu_checkpoint.check_resumable(train_dir, run_config, onu_run_config.RunConfig.load(train_dir))
     if is_chief:
         run_config.save(train_dir)
     size = run_config.image_size
