@@ -1,8 +1,11 @@
-"""Converts a photo folder (DATA/train/<class>/*, DATA/val/<class>/*) into TFRecords, once for many
-trainings (the record kinds and their keys: see onu_records.py).
+"""Converts a photo folder (DATA/train/<class>/*, DATA/val/<class>/*, or PHOTOS/<class>/* split by
+--validation_percent), or the records another tool wrote (onu_layouts.py: the study's, TF-slim's,
+Inception/ImageNet's, TFDS's), into this repo's TFRecords, once for many trainings (the record kinds and
+their keys: see onu_records.py). It prints a table with the size of the records against their source.
 
     python convert_to_tfrecord.py                   # /tmp/onu_data, where onu_train.py looks
     python convert_to_tfrecord.py --data_dir=DATA --format=both
+    python convert_to_tfrecord.py --data_dir=STUDY --format=encoded   # the study's raw records -> encoded
 """
 import onu_cli  # first: quiet start
 from absl import app
@@ -17,7 +20,9 @@ FLAGS = flags.FLAGS
 def define_flags():
     """Declares this script's flags."""
     onu_cli.define_data_dir_flag()
-    flags.DEFINE_string('output_dir', None, 'Where to write the records; default <data_dir>/tfrecords.')
+    onu_cli.define_split_flags()
+    flags.DEFINE_string('output_dir', None, 'Where to write the records; default <data_dir>/tfrecords, or a folder '
+                        'of its own in the cache (~/.cache/onu-classifier/records/) when data_dir is read-only.')
     flags.DEFINE_enum('format', 'both', ['raw', 'encoded', 'both'], 'Which record kinds to write.')
     flags.DEFINE_integer('num_shards', 0, 'Shards per split and format; 0 = about 100 MB each.')
     flags.DEFINE_enum('compression', 'NONE', list(onu_dataset.COMPRESSIONS), 'TFRecord compression.')
@@ -30,9 +35,10 @@ def define_flags():
 def convert():
     """Converts the folder given by flags and prints the summary table."""
     formats = onu_dataset.RECORD_FORMATS if FLAGS.format == 'both' else (FLAGS.format,)
+    onu_cli.import_tensorflow()  # the shards are written and checked with TensorFlow: loaded quietly, here only
     manifest = onu_records.convert(FLAGS.data_dir, FLAGS.output_dir, formats, FLAGS.num_shards,
                                    FLAGS.compression, FLAGS.strict, FLAGS.overwrite, FLAGS.processes,
-                                   FLAGS.seed)
+                                   FLAGS.seed, FLAGS.validation_percent, FLAGS.labels_offset)
     print(onu_records.summary_table(manifest))
 
 

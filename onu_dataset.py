@@ -1,7 +1,11 @@
-"""The on-disk layout of an ONU photo dataset and of its TFRecords: the one place for it.
+"""The on-disk layout of ONU photo folders and of this repo's TFRecords: the one place for it.
 
-Photos:  DATA/train/<class>/*, DATA/val/<class>/*  (class ids = sorted train class-folder names, 0-based)
-Records: DATA/tfrecords/ holding the shards, labels.txt and manifest.json (see convert_to_tfrecord.py).
+Photos:  DATA/train/<class>/*, DATA/val/<class>/*  (class ids = sorted train class-folder names, 0-based;
+         the val folder may also be called validation/ or test/)
+         or PHOTOS/<class>/* with no split: a file is held out for val when the hash of its path relative
+         to PHOTOS falls below --validation_percent (split_of), so adding photos never moves an old one.
+Records: DATA/tfrecords/ holding the shards, labels.txt and manifest.json (see convert_to_tfrecord.py);
+         for a read-only DATA, the same under the cache folder (cache_dir()).
 
 Also the image reading every tool shares (format sniffing, EXIF orientation) and the worker-process helpers
 of the data tools. Pure Python + Pillow, no TensorFlow: every script and worker process imports it cheaply.
@@ -10,19 +14,28 @@ of the data tools. Pure Python + Pillow, no TensorFlow: every script and worker 
 import collections
 import contextlib
 import dataclasses
+import hashlib
+import io
 import itertools
 import json
 import multiprocessing
 import os
 import sys
+import unicodedata
 
 from PIL import Image
 
+import onu_tfrecord
+
 DEFAULT_DATA_DIR = '/tmp/onu_data'  # every script's default --data_dir: the built-in sample data
 SPLITS = ('train', 'val')
+# The names a split goes by in folder and file names, in order of preference ('test' only when no 'val').
+SPLIT_NAMES = {'train': ('train',), 'val': ('val', 'validation', 'test')}
 RECORD_FORMATS = ('raw', 'encoded')
 DATA_FORMATS = ('images',) + RECORD_FORMATS
-COMPRESSIONS = ('NONE', 'GZIP', 'ZLIB')
+COMPRESSIONS = onu_tfrecord.COMPRESSIONS
+DEFAULT_VALIDATION_PERCENT = 10.0  # class folders without a split: the share of photos held out for val
+CACHE_DIR_ENV = 'ONU_CACHE_DIR'
 
 RECORDS_SUBDIR = 'tfrecords'
 LABELS_FILENAME = 'labels.txt'
@@ -46,8 +59,10 @@ PAYLOAD_RAW = 'raw'
 CHANNELS = 3
 
 JPEG_FORMATS = ('JPEG', 'MPO')  # Pillow calls multi-picture camera JPEGs 'MPO'; they decode as JPEG.
-PLAIN_JPEG_MODES = ('RGB', 'L')  # stored in encoded records byte-for-byte, unchanged
-TF_DECODABLE_FORMATS = JPEG_FORMATS + ('PNG', 'GIF', 'BMP')  # what tf.io.decode_image reads
+# Files kept byte for byte in encoded records: TensorFlow decodes them to the same RGB pixels as Pillow's
+# convert('RGB') (alpha dropped, grey and palette expanded). CMYK JPEGs and 16-bit PNGs are not among them.
+KEPT_MODES = {'JPEG': ('RGB', 'L'), 'MPO': ('RGB', 'L'), 'PNG': ('RGB', 'L', 'RGBA', 'LA', 'P')}
+TF_DECODABLE_FORMATS = JPEG_FORMATS + ('PNG', 'GIF', 'BMP', 'WEBP')  # what tf.io.decode_image reads
 SYSTEM_FILENAMES = ('thumbs.db', 'ehthumbs.db', 'desktop.ini', 'icon\r')
 REASON_HIDDEN = 'hidden or system file'
 EXIF_ORIENTATION_TAG = 0x0112
@@ -87,10 +102,9 @@ class ImageInfo:
     num_bytes: int
 
     @property
-    def is_plain_jpeg(self):
-        """True if the file's own bytes already decode to the upright RGB image."""
-        return (self.image_format in JPEG_FORMATS and self.mode in PLAIN_JPEG_MODES
-                and self.orientation == 1)
+    def is_kept_as_is(self):
+        """True if the file's own bytes already decode to the upright RGB image (a JPEG or PNG, see KEPT_MODES)."""
+        return self.mode in KEPT_MODES.get(self.image_format, ()) and self.orientation == 1
 
 
 def is_hidden(name):
@@ -119,19 +133,26 @@ def relative_name(path, data_dir):
     return os.path.relpath(path, data_dir).replace(os.sep, '/')
 
 
-def read_image_info(path, label=0, class_name=''):
-    """The ImageInfo of one file, or UnreadableImage(reason) if it cannot be used.
+@dataclasses.dataclass(frozen=True)
+class ImageHeader:
+    """What an image's header says: format sniffed from the content, Pillow mode, stored size, EXIF orientation."""
+    image_format: str  # 'JPEG', 'PNG', 'BMP', 'GIF', ...
+    mode: str
+    width: int  # as stored, before the EXIF orientation
+    height: int
+    orientation: int  # EXIF 1..8, 1 = none
+
+
+def read_image_header(source):
+    """The ImageHeader of an image file (a path) or of image bytes; UnreadableImage(reason) if it cannot be used.
 
     JPEGs (nearly all photos) are checked cheaply: header plus the end-of-image marker; only a JPEG
     without that marker is fully decoded to tell a truncated file from one with trailing data.
     Other formats have no such cheap check and are fully decoded.
     """
-    num_bytes = os.path.getsize(path)
-    if num_bytes == 0:
-        raise UnreadableImage('empty file')
     image_format = None
     try:
-        with Image.open(path) as image:
+        with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as image:
             image_format, mode, (width, height) = image.format, image.mode, image.size
             if image_format not in JPEG_FORMATS or not _has_jpeg_end_marker(image.fp):
                 image.load()
@@ -142,10 +163,21 @@ def read_image_info(path, label=0, class_name=''):
         what = f'damaged {image_format} file' if image_format else 'damaged or unsupported file'
         message = ' '.join(str(error).split()) or type(error).__name__
         raise UnreadableImage(f'{what}: {message}') from None
-    if orientation in (5, 6, 7, 8):
+    return ImageHeader(image_format, mode, width, height, orientation)
+
+
+def read_image_info(path, label=0, class_name=''):
+    """The ImageInfo of one file (read_image_header's checks), or UnreadableImage(reason) if it cannot be used."""
+    num_bytes = os.path.getsize(path)
+    if num_bytes == 0:
+        raise UnreadableImage('empty file')
+    header = read_image_header(path)
+    width, height = header.width, header.height
+    if header.orientation in (5, 6, 7, 8):
         width, height = height, width
     return ImageInfo(path=path, label=label, class_name=class_name, height=height, width=width,
-                     orientation=orientation, image_format=image_format, mode=mode, num_bytes=num_bytes)
+                     orientation=header.orientation, image_format=header.image_format, mode=header.mode,
+                     num_bytes=num_bytes)
 
 
 def upright_rgb(path, orientation):
@@ -188,17 +220,58 @@ def _has_readable_image(class_dir):
     return False
 
 
+def has_split_folders(data_dir):
+    """True if data_dir keeps its photos in split folders (train/<class>/), False for bare class folders."""
+    return os.path.isdir(os.path.join(data_dir, 'train'))
+
+
+def split_dir(data_dir, split):
+    """The folder of split's photos: data_dir/train, or the first of data_dir/{val,validation,test} there is."""
+    names = SPLIT_NAMES[split]
+    for name in names:
+        if os.path.isdir(os.path.join(data_dir, name)):
+            return os.path.join(data_dir, name)
+    return os.path.join(data_dir, names[0])
+
+
+def bare_class_folders(data_dir):
+    """The visible subfolders of data_dir that would be classes of bare class folders (not tfrecords/)."""
+    return [name for name in visible_subdirs(data_dir) if name != RECORDS_SUBDIR]
+
+
+def split_of(relative_path, validation_percent):
+    """'val' or 'train': the split of a photo of bare class folders, from its path relative to the folder.
+
+    A hash, not a draw: the same on every run and machine, and adding photos never moves an old one.
+    """
+    name = unicodedata.normalize('NFC', relative_path)  # macOS spells accents decomposed
+    position = int.from_bytes(hashlib.sha256(name.encode('utf-8')).digest()[:8], 'big') * 100.0 / 2 ** 64
+    return 'val' if position < validation_percent else 'train'
+
+
+def _check_has_readable_images(class_dirs, where):
+    """DataError naming the first class folder without a usable image."""
+    for class_dir in class_dirs:
+        if not _has_readable_image(class_dir):
+            raise DataError(f'{class_dir} has no readable images: add photos to it, '
+                            f'or remove class {os.path.basename(class_dir)!r} from {where}')
+
+
 def find_class_names(data_dir):
-    """Sorted class-folder names of data_dir/train (class id = index); DataError if the layout is wrong."""
+    """Sorted class-folder names (class id = index) of data_dir/train, or of bare class folders; DataError if none."""
+    if not has_split_folders(data_dir):
+        class_names = bare_class_folders(data_dir) if os.path.isdir(data_dir) else []
+        if not class_names:
+            raise DataError(f'{data_dir}: no photos found: put them in {data_dir}/<class>/ (or {data_dir}/train/<class>/ '
+                            f'and {data_dir}/val/<class>/), or run python make_sample_data.py --data_dir={data_dir}')
+        _check_has_readable_images([os.path.join(data_dir, name) for name in class_names], data_dir)
+        return class_names
     train_dir = os.path.join(data_dir, 'train')
-    if not os.path.isdir(train_dir):
-        raise DataError(f'{train_dir} not found: put photos in {data_dir}/train/<class>/ and {data_dir}/val/<class>/, '
-                        f'or run python make_sample_data.py --data_dir={data_dir}')
     class_names = visible_subdirs(train_dir)
     if not class_names:
         raise DataError(f'{train_dir} has no class folders: put each class\'s photos in {train_dir}/<class>/')
     split_dirs = [train_dir]
-    val_dir = os.path.join(data_dir, 'val')
+    val_dir = split_dir(data_dir, 'val')
     if os.path.isdir(val_dir):
         val_names = visible_subdirs(val_dir)
         if val_names != class_names:
@@ -207,23 +280,25 @@ def find_class_names(data_dir):
             raise DataError(f'class folders of {val_dir} differ from {train_dir} (missing in val: {missing}, '
                             f'only in val: {extra}): give train/ and val/ the same class folders')
         split_dirs.append(val_dir)
-    for split_dir in split_dirs:
-        for name in class_names:
-            class_dir = os.path.join(split_dir, name)
-            if not _has_readable_image(class_dir):
-                raise DataError(f'{class_dir} has no readable images: add photos to it, '
-                                f'or remove class {name!r} from train/ and val/')
+    _check_has_readable_images([os.path.join(folder, name) for folder in split_dirs for name in class_names],
+                               'train/ and val/')
     return class_names
 
 
-def list_split_images(data_dir, split, class_names):
-    """(images, skipped) of data_dir/split: ImageInfos sorted by (label, path) and (path, reason) pairs."""
+def list_split_images(data_dir, split, class_names, validation_percent=DEFAULT_VALIDATION_PERCENT):
+    """(images, skipped) of one split: ImageInfos sorted by (label, path) and (path, reason) pairs.
+
+    Split folders: the files of split_dir(data_dir, split); bare class folders: the files split_of puts in split.
+    """
+    bare = not has_split_folders(data_dir)
     images, skipped = [], []
     for label, class_name in enumerate(class_names):
-        class_dir = os.path.join(data_dir, split, class_name)
+        class_dir = os.path.join(data_dir if bare else split_dir(data_dir, split), class_name)
         if not os.path.isdir(class_dir):
             raise DataError(f'{class_dir} not found: every split needs a folder for each class in {class_names}')
         for path, reason in _candidate_files(class_dir):
+            if bare and split_of(relative_name(path, data_dir), validation_percent) != split:
+                continue
             if reason is None:
                 try:
                     images.append(read_image_info(path, label, class_name))
@@ -234,11 +309,50 @@ def list_split_images(data_dir, split, class_names):
     return images, skipped
 
 
+def cache_dir():
+    """Where what is derived from data folders is kept outside them: $ONU_CACHE_DIR, else the user's cache folder."""
+    if os.environ.get(CACHE_DIR_ENV):
+        return os.environ[CACHE_DIR_ENV]
+    return os.path.join(os.environ.get('XDG_CACHE_HOME') or os.path.expanduser('~/.cache'), 'onu-classifier')
+
+
+def folder_key(folder):
+    """A file name for folder in the cache: its base name and a hash of its real path."""
+    real = os.path.realpath(folder)
+    return f'{os.path.basename(real) or "root"}-{hashlib.sha256(os.fsencode(real)).hexdigest()[:12]}'
+
+
+def cached_records_dir(data_dir):
+    """Where this repo's records of a read-only data_dir go: a folder of its own in the cache."""
+    return os.path.join(cache_dir(), 'records', folder_key(data_dir))
+
+
 def records_dir_for(data_dir):
-    """Where the TFRecords of data_dir live: data_dir/tfrecords, or data_dir itself if it holds a manifest."""
-    if os.path.isfile(os.path.join(data_dir, MANIFEST_FILENAME)):
-        return data_dir
+    """Where the TFRecords of data_dir are: the first of data_dir, data_dir/tfrecords and cached_records_dir that
+    holds a manifest; data_dir/tfrecords if none does."""
+    for candidate in (data_dir, os.path.join(data_dir, RECORDS_SUBDIR), cached_records_dir(data_dir)):
+        if os.path.isfile(os.path.join(candidate, MANIFEST_FILENAME)):
+            return candidate
     return os.path.join(data_dir, RECORDS_SUBDIR)
+
+
+def can_write_in(folder):
+    """True if files can be created in folder (made if missing): False on a read-only file system or without rights."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        probe = os.path.join(folder, f'.write-probe-{os.getpid()}')
+        with open(probe, 'wb'):
+            pass
+        os.remove(probe)
+        return True
+    except OSError:
+        return False
+
+
+def writable_records_dir(data_dir):
+    """Where conversion writes data_dir's records: records_dir_for(data_dir), or cached_records_dir if that is read-only."""
+    records_dir = records_dir_for(data_dir)
+    return records_dir if can_write_in(records_dir) else cached_records_dir(data_dir)
 
 
 def shard_filename(split, record_format, index, num_shards):
@@ -316,7 +430,6 @@ def shard_paths(records_dir, manifest, split, record_format):
 def tf_compression_type(compression):
     """A manifest's compression ('NONE', 'GZIP', 'ZLIB') as tf.data.TFRecordDataset spells it ('' for none)."""
     return '' if compression == 'NONE' else compression
-
 
 
 def worker_count(processes=None):

@@ -110,9 +110,27 @@ def eval_run_config(checkpoint_dir):
         model=FLAGS.model, image_size=FLAGS.image_size,
         moving_average_decay=onu_model.DEFAULT_MOVING_AVERAGE_DECAY)
     overrides = {name: onu_flags.value_or_saved(name, saved)
-                 for name in ('model', 'data_dir', 'data_format', 'image_size')}
+                 for name in ('model', 'data_dir', 'data_format', 'image_size', 'labels_offset', 'validation_percent')}
     run_config = run_config.replace(**overrides)
-    return run_config.replace(image_size=run_config.image_size or onu_model.DEFAULT_IMAGE_SIZE[run_config.model])
+    return run_config.replace(image_size=run_config.image_size or onu_model.DEFAULT_IMAGE_SIZE[run_config.model],
+                              data_format=run_config.data_format or onu_input.default_data_format(run_config.data_dir))
+
+
+def check_same_split(checkpoint_dir):
+    """DataError if --validation_percent asks for another split of class folders than the training run made."""
+    saved = onu_run_config.RunConfig.load(checkpoint_dir)
+    if saved and saved.layout == 'class_folders' and FLAGS['validation_percent'].present and (
+            FLAGS.validation_percent != saved.validation_percent):
+        raise onu_dataset.DataError(
+            f'--validation_percent={FLAGS.validation_percent:g} but the training run held out '
+            f'{saved.validation_percent:g}% ({onu_run_config.path_in(checkpoint_dir)}): another split would evaluate '
+            f'photos it trained on; leave --validation_percent out')
+
+
+def eval_dataset_info(run_config, eval_data):
+    """Returns the DatasetInfo of split eval_data read as the training run read its data (format, split, labels)."""
+    return onu_input.dataset_info(run_config.data_dir, run_config.data_format, eval_data,
+                                  run_config.validation_percent, run_config.labels_offset)
 
 
 def check_class_names(run_config, info):
@@ -207,13 +225,11 @@ def evaluate(checkpoint_path, run_config, eval_data='val', batch_size=32, num_ex
     compute_dtype: a Precision's (bfloat16 or float16 rewrite the graph; variables stay float32).
     Raises onu_checkpoint.CheckpointGone when the checkpoint is deleted while it is read.
     """
-    data_dir, data_format = run_config.data_dir, run_config.data_format
-    info = onu_input.dataset_info(data_dir, data_format, eval_data)
+    info = eval_dataset_info(run_config, eval_data)
     class_names = check_class_names(run_config, info)
     limit = min(num_examples or info.num_examples, info.num_examples)
     with tf.Graph().as_default():
-        images, labels, filenames = onu_input.inputs(eval_data, data_dir, data_format, batch_size,
-                                                     run_config.image_size, with_filenames=True)
+        images, labels, filenames = onu_input.inputs(info, batch_size, run_config.image_size, with_filenames=True)
         logits, _ = onu_model.inference(images, len(class_names), run_config.model,
                                         is_training=False, create_aux_logits=False)
         fetches = {'labels': labels, 'filenames': filenames,
@@ -225,7 +241,7 @@ def evaluate(checkpoint_path, run_config, eval_data='val', batch_size=32, num_ex
             onu_flags.session_config(hide_gpus=device == 'cpu'), compute_dtype)
         with tf.compat.v1.Session(config=session_config) as session:
             step, weights = restore_checkpoint(session, checkpoint_path, run_config, allow_raw_weights)
-            with onu_input.damaged_records_as_data_error(data_dir, data_format, eval_data):
+            with onu_input.damaged_records_as_data_error(info):
                 predictions, loss_sum = run_predictions(session, fetches, limit, max_mistakes)
     confusion = confusion_of(predictions.labels, predictions.probabilities, len(class_names))
     return EvalResult(checkpoint=checkpoint_path, step=step, class_names=class_names, confusion=confusion,
@@ -328,7 +344,7 @@ def final_step(checkpoint_dir):
 
 def describe(run_config, eval_data, num_examples, eval_dir):
     """Prints what is evaluated, on which data, and where the results go."""
-    info = onu_input.dataset_info(run_config.data_dir, run_config.data_format, eval_data)
+    info = eval_dataset_info(run_config, eval_data)
     count = f'all {info.num_examples}'
     if num_examples and num_examples < info.num_examples:
         count = f'the first {num_examples} of the {info.num_examples}'
@@ -391,6 +407,7 @@ def evaluate_checkpoints(writer, precision):
     evaluated again; damaged ones are skipped with a note.
     """
     checkpoint_dir, eval_data = FLAGS.checkpoint_dir, FLAGS.eval_data
+    check_same_split(checkpoint_dir)
     run_config = None
     reported = reported_results(FLAGS.eval_dir, eval_data)
     results_path = os.path.join(FLAGS.eval_dir, RESULTS_FILENAME)

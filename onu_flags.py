@@ -22,9 +22,11 @@ import onu_training
 DEFAULT_TRAIN_DIR = '/tmp/onu_train'
 
 onu_cli.define_data_dir_flag()
-flags.DEFINE_enum('data_format', 'encoded', onu_dataset.DATA_FORMATS,
+onu_cli.define_split_flags()
+flags.DEFINE_enum('data_format', None, onu_dataset.DATA_FORMATS,
                   'How images are fed: the original files (images), TFRecords of decoded pixels '
-                  '(raw) or of the original file bytes (encoded).')
+                  '(raw) or of the original file bytes (encoded); default: encoded for photos (converted on '
+                  'demand), the records\' own format for records.')
 flags.DEFINE_enum('model', None, onu_model.MODEL_NAMES,
                   'Network to train; default inception_resnet_v2 when a GPU is visible, else small.')
 flags.DEFINE_integer('image_size', None, 'Side of the square model input; default: the model\'s own.',
@@ -164,17 +166,17 @@ def augment_options():
         **{f.name: f.name in names for f in dataclasses.fields(onu_input.AugmentOptions)})
 
 
-def training_run_config(precision):
-    """Returns the RunConfig the training flags describe (the model defaults to onu_training's choice)."""
+def training_run_config(precision, info):
+    """Returns the RunConfig the training flags describe for info, the train split (model: onu_training's default)."""
     model_name = FLAGS.model or onu_training.default_model_name()
     if not FLAGS.model:
         print(f'--model not given: using {model_name} '
               f'({"a GPU is visible" if model_name != "small" else "no GPU visible"}).', flush=True)
-    info = onu_input.dataset_info(FLAGS.data_dir, FLAGS.data_format, 'train')
     return onu_run_config.RunConfig(
         model=model_name, image_size=FLAGS.image_size or onu_model.DEFAULT_IMAGE_SIZE[model_name],
         class_names=info.class_names, num_examples_per_epoch=info.num_examples,
-        data_dir=os.path.abspath(FLAGS.data_dir), data_format=FLAGS.data_format,
+        data_dir=os.path.abspath(FLAGS.data_dir), data_format=info.data_format, layout=info.layout,
+        labels_offset=info.labels_offset, validation_percent=info.validation_percent,
         precision=precision.name, compute_dtype=precision.compute_dtype, max_steps=FLAGS.max_steps,
         moving_average_decay=FLAGS.moving_average_decay, flags=project_flag_values())
 
@@ -189,11 +191,16 @@ def training_role():
 
 
 def begin_training_run(precision, role):
-    """Makes the data ready, checks and saves the run configuration; returns (RunConfig, checkpoint resumed from)."""
-    onu_training.prepare_data(FLAGS.data_dir, FLAGS.data_format)
-    run_config = training_run_config(precision)
+    """Makes the data ready, checks and saves the run configuration.
+
+    Returns (RunConfig, the train split's onu_input.DatasetInfo, checkpoint resumed from).
+    """
+    data_format = onu_training.prepare_data(FLAGS.data_dir, FLAGS.data_format, FLAGS.validation_percent,
+                                            FLAGS.labels_offset)
+    info = onu_input.dataset_info(FLAGS.data_dir, data_format, 'train', FLAGS.validation_percent, FLAGS.labels_offset)
+    run_config = training_run_config(precision, info)
     onu_training.start_run(FLAGS.train_dir, run_config, role.is_chief)
-    return run_config, onu_training.resume_point(FLAGS.train_dir, role.is_chief)
+    return run_config, info, onu_training.resume_point(FLAGS.train_dir, role.is_chief)
 
 
 def learning_rate(global_step, run_config, examples_per_step):
@@ -215,10 +222,10 @@ def training_hooks(run_config, role, resume_from, total_loss, global_step, learn
     return scaffold, hooks
 
 
-def monitored_training_session(role, scaffold, hooks):
-    """Returns onu_training's MonitoredTrainingSession context for --train_dir and the data flags."""
+def monitored_training_session(role, scaffold, hooks, info):
+    """Returns onu_training's MonitoredTrainingSession context for --train_dir, reading info (the train split)."""
     return onu_training.monitored_training_session(role, FLAGS.train_dir, scaffold, hooks,
-                                                   FLAGS.save_summaries_steps, FLAGS.data_dir, FLAGS.data_format)
+                                                   FLAGS.save_summaries_steps, info)
 
 
 def project_flag_values():

@@ -1,13 +1,17 @@
 """Bytes -> tensors for the ONU classifier (the CIFAR-10 tutorial's cifar10_input.py role).
 
 Three ways to feed the same photos, built with tf.data inside the caller's tf.compat.v1 graph:
-  images   the original files under data_dir/{train,val}/<class>/, decoded at training time;
+  images   the original files under data_dir/{train,val}/<class>/ (or bare <class>/ folders, split by
+           onu_dataset.split_of), decoded at training time;
   raw      TFRecords of decoded pixels (image/raw), read back with tf.io.decode_raw;
   encoded  TFRecords of the original file bytes (image/encoded), decoded like the files.
-All three give the same pixels for the same photo: upright (EXIF applied), RGB, same resize.
+All three give the same pixels for the same photo: upright (EXIF applied), RGB, same resize. Records other
+tools wrote (onu_layouts: the study's, TF-slim's, Inception's, TFDS's) are read as they are, with the keys,
+label offset and class names found there.
 
-    images, labels = distorted_inputs(data_dir, 'encoded', batch_size=32, image_size=299)
-    images, labels = inputs('val', data_dir, 'encoded', batch_size=32, image_size=299)
+    info = dataset_info(data_dir, 'encoded', 'train')       # what to read, found once
+    images, labels = distorted_inputs(info, batch_size=32, image_size=299)
+    images, labels = inputs(dataset_info(data_dir, 'encoded', 'val'), batch_size=32, image_size=299)
 
 Images are float32 [batch, size, size, 3] in [-1, 1] (what Inception checkpoints expect), labels
 int32 [batch]. preprocess_for_eval is the one eval/serving preprocessing; export reuses it with
@@ -15,7 +19,7 @@ decode_image_bytes. Training decodes and resizes each photo to uint8, keeps the 
 memory when it fits, and augments whole batches with augment_batch (one XLA function, per-image
 draws), in the pipeline or, with augment_on='model', on the model's device:
 
-    images, labels, draws = undistorted_inputs(data_dir, 'encoded', 32, 299)   # uint8, for the model
+    images, labels, draws = undistorted_inputs(info, 32, 299)   # uint8, for the model
     images = augment_batch(images, draws)
 """
 import contextlib
@@ -23,6 +27,7 @@ import dataclasses
 import functools
 import math
 import os
+import re
 import threading
 
 from absl import logging
@@ -30,6 +35,7 @@ import numpy as np
 import tensorflow as tf
 
 import onu_dataset
+import onu_layouts
 
 # The study's augmentations and their magnitudes.
 SATURATION_RANGE = (0.8, 1.2)
@@ -49,6 +55,8 @@ PIPELINE_DEVICE = '/cpu:0'
 # Where training augmentation runs: in the tf.data pipeline, or in the training graph on the model's
 # device (the pipeline then ships resized uint8 images and the draws).
 AUGMENT_PLACEMENTS = ('input', 'model')
+# The first value of the message of the error a record's label outside the classes raises (_parse_record).
+LABEL_OUT_OF_RANGE = 'label outside the classes:'
 # JPEG DCT scale divisors libjpeg decodes at (1 = full size).
 DCT_RATIOS = (1, 2, 4, 8)
 # Training keeps the resized uint8 images of one epoch in memory when they take at most this many
@@ -80,19 +88,25 @@ class AugmentOptions:
 
 @dataclasses.dataclass(frozen=True)
 class DatasetInfo:
-    """What one split in one data format holds: classes, example count and the files to read."""
+    """What one split in one data format holds: classes, example count, the files to read and how."""
     data_dir: str
     data_format: str
     split: str
     class_names: tuple
     num_examples: int
     files: tuple                 # record shards, or image files in images mode
+    layout: str = 'photos'       # photos, class_folders (no split), records (this repo's), or an onu_layouts name
     labels: tuple = ()           # images mode: the class id of each file
     orientations: tuple = ()     # images mode: the EXIF orientation (1-8) of each file
-    records_per_file: tuple = ()  # record modes: the manifest's count for each shard
+    records_per_file: tuple = ()  # record modes: the count of each shard
     compression_type: str = ''  # record modes: as TFRecordDataset spells it ('' for none)
     bytes_per_example: int = 0   # record modes: average record size, sizes the shuffle buffer
     skipped: tuple = ()          # images mode: (path, reason) of files left out when listing
+    image_key: str = ''          # record modes: the feature holding the image (raw pixels or encoded bytes)
+    label_key: str = onu_dataset.KEY_LABEL
+    filename_key: str = onu_dataset.KEY_FILENAME  # '' when the records name no file
+    labels_offset: int = 0       # record modes: class = stored label - labels_offset
+    validation_percent: float = None  # class_folders: the share held out for val (onu_dataset.split_of)
 
     @property
     def num_classes(self):
@@ -111,27 +125,101 @@ def _convert_command(data_dir, data_format):
     return f'python convert_to_tfrecord.py --data_dir={data_dir} --format={data_format}'
 
 
-def has_records(data_dir, data_format):
-    """Returns True when data_dir's manifest lists data_format records for every split it has."""
+def _repo_records_formats(data_dir):
+    """Returns the record formats this repo's manifest for data_dir lists for every split it has (() if none)."""
     records_dir = onu_dataset.records_dir_for(data_dir)
     if not os.path.isfile(os.path.join(records_dir, onu_dataset.MANIFEST_FILENAME)):
-        return False
+        return ()
     splits = onu_dataset.read_manifest(records_dir).get('splits', {})
-    return bool(splits) and all(data_format in formats for formats in splits.values())
+    return tuple(fmt for fmt in onu_dataset.RECORD_FORMATS
+                 if splits and all(fmt in formats for formats in splits.values()))
 
 
-def dataset_info(data_dir, data_format, split):
-    """Returns the DatasetInfo of one split, raising DataError naming the path and the fix."""
+def _other_tools_records(data_dir):
+    """Returns the onu_layouts.ForeignRecords of data_dir, or None (photo folders are never read as records)."""
+    if onu_dataset.has_split_folders(data_dir):
+        return None
+    return onu_layouts.find_foreign_records(data_dir)
+
+
+def has_records(data_dir, data_format, validation_percent=None):
+    """Returns True when data_dir has data_format records to read: this repo's (every split), or another tool's.
+
+    Records of bare class folders count only when split with validation_percent (None: the default).
+    """
+    if not os.path.isdir(data_dir):
+        return False
+    if data_format in _repo_records_formats(data_dir):
+        split_by = onu_dataset.read_manifest(onu_dataset.records_dir_for(data_dir)).get('validation_percent')
+        wanted = onu_dataset.DEFAULT_VALIDATION_PERCENT if validation_percent is None else validation_percent
+        return split_by is None or split_by == wanted
+    foreign = _other_tools_records(data_dir)
+    return foreign is not None and data_format in foreign.data_formats
+
+
+def has_photos(data_dir):
+    """Returns True when data_dir holds photo folders (train/<class>/ or bare <class>/ folders), not only records."""
+    if not os.path.isdir(data_dir):
+        return False
+    return onu_dataset.has_split_folders(data_dir) or (
+        _other_tools_records(data_dir) is None and bool(onu_dataset.bare_class_folders(data_dir)))
+
+
+def default_data_format(data_dir):
+    """Returns the data format to read when none is asked: encoded for photos, else the records' own (encoded first)."""
+    if not os.path.isdir(data_dir) or has_photos(data_dir):
+        return 'encoded'
+    formats = _repo_records_formats(data_dir)
+    foreign = _other_tools_records(data_dir)
+    formats += foreign.data_formats if foreign is not None else ()
+    return 'encoded' if 'encoded' in formats or not formats else formats[0]
+
+
+def data_layout(data_dir):
+    """Returns the layout data_dir holds: photos, class_folders, records, or an onu_layouts name; DataError if none.
+
+    The error is one line saying what was looked for.
+    """
+    if not os.path.isdir(data_dir):
+        raise onu_dataset.DataError(
+            f'{data_dir}: data dir not found; make sample data with python make_sample_data.py --data_dir={data_dir}, '
+            f'or point --data_dir at your photos or records (README "Bring your own data")')
+    if onu_dataset.has_split_folders(data_dir):
+        return 'photos'
+    foreign = _other_tools_records(data_dir)
+    if foreign is not None:
+        return foreign.layout.name
+    if onu_dataset.bare_class_folders(data_dir):
+        return 'class_folders'
+    if _repo_records_formats(data_dir):
+        return 'records'
+    raise onu_dataset.DataError(
+        f'{data_dir}: no data found; looked for photos in train/<class>/ and val/<class>/ or in <class>/ folders, '
+        f'this repo\'s records (manifest.json, from convert_to_tfrecord.py), and the records of other tools: '
+        f'{onu_layouts.looked_for()}; see README "Bring your own data"')
+
+
+def dataset_info(data_dir, data_format, split, validation_percent=None, labels_offset=None):
+    """Returns the DatasetInfo of one split, raising DataError naming the path and the fix.
+
+    validation_percent: bare class folders' held-out share (default onu_dataset.DEFAULT_VALIDATION_PERCENT);
+    labels_offset: other tools' records' (None: from evidence, onu_layouts).
+    """
     _check_choice('data_format', data_format, onu_dataset.DATA_FORMATS)
     _check_choice('split', split, onu_dataset.SPLITS)
     if not os.path.isdir(data_dir):
         raise onu_dataset.DataError(
             f'{data_dir}: data dir not found; make sample data with python make_sample_data.py '
             f'--data_dir={data_dir} (then {_convert_command(data_dir, "encoded")} for records), '
-            f'or point --data_dir at a folder with train/<class>/ and val/<class>/ photos')
+            f'or point --data_dir at your photos (<class>/ folders, or train/<class>/ and val/<class>/) or records '
+            f'(README "Bring your own data")')
+    if validation_percent is None:
+        validation_percent = onu_dataset.DEFAULT_VALIDATION_PERCENT
     if data_format == 'images':
-        return _images_info(data_dir, split)
-    return _records_info(data_dir, data_format, split)
+        return _images_info(data_dir, split, validation_percent)
+    if data_format in _repo_records_formats(data_dir) or not _other_tools_records(data_dir):
+        return _records_info(data_dir, data_format, split, validation_percent)
+    return _other_tools_records_info(data_dir, data_format, split, labels_offset)
 
 
 _warned_paths = set()
@@ -147,29 +235,47 @@ def _warn_once(path, message, *args):
     logging.warning(message, *args)
 
 
-def _images_info(data_dir, split):
-    """Returns the DatasetInfo of split read from the class folders."""
+def _images_info(data_dir, split, validation_percent):
+    """Returns the DatasetInfo of split read from the class folders (split folders, or split_of's for bare ones)."""
+    if _other_tools_records(data_dir) is not None and not has_photos(data_dir):
+        raise onu_dataset.DataError(
+            f'{data_dir}: holds the records of another tool, not photo folders: read them with '
+            f'--data_format={default_data_format(data_dir)}')
     class_names = onu_dataset.find_class_names(data_dir)
-    split_dir = os.path.join(data_dir, split)
+    bare = not onu_dataset.has_split_folders(data_dir)
+    split_dir = data_dir if bare else onu_dataset.split_dir(data_dir, split)
     if not os.path.isdir(split_dir):
         raise onu_dataset.DataError(
             f'{split_dir}: no {split} photos; put them in {split_dir}/<class>/ '
             f'with the classes of {os.path.join(data_dir, "train")}')
-    images, skipped = onu_dataset.list_split_images(data_dir, split, class_names)
+    images, skipped = onu_dataset.list_split_images(data_dir, split, class_names, validation_percent)
     for path, reason in skipped:
         _warn_once(path, 'skipping %s: %s', path, reason)
+    undecodable = [image for image in images if image.image_format not in onu_dataset.TF_DECODABLE_FORMATS]
+    if undecodable:
+        images = [image for image in images if image.image_format in onu_dataset.TF_DECODABLE_FORMATS]
+        names = ', '.join(f'{onu_dataset.relative_name(image.path, data_dir)} ({image.image_format})'
+                          for image in undecodable[:3])
+        _warn_once(f'{split_dir}#undecodable', 'leaving out %d %s photo(s) that --data_format=images cannot decode '
+                   '(%s%s); encoded and raw records include them (python convert_to_tfrecord.py)',
+                   len(undecodable), split, names, ', ...' if len(undecodable) > 3 else '')
     if not images:
+        if bare:
+            raise onu_dataset.DataError(
+                f'{data_dir}: no {split} photos among its class folders with --validation_percent='
+                f'{validation_percent:g}; add photos or choose another --validation_percent')
         raise onu_dataset.DataError(
             f'{split_dir}: no readable images in the class folders; add photos to {split_dir}/<class>/')
     return DatasetInfo(
         data_dir=data_dir, data_format='images', split=split, class_names=tuple(class_names),
         num_examples=len(images), files=tuple(image.path for image in images),
-        labels=tuple(image.label for image in images),
-        orientations=tuple(image.orientation for image in images), skipped=tuple(skipped))
+        layout='class_folders' if bare else 'photos', labels=tuple(image.label for image in images),
+        orientations=tuple(image.orientation for image in images), skipped=tuple(skipped),
+        validation_percent=validation_percent if bare else None)
 
 
-def _records_info(data_dir, data_format, split):
-    """Returns the DatasetInfo of split from the records manifest, checking the shards on disk."""
+def _records_info(data_dir, data_format, split, validation_percent):
+    """Returns the DatasetInfo of split from this repo's records manifest, checking the shards on disk."""
     records_dir = onu_dataset.records_dir_for(data_dir)
     manifest_path = os.path.join(records_dir, onu_dataset.MANIFEST_FILENAME)
     if not os.path.isfile(manifest_path):
@@ -177,6 +283,12 @@ def _records_info(data_dir, data_format, split):
             f'{manifest_path} not found: no {data_format} records; write them with '
             f'{_convert_command(data_dir, data_format)}, or use --data_format=images')
     manifest = onu_dataset.read_manifest(records_dir)
+    split_by = manifest.get('validation_percent')
+    if split_by is not None and split_by != validation_percent:
+        raise onu_dataset.DataError(
+            f'{records_dir}: records split with --validation_percent={split_by:g}, but {validation_percent:g} is '
+            f'asked; use --validation_percent={split_by:g}, or re-create them with '
+            f'{_convert_command(data_dir, data_format)} --validation_percent={validation_percent:g}')
     formats = manifest.get('splits', {}).get(split, {})
     if data_format not in formats:
         others = [fmt for fmt in onu_dataset.RECORD_FORMATS if fmt in formats]
@@ -203,9 +315,36 @@ def _records_info(data_dir, data_format, split):
     return DatasetInfo(
         data_dir=data_dir, data_format=data_format, split=split,
         class_names=tuple(onu_dataset.read_labels(labels_path)), num_examples=num_examples,
-        files=tuple(files), records_per_file=tuple(int(shard['records']) for shard in entry['shards']),
+        files=tuple(files), layout='records', records_per_file=tuple(int(shard['records']) for shard in entry['shards']),
         compression_type=onu_dataset.tf_compression_type(manifest.get('compression', 'NONE')),
-        bytes_per_example=int(entry.get('record_bytes', 0)) // max(num_examples, 1))
+        bytes_per_example=int(entry.get('record_bytes', 0)) // max(num_examples, 1),
+        image_key=onu_dataset.KEY_RAW if data_format == 'raw' else onu_dataset.KEY_ENCODED,
+        validation_percent=split_by)
+
+
+def _other_tools_records_info(data_dir, data_format, split, labels_offset):
+    """Returns the DatasetInfo of split from the records another tool wrote in data_dir (onu_layouts), read as they are."""
+    record_set = _other_tools_records(data_dir).record_set(split, data_format, labels_offset)
+    if not record_set.num_examples:
+        raise onu_dataset.DataError(f'{record_set.folder}: its {split} records are empty')
+    return DatasetInfo(
+        data_dir=data_dir, data_format=data_format, split=split, class_names=record_set.labels.class_names,
+        num_examples=record_set.num_examples, files=record_set.files, layout=record_set.layout,
+        records_per_file=record_set.records_per_file,
+        compression_type=onu_dataset.tf_compression_type(record_set.compression),
+        bytes_per_example=record_set.record_bytes // record_set.num_examples, image_key=record_set.image_key,
+        label_key=record_set.label_key, filename_key=record_set.filename_key,
+        labels_offset=record_set.labels.offset)
+
+
+def describe_labels(data_dir, labels_offset=None):
+    """Returns one line on how another tool's records in data_dir are labelled ('' for photos and this repo's records)."""
+    foreign = _other_tools_records(data_dir)
+    if foreign is None:
+        return ''
+    labels = foreign.labels(labels_offset)
+    return (f'{foreign.describe()}; labels start at {labels.offset} ({labels.evidence}); '
+            f'class names from {labels.names_from}')
 
 
 def _check_shard(path, expected_bytes, data_dir, data_format):
@@ -548,25 +687,47 @@ def _decoded_files(info, training, seed, at_least=None, repeat=True):
 # ----------------------------------------------------------------------------------------------
 # Record modes.
 
-def _parse_record(serialized, data_format, at_least=None):
-    """Returns (uint8 image, int32 label, file name) from one raw or encoded record (at_least: decode_image_bytes)."""
-    image_key = onu_dataset.KEY_RAW if data_format == 'raw' else onu_dataset.KEY_ENCODED
-    features = tf.io.parse_single_example(serialized, {
-        image_key: tf.io.FixedLenFeature([], tf.string),
-        onu_dataset.KEY_LABEL: tf.io.FixedLenFeature([], tf.int64),
-        onu_dataset.KEY_HEIGHT: tf.io.FixedLenFeature([], tf.int64),
-        onu_dataset.KEY_WIDTH: tf.io.FixedLenFeature([], tf.int64),
-        onu_dataset.KEY_CHANNELS: tf.io.FixedLenFeature([], tf.int64),
-        onu_dataset.KEY_FILENAME: tf.io.FixedLenFeature([], tf.string, default_value=''),
-    })
-    if data_format == 'raw':
-        shape = tf.stack([features[onu_dataset.KEY_HEIGHT], features[onu_dataset.KEY_WIDTH],
-                          features[onu_dataset.KEY_CHANNELS]])
-        image = tf.reshape(tf.io.decode_raw(features[image_key], tf.uint8), shape)
-        image = tf.ensure_shape(image, [None, None, 3])
+def _raw_pixels(features, image_key):
+    """Returns the uint8 [h, w, 3] image of a raw record: 1 byte per pixel is grey, 4 is RGBA (alpha dropped).
+
+    The channels come from the byte count (onu_layouts checked it fits height x width x 1, 3 or 4).
+    """
+    height, width = features[onu_dataset.KEY_HEIGHT], features[onu_dataset.KEY_WIDTH]
+    pixels = tf.io.decode_raw(features[image_key], tf.uint8)
+    channels = tf.size(pixels, out_type=tf.int64) // tf.maximum(height * width, 1)
+    image = tf.reshape(pixels, tf.stack([height, width, channels]))
+    # Index 0: grey, replicated as Pillow's convert('RGB') does; 1: RGB as it is; 2: RGBA without its alpha.
+    image = tf.switch_case(tf.cast(tf.minimum(channels // 2, 2), tf.int32), [
+        lambda: tf.tile(image, [1, 1, 3]), lambda: image, lambda: image[:, :, :3]])
+    return tf.ensure_shape(image, [None, None, 3])
+
+
+def _parse_record(serialized, info, at_least=None, record_name=''):
+    """Returns (uint8 image, int32 class, file name) of one record of info (at_least: decode_image_bytes's).
+
+    The keys are info's (this repo's, or those another tool wrote); class = stored label - info.labels_offset,
+    checked to be one of the classes (a LABEL_OUT_OF_RANGE error otherwise). A record that names no file
+    is named record_name.
+    """
+    spec = {info.image_key: tf.io.FixedLenFeature([], tf.string),
+            info.label_key: tf.io.FixedLenFeature([], tf.int64)}
+    if info.filename_key:
+        spec[info.filename_key] = tf.io.FixedLenFeature([], tf.string, default_value='')
+    if info.data_format == 'raw':
+        spec.update({key: tf.io.FixedLenFeature([], tf.int64) for key in (onu_dataset.KEY_HEIGHT, onu_dataset.KEY_WIDTH)})
+    features = tf.io.parse_single_example(serialized, spec)
+    if info.data_format == 'raw':
+        image = _raw_pixels(features, info.image_key)
     else:
-        image = decode_image_bytes(features[image_key], at_least)
-    return image, tf.cast(features[onu_dataset.KEY_LABEL], tf.int32), features[onu_dataset.KEY_FILENAME]
+        image = decode_image_bytes(features[info.image_key], at_least)
+    stored = features[info.label_key]
+    in_range = tf.debugging.Assert(
+        (stored >= info.labels_offset) & (stored < info.labels_offset + info.num_classes),
+        [LABEL_OUT_OF_RANGE, stored])
+    with tf.control_dependencies([in_range]):
+        label = tf.cast(stored - info.labels_offset, tf.int32)
+    name = features[info.filename_key] if info.filename_key else tf.constant('')
+    return image, label, tf.where(tf.equal(name, ''), record_name, name)
 
 
 def _shuffle_buffer_size(info):
@@ -592,9 +753,16 @@ def _decoded_records(info, training, seed, deterministic, at_least=None, repeat=
             cycle_length=min(len(info.files), 8), num_parallel_calls=tf.data.AUTOTUNE,
             deterministic=deterministic)
         records = records.shuffle(_shuffle_buffer_size(info), seed=seed)
-    else:
-        records = tf.data.TFRecordDataset(list(info.files), compression_type=info.compression_type)
-    return records.map(lambda record: _parse_record(record, info.data_format, at_least),
+        return records.map(lambda record: _parse_record(record, info, at_least),
+                           num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+
+    def named_records(path):
+        """The records of one shard, each with the name <shard>#<index> for records that name no file."""
+        shard = tf.strings.regex_replace(path, '^.*/', '')
+        return tf.data.TFRecordDataset(path, compression_type=info.compression_type).enumerate().map(
+            lambda index, record: (record, tf.strings.join([shard, '#', tf.strings.as_string(index)])))
+    records = tf.data.Dataset.from_tensor_slices(list(info.files)).flat_map(named_records)
+    return records.map(lambda record, name: _parse_record(record, info, at_least, name),
                        num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
 
 
@@ -676,9 +844,9 @@ def _next_batch(dataset):
     return tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
 
 
-def distorted_inputs(data_dir, data_format, batch_size, image_size, augment=True, seed=None,
-                     summaries=True, augment_on='input', cache=None, reduced_decode=False):
-    """Returns training (images, labels): shuffled, repeated, augmented, static batch dimension.
+def distorted_inputs(info, batch_size, image_size, augment=True, seed=None, summaries=True, augment_on='input',
+                     cache=None, reduced_decode=False):
+    """Returns training (images, labels) of info (a train DatasetInfo): shuffled, repeated, augmented, static batch.
 
     augment: True, False or AugmentOptions. summaries: add an image summary of a few inputs.
     augment_on='model': the pipeline stops at resized uint8 images, which are augmented here in the
@@ -686,11 +854,10 @@ def distorted_inputs(data_dir, data_format, batch_size, image_size, augment=True
     make_dataset's.
     """
     if augment_on == 'model':
-        images, labels, draws = undistorted_inputs(data_dir, data_format, batch_size, image_size,
-                                                   seed=seed, cache=cache, reduced_decode=reduced_decode)
+        images, labels, draws = undistorted_inputs(info, batch_size, image_size, seed=seed, cache=cache,
+                                                   reduced_decode=reduced_decode)
         images = augment_batch(images, draws, augment)
     else:
-        info = dataset_info(data_dir, data_format, 'train')
         with tf.device(PIPELINE_DEVICE):
             images, labels = _next_batch(make_dataset(
                 info, batch_size, image_size, training=True, augment=augment, seed=seed, cache=cache,
@@ -700,22 +867,19 @@ def distorted_inputs(data_dir, data_format, batch_size, image_size, augment=True
     return images, labels
 
 
-def undistorted_inputs(data_dir, data_format, batch_size, image_size, seed=None, cache=None,
-                       reduced_decode=False):
-    """Returns training (uint8 images, labels, draws): resized, not augmented, for augment_batch."""
-    info = dataset_info(data_dir, data_format, 'train')
+def undistorted_inputs(info, batch_size, image_size, seed=None, cache=None, reduced_decode=False):
+    """Returns training (uint8 images, labels, draws) of info: resized, not augmented, for augment_batch."""
     with tf.device(PIPELINE_DEVICE):
         return _next_batch(make_dataset(info, batch_size, image_size, training=True, seed=seed,
                                         augment_on='model', cache=cache, reduced_decode=reduced_decode))
 
 
-def inputs(eval_data, data_dir, data_format, batch_size, image_size, with_filenames=False):
-    """Returns eval (images, labels) of split eval_data, each example once, then OutOfRangeError.
+def inputs(info, batch_size, image_size, with_filenames=False):
+    """Returns eval (images, labels) of info's split, each example once, then OutOfRangeError.
 
     The final batch may be smaller, so the batch dimension is None. with_filenames: (images,
-    labels, file names relative to data_dir).
+    labels, file names relative to the data dir, or <shard>#<index> for records that name none).
     """
-    info = dataset_info(data_dir, data_format, eval_data)
     with tf.device(PIPELINE_DEVICE):
         return _next_batch(make_dataset(info, batch_size, image_size, training=False,
                                         with_filenames=with_filenames))
@@ -746,7 +910,7 @@ def find_damaged_shards(info):
                     damaged.append((shard, _last_line(e.message)))
                     continue
                 if found != expected:
-                    damaged.append((shard, f'{found} records but {expected} in the manifest'))
+                    damaged.append((shard, f'{found} records but {expected} listed'))
     return damaged
 
 
@@ -759,25 +923,39 @@ def _raised_data_error(error):
     return None
 
 
-@contextlib.contextmanager
-def damaged_records_as_data_error(data_dir, data_format, split):
-    """Re-raises data errors of the input pipeline of split as one-line DataErrors.
+def _label_out_of_range(error):
+    """Returns the stored label of a LABEL_OUT_OF_RANGE error's message, or None if it is another error."""
+    match = re.search(re.escape(LABEL_OUT_OF_RANGE) + r'\]\s*\[(-?\d+)\]', str(error.message))
+    return int(match.group(1)) if match else None
 
-    A DataLossError (damaged record) becomes a message naming the shard; a DataError raised in the
-    pipeline (every image of a split undecodable) loses TensorFlow's traceback. Wrap the loop that
-    runs the graph built from distorted_inputs/inputs of that split.
+
+@contextlib.contextmanager
+def damaged_records_as_data_error(info):
+    """Re-raises data errors of the input pipeline of info as one-line DataErrors.
+
+    A DataLossError (damaged record) becomes a message naming the shard; a label outside the classes
+    one naming --labels_offset; a DataError raised in the pipeline (every image of a split undecodable)
+    loses TensorFlow's traceback. Wrap the loop that runs the graph built from distorted_inputs/inputs of info.
     """
     try:
         yield
     except tf.errors.DataLossError as e:
-        if data_format == 'images':
+        if info.data_format == 'images':
             raise
-        damaged = find_damaged_shards(dataset_info(data_dir, data_format, split))
-        where, problem = damaged[0] if damaged else (onu_dataset.records_dir_for(data_dir),
-                                                     _last_line(e.message))
+        damaged = find_damaged_shards(info)
+        where, problem = damaged[0] if damaged else (os.path.dirname(info.files[0]), _last_line(e.message))
+        fix = (f're-create the records with {_convert_command(info.data_dir, info.data_format)} --overwrite'
+               if info.layout == 'records' else 're-create it with the tool that wrote it, or move it away')
         raise onu_dataset.DataError(
-            f'{where}: damaged {data_format} record file ({problem}); re-create the records with '
-            f'{_convert_command(data_dir, data_format)} --overwrite') from None
+            f'{where}: damaged {info.data_format} record file ({problem}); {fix}') from None
+    except tf.errors.InvalidArgumentError as e:
+        label = _label_out_of_range(e)
+        if label is None:
+            raise
+        raise onu_dataset.DataError(
+            f'{info.data_dir}: a record of {info.split} has label {label}, not one of the {info.num_classes} classes '
+            f'{info.labels_offset}..{info.labels_offset + info.num_classes - 1} (labels offset {info.labels_offset}); '
+            f'pass the --labels_offset the records use') from None
     except tf.errors.UnknownError as e:
         message = _raised_data_error(e)
         if message is None:

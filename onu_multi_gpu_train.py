@@ -124,16 +124,15 @@ def _keep_first_tower_summaries(num_towers):
     summaries[:] = [summary for summary in summaries if not summary.op.name.startswith(others)]
 
 
-def tower_inputs(devices, run_config, seed):
-    """Returns the step's batch tuple: (images, labels), or (uint8 images, labels, draws) to augment per tower."""
+def tower_inputs(info, devices, run_config, seed):
+    """Returns the step's batch tuple of info (the train split): (images, labels), or (uint8 images, labels,
+    draws) to augment per tower."""
     batch_size = FLAGS.batch_size * len(devices)
     if FLAGS.augment_on == 'model':  # each tower augments its own slice on its own device
-        return onu_input.undistorted_inputs(FLAGS.data_dir, FLAGS.data_format, batch_size,
-                                            run_config.image_size, seed=seed,
+        return onu_input.undistorted_inputs(info, batch_size, run_config.image_size, seed=seed,
                                             reduced_decode=FLAGS.reduced_decode)
-    return onu_input.distorted_inputs(FLAGS.data_dir, FLAGS.data_format, batch_size, run_config.image_size,
-                                      augment=onu_flags.augment_options(), seed=seed,
-                                      reduced_decode=FLAGS.reduced_decode)
+    return onu_input.distorted_inputs(info, batch_size, run_config.image_size, augment=onu_flags.augment_options(),
+                                      seed=seed, reduced_decode=FLAGS.reduced_decode)
 
 
 def train():
@@ -144,7 +143,7 @@ def train():
     precision, role = onu_flags.training_role()
     if role.is_ps:
         return role.serve()
-    run_config, resume_from = onu_flags.begin_training_run(precision, role)
+    run_config, train_data, resume_from = onu_flags.begin_training_run(precision, role)
     devices = tower_devices(FLAGS.num_gpus, len(tf.config.list_physical_devices('GPU')))
     if devices[0] == VARIABLE_DEVICE:
         print(f'{len(devices)} towers on the CPU (TensorFlow sees no GPU): this exercises the tower '
@@ -160,7 +159,7 @@ def train():
             seed = onu_training.input_seed(FLAGS.seed, role.task_index, resume_from)
             tf.compat.v1.set_random_seed(seed)
             global_step = tf.compat.v1.train.get_or_create_global_step()
-            batch = tower_inputs(devices, run_config, seed)
+            batch = tower_inputs(train_data, devices, run_config, seed)
             learning_rate = onu_flags.learning_rate(global_step, run_config, examples_per_step)
             optimizer = onu_model.make_optimizer(FLAGS.optimizer, learning_rate, run_config.compute_dtype)
             tower_outputs = []
@@ -196,7 +195,7 @@ def train():
         scaffold, hooks = onu_flags.training_hooks(run_config, role, resume_from, total_loss, global_step,
                                                    learning_rate, examples_per_step)
         role.wait_for_chief()
-        with onu_flags.monitored_training_session(role, scaffold, hooks) as session:
+        with onu_flags.monitored_training_session(role, scaffold, hooks, train_data) as session:
             while not session.should_stop():
                 session.run(train_op)
     return onu_training.finish(hooks, role, FLAGS.train_dir, FLAGS.max_steps)

@@ -14,8 +14,11 @@ does it all. Worker processes import this module, so it imports TensorFlow only 
 """
 
 import contextlib
+import dataclasses
+import functools
 import hashlib
 import io
+import itertools
 import math
 import os
 import random
@@ -23,18 +26,19 @@ import re
 import time
 from multiprocessing import shared_memory
 
+from PIL import Image
+
 from tqdm import tqdm
 
 import onu_dataset
+import onu_layouts
+import onu_tfrecord
 from onu_dataset import DataError
 
 TARGET_SHARD_BYTES = 100 << 20  # automatic --num_shards: about this many bytes per shard
 RAW_TASK_BYTES = 8 << 20  # pixels decoded per worker task: fewer, larger tasks cost the writing process less
 RAW_TASK_MAX_IMAGES = 32  # ... but small enough that every worker gets some
 RAW_AHEAD_BYTES = 96 << 20  # pixels decoded ahead of the writer: workers keep busy while it verifies a shard
-# A TFRecord is: uint64 length, uint32 CRC of the length, the data, uint32 CRC of the data.
-RECORD_LENGTH_BYTES = 8
-RECORD_FRAMING_BYTES = 8 + 4 + 4
 REENCODE_JPEG_QUALITY = 95
 _TEMP_SHARD = re.compile(r'^(?:train|val)-(?:raw|encoded)-\d{5}-of-\d{5}\.tfrecord\.tmp-\d+$')
 
@@ -55,9 +59,10 @@ def _raw_payload(info):
 
 def encoded_payload(info):
     """(file bytes or re-encoded upright RGB image, 'jpeg' or 'png'), or (None, reason)."""
-    if info.is_plain_jpeg:
+    if info.is_kept_as_is:
         with open(info.path, 'rb') as f:
-            return f.read(), onu_dataset.PAYLOAD_JPEG
+            return f.read(), onu_dataset.PAYLOAD_JPEG if info.image_format in onu_dataset.JPEG_FORMATS else \
+                onu_dataset.PAYLOAD_PNG
     try:
         image = onu_dataset.upright_rgb(info.path, info.orientation)
     except Exception as error:  # a damaged file that passed the header check; reported, not fatal
@@ -113,7 +118,7 @@ def _payloads(order, record_format, pool, window):
     pipe, which would cost the writing process as much time again as the decoding saves it.
     """
     if record_format == 'encoded':
-        needs_decoding = not all(info.is_plain_jpeg for info in order)
+        needs_decoding = not all(info.is_kept_as_is for info in order)
         yield from onu_dataset.parallel_map(encoded_payload, order, pool if needs_decoding else None, window)
     elif pool is None:
         yield from map(_raw_payload, order)
@@ -134,7 +139,10 @@ def _payloads(order, record_format, pool, window):
 
 
 def _serialized_example(info, payload, payload_key, payload_format, filename):
-    """One tf.train.Example as bytes (map keys sorted, so the same input gives the same bytes)."""
+    """One tf.train.Example as bytes (map keys sorted, so the same input gives the same bytes).
+
+    info: what is said of the image (label, class_name, upright height and width): an ImageInfo or a ConvertedRecord.
+    """
     example = _tf().train.Example()
     feature = example.features.feature
     feature[payload_key].bytes_list.value.append(payload)
@@ -146,31 +154,6 @@ def _serialized_example(info, payload, payload_key, payload_format, filename):
     feature[onu_dataset.KEY_CHANNELS].int64_list.value.append(onu_dataset.CHANNELS)
     feature[onu_dataset.KEY_FILENAME].bytes_list.value.append(os.fsencode(filename))
     return example.SerializeToString(deterministic=True)
-
-
-def count_records(path, compression):
-    """The number of complete records in a TFRecord file.
-
-    Uncompressed files are counted from their framing: each record's 8-byte length leads to the next,
-    and a record that does not end within the file is not counted. That is what a short or cut write
-    leaves; the checksums are not re-read, since the file was just written. Compressed files are read
-    in full, checksums included.
-    """
-    if compression == 'NONE':
-        size, offset, count = os.path.getsize(path), 0, 0
-        with open(path, 'rb') as f:
-            while True:
-                header = f.read(RECORD_LENGTH_BYTES)
-                if len(header) < RECORD_LENGTH_BYTES:
-                    return count
-                offset += RECORD_FRAMING_BYTES + int.from_bytes(header, 'little')
-                if offset > size:
-                    return count
-                count += 1
-                f.seek(offset)
-    tf = _tf()
-    options = tf.io.TFRecordOptions(compression_type=onu_dataset.tf_compression_type(compression))
-    return sum(1 for _ in tf.compat.v1.io.tf_record_iterator(path, options))
 
 
 def _num_shards(requested, images, record_format):
@@ -204,7 +187,7 @@ def _write_verified_shard(path, examples, compression):
             for example in examples:
                 writer.write(example)
                 written += 1
-        found = count_records(temp_path, compression)
+        found = onu_tfrecord.count_records(temp_path, compression)
         if found != written:
             raise DataError(f'{temp_path}: wrote {written} records but read back {found}: '
                             f'check free disk space and re-run with --overwrite')
@@ -215,70 +198,196 @@ def _write_verified_shard(path, examples, compression):
     return written
 
 
-def _convert_split(data_dir, output_dir, split, record_format, images, options, pool, skipped):
-    """Writes the shards of one split in one record format; returns its manifest entry."""
+@dataclasses.dataclass(frozen=True)
+class ConvertedImage:
+    """One image made ready for a record of this repo's: its payload and what the record says of it."""
+    filename: str          # image/filename: relative to the data dir, or <shard>#<index> for another tool's record
+    where: str             # what to name in messages: the photo's path, or the record
+    payload: bytes = None  # None: skipped, for skip_reason
+    payload_format: str = ''
+    label: int = 0
+    class_name: str = ''
+    height: int = 0
+    width: int = 0
+    source_bytes: int = 0
+    skip_reason: str = None
+
+
+def _converted_photos(data_dir, order, payloads):
+    """Yields the ConvertedImage of each photo of order, its payload from payloads (_payloads)."""
+    for info, (payload, detail) in zip(order, payloads):
+        filename = onu_dataset.relative_name(info.path, data_dir)
+        if payload is None:
+            yield ConvertedImage(filename, info.path, skip_reason=detail)
+            continue
+        yield ConvertedImage(filename, info.path, payload, detail, info.label, info.class_name, info.height,
+                             info.width, info.num_bytes)
+
+
+def _write_split(output_dir, split, record_format, images, count, num_shards, options, skipped):
+    """Writes ConvertedImages (count of them) of one split into num_shards shards; returns the manifest entry."""
     started = time.time()
     payload_key = _PAYLOAD_KEYS[record_format]
-    order = _split_order(images, split, options['seed'])
-    num_shards = _num_shards(options['num_shards'], order, record_format)
-    payloads = _payloads(order, record_format, pool, window=2 * options['processes'])
     entry = {'shards': [], 'records': 0, 'records_per_class': {}, 'record_bytes': 0, 'source_bytes': 0,
              'pixel_bytes': 0}
-    progress = tqdm(total=len(order), desc=f'{split} {record_format}', unit='img', disable=None, leave=False)
+    sizes = []
+    progress = tqdm(total=count, desc=f'{split} {record_format}', unit='img', disable=None, leave=False)
 
-    def examples(chunk):
+    def examples(shard_count):
         """Serialized examples of one shard, counting what is written and skipping what does not decode."""
-        for info, (payload, payload_format) in zip(chunk, payloads):
+        for image in itertools.islice(images, shard_count):
             progress.update()
-            filename = onu_dataset.relative_name(info.path, data_dir)
-            if payload is None:
+            if image.payload is None:
                 if options['strict']:
-                    raise DataError(f'{info.path}: {payload_format} (--strict): fix or remove the file')
-                skipped.append({'path': filename, 'reason': payload_format, 'format': record_format})
+                    raise DataError(f'{image.where}: {image.skip_reason} (--strict): fix or remove the file')
+                skipped.append({'path': image.filename, 'reason': image.skip_reason, 'format': record_format,
+                                'split': split})
                 continue
-            pixel_bytes = info.height * info.width * onu_dataset.CHANNELS
-            if record_format == 'raw' and len(payload) != pixel_bytes:
-                raise DataError(f'{info.path}: decoded to {len(payload)} bytes, expected H*W*C = {info.height}*'
-                                f'{info.width}*{onu_dataset.CHANNELS}: the file changed during conversion; re-run')
-            entry['records_per_class'][info.class_name] = entry['records_per_class'].get(info.class_name, 0) + 1
-            entry['source_bytes'] += info.num_bytes
+            pixel_bytes = image.height * image.width * onu_dataset.CHANNELS
+            if record_format == 'raw' and len(image.payload) != pixel_bytes:
+                raise DataError(f'{image.where}: decoded to {len(image.payload)} bytes, expected H*W*C = '
+                                f'{image.height}*{image.width}*{onu_dataset.CHANNELS}: the file changed during '
+                                f'conversion; re-run')
+            entry['records_per_class'][image.class_name] = entry['records_per_class'].get(image.class_name, 0) + 1
+            entry['source_bytes'] += image.source_bytes
             entry['pixel_bytes'] += pixel_bytes
-            yield _serialized_example(info, payload, payload_key, payload_format, filename)
+            sizes.append((image.width, image.height))
+            yield _serialized_example(image, image.payload, payload_key, image.payload_format, image.filename)
 
-    bounds = [round(i * len(order) / num_shards) for i in range(num_shards + 1)]
-    with contextlib.closing(payloads):
-        for index in range(num_shards):
-            name = onu_dataset.shard_filename(split, record_format, index, num_shards)
-            path = os.path.join(output_dir, name)
-            records = _write_verified_shard(path, examples(order[bounds[index]:bounds[index + 1]]),
-                                            options['compression'])
-            entry['shards'].append({'file': name, 'records': records, 'bytes': os.path.getsize(path)})
-            entry['records'] += records
-            entry['record_bytes'] += entry['shards'][-1]['bytes']
+    bounds = [round(i * count / num_shards) for i in range(num_shards + 1)]
+    for index in range(num_shards):
+        name = onu_dataset.shard_filename(split, record_format, index, num_shards)
+        path = os.path.join(output_dir, name)
+        records = _write_verified_shard(path, examples(bounds[index + 1] - bounds[index]), options['compression'])
+        entry['shards'].append({'file': name, 'records': records, 'bytes': os.path.getsize(path)})
+        entry['records'] += records
+        entry['record_bytes'] += entry['shards'][-1]['bytes']
     progress.close()
     entry['records_per_class'] = {name: entry['records_per_class'].get(name, 0) for name in options['class_names']}
     entry['seconds'] = round(time.time() - started, 3)
-    return entry
+    return entry, sizes
 
 
-def _image_size_stats(images):
-    """Min, max and mean upright width and height of a split's images."""
+def _convert_split(data_dir, output_dir, split, record_format, images, options, pool, skipped):
+    """Writes the shards of one split of photos in one record format; returns (manifest entry, image sizes)."""
+    order = _split_order(images, split, options['seed'])
+    num_shards = _num_shards(options['num_shards'], order, record_format)
+    payloads = _payloads(order, record_format, pool, window=2 * options['processes'])
+    with contextlib.closing(payloads):
+        return _write_split(output_dir, split, record_format, _converted_photos(data_dir, order, payloads),
+                            len(order), num_shards, options, skipped)
+
+
+# ----------------------------------------------------------------------------------------------
+# Records of other tools (onu_layouts) as the source.
+
+_RAW_MODES = {1: 'L', 3: 'RGB', 4: 'RGBA'}  # bytes per pixel of a raw record -> its Pillow mode
+
+
+def _converted_payload(image_bytes, features, record_set, record_format):
+    """(payload, payload format, width, height) of one record's image in record_format; UnreadableImage if unusable.
+
+    Pixels are what reading the records as they are gives: raw grey or RGBA pixels become RGB (alpha dropped),
+    encoded bytes are decoded without EXIF orientation (as the tools' own readers do). Encoded images that
+    TensorFlow decodes are kept byte for byte; raw pixels are stored as a lossless PNG of their own mode.
+    """
+    if record_set.data_format == 'raw':
+        height = features[onu_dataset.KEY_HEIGHT].values[0]
+        width = features[onu_dataset.KEY_WIDTH].values[0]
+        image = Image.frombytes(_RAW_MODES[len(image_bytes) // (height * width)], (width, height), image_bytes)
+        if record_format == 'raw':
+            return image.convert('RGB').tobytes(), onu_dataset.PAYLOAD_RAW, width, height
+        buffer = io.BytesIO()
+        image.save(buffer, 'PNG')
+        return buffer.getvalue(), onu_dataset.PAYLOAD_PNG, width, height
+    header = onu_dataset.read_image_header(image_bytes)
+    if record_format == 'encoded' and header.image_format in onu_dataset.TF_DECODABLE_FORMATS:
+        payload_format = (onu_dataset.PAYLOAD_JPEG if header.image_format in onu_dataset.JPEG_FORMATS
+                          else header.image_format.lower())
+        return image_bytes, payload_format, header.width, header.height
+    with Image.open(io.BytesIO(image_bytes)) as image:
+        rgb = image.convert('RGB')
+    if record_format == 'raw':
+        return rgb.tobytes(), onu_dataset.PAYLOAD_RAW, header.width, header.height
+    buffer = io.BytesIO()
+    rgb.save(buffer, 'PNG')
+    return buffer.getvalue(), onu_dataset.PAYLOAD_PNG, header.width, header.height
+
+
+def convert_foreign_record(task, record_set, record_format):
+    """Worker: the ConvertedImage of one serialized record of another tool's (task: (payload, its name))."""
+    serialized, name = task
+    features = onu_tfrecord.parse_example(serialized)
+    image_bytes = features[record_set.image_key].values[0]
+    stored = features[record_set.label_key].values[0]
+    filename = name
+    if record_set.filename_key and features[record_set.filename_key].values:
+        filename = features[record_set.filename_key].values[0].decode('utf-8', errors='replace') or name
+    where = f'{os.path.join(record_set.folder, name)}'
+    label = stored - record_set.labels.offset
+    if not 0 <= label < len(record_set.labels.class_names):
+        return ConvertedImage(filename, where, skip_reason=f'label {stored} is not one of the '
+                              f'{len(record_set.labels.class_names)} classes (labels offset {record_set.labels.offset})')
+    try:
+        payload, payload_format, width, height = _converted_payload(image_bytes, features, record_set, record_format)
+    except (onu_dataset.UnreadableImage, OSError, ValueError) as error:
+        return ConvertedImage(filename, where, skip_reason=' '.join(str(error).split()))
+    return ConvertedImage(filename, where, payload, payload_format, label, record_set.labels.class_names[label],
+                          height, width, len(serialized))
+
+
+def _foreign_records(record_set):
+    """Yields (serialized record, <file>#<index>) of every record of record_set, in file order."""
+    for path in record_set.files:
+        for index, serialized in enumerate(onu_tfrecord.read_records(path, record_set.compression)):
+            yield serialized, f'{os.path.basename(path)}#{index}'
+
+
+def _convert_record_split(record_set, output_dir, record_format, options, pool, skipped):
+    """Writes the shards of one split of another tool's records in record_format; returns (entry, image sizes).
+
+    The records keep their order (readers shuffle); decoding or encoding runs in pool's workers.
+    """
+    growth = 12 if record_format == 'raw' and record_set.data_format == 'encoded' else 1  # pixels vs JPEG bytes
+    num_shards = options['num_shards'] or math.ceil(record_set.record_bytes * growth / TARGET_SHARD_BYTES)
+    num_shards = max(1, min(num_shards, record_set.num_examples))
+    needs_work = record_format == 'raw' or record_set.data_format == 'raw'
+    images = onu_dataset.parallel_map(
+        functools.partial(convert_foreign_record, record_set=record_set, record_format=record_format),
+        _foreign_records(record_set), pool if needs_work else None, window=2 * options['processes'])
+    with contextlib.closing(images):
+        return _write_split(output_dir, record_set.split, record_format, images, record_set.num_examples,
+                            num_shards, options, skipped)
+
+
+def _image_size_stats(sizes):
+    """Min, max and mean upright width and height of a split's images, from (width, height) pairs."""
     stats = {}
-    for key in ('width', 'height'):
-        values = [getattr(info, key) for info in images]
+    for index, key in enumerate(('width', 'height')):
+        values = [size[index] for size in sizes] or [0]
         stats[key] = {'min': min(values), 'max': max(values), 'mean': round(sum(values) / len(values), 1)}
     return stats
 
 
-def _input_entries(data_dir):
-    """Paths of the class folders of each split and of everything in them, sorted; no image is read."""
-    paths = []
+def _photo_folders(data_dir):
+    """The class folders of data_dir's photos: <split>/<class>/ of each split folder, or <class>/ of bare ones."""
+    if not onu_dataset.has_split_folders(data_dir):
+        return [os.path.join(data_dir, name) for name in onu_dataset.bare_class_folders(data_dir)]
+    folders = []
     for split in onu_dataset.SPLITS:
-        split_dir = os.path.join(data_dir, split)
+        split_dir = onu_dataset.split_dir(data_dir, split)
         if os.path.isdir(split_dir):
-            for class_name in onu_dataset.visible_subdirs(split_dir):
-                class_dir = os.path.join(split_dir, class_name)
-                paths += [class_dir] + sorted(entry.path for entry in os.scandir(class_dir))
+            folders += [os.path.join(split_dir, name) for name in onu_dataset.visible_subdirs(split_dir)]
+    return folders
+
+
+def _input_entries(data_dir, foreign):
+    """Paths of what conversion reads, sorted: other tools' record files, or the class folders and their entries."""
+    if foreign is not None:
+        return sorted(path for group in foreign.groups for path in group.files)
+    paths = []
+    for class_dir in _photo_folders(data_dir):
+        paths += [class_dir] + sorted(entry.path for entry in os.scandir(class_dir))
     return paths
 
 
@@ -329,7 +438,9 @@ def _reusable_formats(old, output_dir, build, splits):
     reusable = set()
     for record_format, old_build in old.get('build', {}).items():
         entries = [old['splits'].get(split, {}).get(record_format) for split in splits]
-        if (old_build.get('inputs') == build['inputs'] and None not in entries
+        same_inputs = all(old_build.get(key) == build.get(key) for key in ('inputs', 'validation_percent',
+                                                                             'labels_offset'))
+        if (same_inputs and None not in entries
                 and set(old['splits']) == set(splits) and all(_shards_intact(output_dir, e) for e in entries)):
             reusable.add(record_format)
     return reusable
@@ -338,11 +449,13 @@ def _reusable_formats(old, output_dir, build, splits):
 def _check_output_dir(data_dir, output_dir):
     """DataError if output_dir lies inside the photo folders, which are never written to."""
     output = os.path.realpath(output_dir)
-    for split in onu_dataset.SPLITS:
-        split_dir = os.path.realpath(os.path.join(data_dir, split))
-        if output == split_dir or output.startswith(split_dir + os.sep):
-            raise DataError(f'--output_dir={output_dir} is inside the photo folder {split_dir}: '
-                            f'choose a folder outside train/ and val/, e.g. {os.path.join(data_dir, "tfrecords")}')
+    split_dirs = [onu_dataset.split_dir(data_dir, split) for split in onu_dataset.SPLITS
+                  if onu_dataset.has_split_folders(data_dir)]
+    for folder in split_dirs + _photo_folders(data_dir):
+        folder = os.path.realpath(folder)
+        if output == folder or output.startswith(folder + os.sep):
+            raise DataError(f'--output_dir={output_dir} is inside the photo folder {folder}: '
+                            f'choose a folder outside the class folders, e.g. {os.path.join(data_dir, "tfrecords")}')
 
 
 def _remove_stale_temp_shards(output_dir):
@@ -352,10 +465,23 @@ def _remove_stale_temp_shards(output_dir):
             os.remove(os.path.join(output_dir, name))
 
 
-def convert(data_dir, output_dir=None, formats=onu_dataset.RECORD_FORMATS, num_shards=None, compression='NONE',
-            strict=False, overwrite=False, processes=None, seed=0):
-    """Converts data_dir's photos to TFRecords in output_dir (default data_dir/tfrecords); returns the manifest.
+def default_output_dir(data_dir):
+    """Where data_dir's records go: its records folder, or, if data_dir is read-only, a folder in the cache (said)."""
+    output_dir = onu_dataset.writable_records_dir(data_dir)
+    if output_dir != onu_dataset.records_dir_for(data_dir):
+        print(f'{data_dir} is read-only: writing its records to {output_dir} (found there by every script; '
+              f'--output_dir chooses another place)', flush=True)
+    return output_dir
 
+
+def convert(data_dir, output_dir=None, formats=onu_dataset.RECORD_FORMATS, num_shards=None, compression='NONE',
+            strict=False, overwrite=False, processes=None, seed=0,
+            validation_percent=onu_dataset.DEFAULT_VALIDATION_PERCENT, labels_offset=None):
+    """Converts data_dir's photos, or the records other tools wrote there, to this repo's TFRecords; returns the manifest.
+
+    output_dir: default data_dir/tfrecords, or a folder in the cache when data_dir is read-only.
+    validation_percent: the share of bare class folders' photos held out for val (onu_dataset.split_of);
+    labels_offset: for other tools' records, onu_layouts' (None: from evidence).
     num_shards None or 0 picks about TARGET_SHARD_BYTES per shard; processes None or 0 uses every core.
     Records already built from the same inputs with the same settings are kept (a re-run is a no-op);
     overwrite rebuilds the requested formats anyway. Records of other formats are kept while they match
@@ -368,12 +494,23 @@ def convert(data_dir, output_dir=None, formats=onu_dataset.RECORD_FORMATS, num_s
         raise ValueError(f'formats must be among {onu_dataset.RECORD_FORMATS} and compression among '
                          f'{onu_dataset.COMPRESSIONS}, got {formats} and {compression!r}')
     formats = tuple(f for f in onu_dataset.RECORD_FORMATS if f in formats)
-    output_dir = output_dir or os.path.join(data_dir, onu_dataset.RECORDS_SUBDIR)
+    foreign = None if onu_dataset.has_split_folders(data_dir) else onu_layouts.find_foreign_records(data_dir)
+    if foreign is None:
+        onu_dataset.find_class_names(data_dir)  # no photos: say so before anything is written
+    output_dir = output_dir or default_output_dir(data_dir)
     _check_output_dir(data_dir, output_dir)
-    entries = _input_entries(data_dir)
+    entries = _input_entries(data_dir, foreign)
     build = {'inputs': _inputs_digest(data_dir, entries), 'compression': compression,
              'num_shards': num_shards or None, 'seed': seed}
-    splits = [s for s in onu_dataset.SPLITS if os.path.isdir(os.path.join(data_dir, s))]
+    if foreign is not None:
+        labels = foreign.labels(labels_offset)
+        build['labels_offset'] = labels.offset
+        splits = [s for s in onu_dataset.SPLITS if any(group.split == s for group in foreign.groups)]
+    elif not onu_dataset.has_split_folders(data_dir):
+        build['validation_percent'] = validation_percent
+        splits = list(onu_dataset.SPLITS)
+    else:
+        splits = [s for s in onu_dataset.SPLITS if os.path.isdir(onu_dataset.split_dir(data_dir, s))]
     old = _existing_manifest(output_dir)
     reusable = _reusable_formats(old, output_dir, build, splits)
     to_build = [f for f in formats if overwrite or f not in reusable or old['build'][f] != build]
@@ -388,24 +525,44 @@ def convert(data_dir, output_dir=None, formats=onu_dataset.RECORD_FORMATS, num_s
         # Started before the listing, so that the workers' start-up and the disk reads overlap it.
         pool = stack.enter_context(onu_dataset.process_pool(workers)) if 'raw' in to_build else None
         _prefetch(entries)
-        class_names, listings, skipped = _list_inputs(data_dir, splits, strict)
-        if pool is None and not all(info.is_plain_jpeg for images, _ in listings.values() for info in images):
-            pool = stack.enter_context(onu_dataset.process_pool(workers))  # to re-encode those images
+        if foreign is not None:
+            class_names, listings, skipped = list(labels.class_names), None, []
+            splits_written = {split: None for split in splits}
+            pool = pool or stack.enter_context(onu_dataset.process_pool(workers))
+        else:
+            class_names, listings, skipped = _list_inputs(data_dir, splits, strict, validation_percent)
+            splits_written = listings
+            if pool is None and not all(info.is_kept_as_is for images, _ in listings.values() for info in images):
+                pool = stack.enter_context(onu_dataset.process_pool(workers))  # to re-encode those images
         os.makedirs(output_dir, exist_ok=True)
         manifest = {'version': onu_dataset.MANIFEST_VERSION, 'compression': compression, 'class_names': class_names,
-                    'splits': {split: {f: old['splits'][split][f] for f in kept} for split in listings},
+                    'splits': {split: {f: old['splits'][split][f] for f in kept} for split in splits_written},
                     'build': {f: old['build'][f] for f in kept},
                     'skipped': skipped + [s for s in (old or {}).get('skipped', []) if s.get('format') in kept],
-                    'image_size_stats': {split: _image_size_stats(images) for split, (images, _) in listings.items()}}
+                    'image_size_stats': dict((old or {}).get('image_size_stats', {}))}
+        if foreign is not None:
+            manifest['source'] = {'layout': foreign.layout.name, 'folder': foreign.folder,
+                                  'labels_offset': labels.offset, 'labels_evidence': labels.evidence}
+        if 'validation_percent' in build:
+            manifest['validation_percent'] = validation_percent
         onu_dataset.write_manifest(output_dir, manifest)  # readers never see records that are being replaced
         onu_dataset.write_labels(os.path.join(output_dir, onu_dataset.LABELS_FILENAME), class_names)
         _remove_stale_temp_shards(output_dir)
         options = {'seed': seed, 'num_shards': num_shards, 'processes': workers, 'compression': compression,
                    'strict': strict, 'class_names': class_names}
         for record_format in to_build:
-            for split, (images, _) in listings.items():
-                manifest['splits'][split][record_format] = _convert_split(
-                    data_dir, output_dir, split, record_format, images, options, pool, manifest['skipped'])
+            for split in splits_written:
+                if foreign is not None:
+                    available = [group.data_format for group in foreign.groups if group.split == split]
+                    source_format = record_format if record_format in available else available[0]
+                    record_set = foreign.record_set(split, source_format, labels.offset)
+                    entry, sizes = _convert_record_split(record_set, output_dir, record_format, options, pool,
+                                                         manifest['skipped'])
+                else:
+                    entry, sizes = _convert_split(data_dir, output_dir, split, record_format, listings[split][0],
+                                                  options, pool, manifest['skipped'])
+                manifest['splits'][split][record_format] = entry
+                manifest['image_size_stats'][split] = _image_size_stats(sizes)
             manifest['build'][record_format] = build
     onu_dataset.write_manifest(output_dir, manifest)
     _remove_replaced_shards(output_dir, old, manifest)
@@ -417,16 +574,25 @@ def _unreadable(skipped):
     return [s for s in skipped if s['reason'] != onu_dataset.REASON_HIDDEN]
 
 
-def _list_inputs(data_dir, splits, strict):
-    """(class names, {split: (images, skipped)}, skipped as manifest entries); DataError on any skip if strict."""
+def _list_inputs(data_dir, splits, strict, validation_percent):
+    """(class names, {split: (images, skipped)}, skipped as manifest entries); DataError on any skip if strict.
+
+    A split with no image (bare class folders with too few photos for a val split) is left out, with a note.
+    """
     class_names = onu_dataset.find_class_names(data_dir)
-    listings = {split: onu_dataset.list_split_images(data_dir, split, class_names) for split in splits}
-    skipped = [{'path': onu_dataset.relative_name(path, data_dir), 'reason': reason}
+    listings = {split: onu_dataset.list_split_images(data_dir, split, class_names, validation_percent)
+                for split in splits}
+    skipped = [{'path': onu_dataset.relative_name(path, data_dir), 'reason': reason, 'split': split}
                for split in splits for path, reason in listings[split][1]]
     unreadable = _unreadable(skipped)
     if strict and unreadable:
         raise DataError(f'{os.path.join(data_dir, unreadable[0]["path"])}: {unreadable[0]["reason"]} '
                         f'({len(unreadable)} unreadable files; --strict): fix or remove them, or drop --strict')
+    for split in splits:
+        if not listings[split][0]:
+            print(f'{data_dir}: no {split} photos (--validation_percent={validation_percent:g} of '
+                  f'{sum(len(images) for images, _ in listings.values())}): no {split} records written', flush=True)
+            del listings[split]
     return class_names, listings, skipped
 
 
@@ -451,7 +617,7 @@ def summary_table(manifest):
     for split, formats in manifest['splits'].items():
         for record_format, entry in formats.items():
             skipped = sum(1 for s in manifest['skipped']
-                          if s['path'].startswith(split + '/') and s['reason'] != onu_dataset.REASON_HIDDEN
+                          if s.get('split', s['path'].split('/')[0]) == split and s['reason'] != onu_dataset.REASON_HIDDEN
                           and s.get('format', record_format) == record_format)
             rows.append([split, record_format, entry['records']]
                         + [entry['records_per_class'][name] for name in class_names]

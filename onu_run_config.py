@@ -4,9 +4,12 @@ It is the contract between training and everything after it: onu_eval.py, onu_ex
 onu_predict.py rebuild the same model from it, and a restarted run checks it can resume.
 Every script calls it run_config. A library module: no flags, no TensorFlow.
 
-Format 2 (this one) adds format_version and drops num_classes (it is len(class_names)). Files of
-format 1 (no format_version; precision and compute_dtype absent before mixed precision) load as
-float32 runs; a file from a newer version fails with a line saying to upgrade.
+Format 3 (this one) adds where the data's labels and split came from: layout, labels_offset (other tools'
+records: class = stored label - labels_offset) and validation_percent (bare class folders: the share held
+out for val), so that eval, export and predict read the data exactly as training did. Format 2 added
+format_version and dropped num_classes (it is len(class_names)). Files of formats 1 and 2 load (format 1,
+without precision and compute_dtype, as float32 runs; both as photo-folder runs); a file from a newer
+version fails with a line saying to upgrade.
 """
 import dataclasses
 import json
@@ -15,7 +18,7 @@ import os
 import onu_dataset
 
 RUN_CONFIG_FILENAME = 'run_config.json'
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,6 +30,9 @@ class RunConfig:
     num_examples_per_epoch: int = 0
     data_dir: str = ''
     data_format: str = 'encoded'
+    layout: str = 'photos'  # onu_input.data_layout: photos, class_folders, records, or another tool's layout
+    labels_offset: int = 0  # other tools' records: class = stored label - labels_offset
+    validation_percent: float = None  # class_folders: the share of photos held out for val (onu_dataset.split_of)
     precision: str = 'float32'
     compute_dtype: str = 'float32'
     max_steps: int = None

@@ -2,6 +2,8 @@
 
     python onu_train.py                  # built-in sample data, encoded records, resumes if it can
     python onu_train.py --data_dir=DATA --data_format=raw --model=inception_resnet_v2
+    python onu_train.py --data_dir=PHOTOS          # <class>/ folders: 10% held out for val (--validation_percent)
+    python onu_train.py --data_dir=/data/imagenet  # records of other tools, read as they are (onu_layouts.py)
 
 Training never deletes --train_dir: it resumes from the latest checkpoint there. The run's
 configuration (onu_run_config.RunConfig) is saved as train_dir/run_config.json so onu_eval.py and
@@ -45,7 +47,7 @@ def train():
     precision, role = onu_flags.training_role()
     if role.is_ps:
         return role.serve()
-    run_config, resume_from = onu_flags.begin_training_run(precision, role)
+    run_config, train_data, resume_from = onu_flags.begin_training_run(precision, role)
     examples_per_step = FLAGS.batch_size * role.num_replicas
 
     with tf.Graph().as_default():
@@ -55,9 +57,8 @@ def train():
             tf.compat.v1.set_random_seed(seed)
             global_step = tf.compat.v1.train.get_or_create_global_step()
             images, labels = onu_input.distorted_inputs(
-                FLAGS.data_dir, FLAGS.data_format, FLAGS.batch_size, run_config.image_size,
-                augment=onu_flags.augment_options(), seed=seed, augment_on=FLAGS.augment_on,
-                reduced_decode=FLAGS.reduced_decode)
+                train_data, FLAGS.batch_size, run_config.image_size, augment=onu_flags.augment_options(),
+                seed=seed, augment_on=FLAGS.augment_on, reduced_decode=FLAGS.reduced_decode)
             logits, end_points = onu_model.inference(images, run_config.num_classes, run_config.model,
                                                      is_training=True, weight_decay=FLAGS.weight_decay)
             total_loss = onu_model.loss(logits, labels, end_points, FLAGS.label_smoothing)
@@ -78,7 +79,7 @@ def train():
 
         # The loop: MonitoredTrainingSession restores or initialises, runs the hooks, saves at the end.
         role.wait_for_chief()
-        with onu_flags.monitored_training_session(role, scaffold, hooks) as session:
+        with onu_flags.monitored_training_session(role, scaffold, hooks, train_data) as session:
             while not session.should_stop():
                 session.run(train_op)
     return onu_training.finish(hooks, role, FLAGS.train_dir, FLAGS.max_steps)

@@ -30,19 +30,34 @@ def default_model_name():
     return 'inception_resnet_v2' if tf.config.list_physical_devices('GPU') else 'small'
 
 
-def prepare_data(data_dir, data_format):
-    """Makes sure data_dir holds what data_format reads: sample data and records are made on demand."""
-    if not os.path.isdir(os.path.join(data_dir, 'train')):
+def prepare_data(data_dir, data_format, validation_percent, labels_offset):
+    """Makes sure data_dir holds what data_format reads; returns the data format (None: the data's own).
+
+    The built-in sample data (only in the default --data_dir) and this repo's records are made on demand;
+    a folder with no data found is a DataError saying what was looked for.
+    """
+    try:
+        layout = onu_input.data_layout(data_dir)
+    except onu_dataset.DataError:
         if os.path.abspath(data_dir) != os.path.abspath(onu_dataset.DEFAULT_DATA_DIR):
-            raise onu_dataset.DataError(
-                f'{data_dir}: no train/ folder; put photos in {data_dir}/train/<class>/ and '
-                f'{data_dir}/val/<class>/, or run python make_sample_data.py --data_dir={data_dir}')
+            raise
         print(f'{data_dir} has no data: generating the built-in sample dataset there.', flush=True)
         onu_sample_data.generate_dataset(data_dir)
-    if data_format != 'images' and not onu_input.has_records(data_dir, data_format):
+        layout = onu_input.data_layout(data_dir)
+    data_format = data_format or onu_input.default_data_format(data_dir)
+    description = onu_input.describe_labels(data_dir, labels_offset)
+    if description:
+        print(description, flush=True)
+    elif layout == 'class_folders':
+        print(f'{data_dir} has class folders without a train/val split: holding out {validation_percent:g}% of the '
+              f'photos for val by a hash of each file\'s path (--validation_percent; the same on every run).',
+              flush=True)
+    if data_format != 'images' and not onu_input.has_records(data_dir, data_format, validation_percent):
         print(f'{data_dir} has no {data_format} records: converting them now '
               f'(python convert_to_tfrecord.py --data_dir={data_dir} --format={data_format}).', flush=True)
-        onu_records.convert(data_dir, formats=(data_format,))
+        onu_records.convert(data_dir, formats=(data_format,), validation_percent=validation_percent,
+                            labels_offset=labels_offset)
+    return data_format
 
 
 def start_run(train_dir, run_config, is_chief):
@@ -234,11 +249,11 @@ def training_hooks(run_config, train_dir, role, scaffold, total_loss, global_ste
 
 
 @contextlib.contextmanager
-def monitored_training_session(role, train_dir, scaffold, hooks, save_summaries_steps, data_dir, data_format):
-    """Opens the MonitoredTrainingSession of a training run; a damaged record becomes a DataError."""
+def monitored_training_session(role, train_dir, scaffold, hooks, save_summaries_steps, info):
+    """Opens the MonitoredTrainingSession of a training run reading info; a damaged record becomes a DataError."""
     stop_hook = _hook(hooks, StopOnSignalHook)
     try:
-        with onu_input.damaged_records_as_data_error(data_dir, data_format, 'train'):
+        with onu_input.damaged_records_as_data_error(info):
             with tf.compat.v1.train.MonitoredTrainingSession(
                     master=role.master, is_chief=role.is_chief, checkpoint_dir=train_dir,
                     scaffold=scaffold, hooks=hooks, save_checkpoint_secs=None, save_checkpoint_steps=None,

@@ -158,7 +158,7 @@ def run_cluster():
     if given:
         raise onu_cluster.ClusterConfigError(
             f'--{given[0]} is the launcher\'s to set; give --num_workers and --num_ps instead')
-    onu_training.prepare_data(FLAGS.data_dir, FLAGS.data_format)
+    onu_training.prepare_data(FLAGS.data_dir, FLAGS.data_format, FLAGS.validation_percent, FLAGS.labels_offset)
     ports = free_ports(FLAGS.host, FLAGS.num_ps + FLAGS.num_workers)
     ps_hosts = [f'{FLAGS.host}:{port}' for port in ports[:FLAGS.num_ps]]
     worker_hosts = [f'{FLAGS.host}:{port}' for port in ports[FLAGS.num_ps:]]

@@ -1,6 +1,7 @@
 """Tests of onu_records: record contents, manifest, bad input, safe shard writing, determinism, re-runs."""
 
 import hashlib
+import io
 import os
 import shutil
 import sys
@@ -10,9 +11,10 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from conftest import REPO_ROOT, run_script
+from conftest import LAYOUT_CLASSES, REPO_ROOT, layout_photos, run_script, write_inception_records, write_study_records
 
 import onu_records
+import onu_tfrecord
 import onu_dataset
 
 SCRIPT = 'convert_to_tfrecord.py'
@@ -190,6 +192,8 @@ def test_bad_inputs_are_skipped_with_reasons_and_the_rest_decode_upright(messy_d
             assert payload_format == b'png'
             np.testing.assert_array_equal(raw_pixels, pattern)
             np.testing.assert_array_equal(decoded, pattern)
+            with open(path, 'rb') as f:  # PNGs kept byte for byte (their alpha dropped by every reader alike)
+                assert (payload == f.read()) == (name != 'bitmap.bmp'), name
             continue
         assert payload_format == b'jpeg'
         expected = np.asarray(pattern_image.convert('L').convert('RGB')) if name == 'gray.jpg' else pattern
@@ -240,7 +244,8 @@ def test_a_file_failing_to_decode_is_skipped_in_raw_or_fails_strict(make_tiny_da
     assert not any(name.endswith('.tfrecord') or '.tmp-' in name for name in os.listdir(records_dir))
     manifest = onu_records.convert(data_dir, processes=1)
     assert manifest['skipped'] == [
-        {'path': 'train/F663N/00002.jpg', 'reason': 'decode failed: broken data stream', 'format': 'raw'}]
+        {'path': 'train/F663N/00002.jpg', 'reason': 'decode failed: broken data stream', 'format': 'raw',
+         'split': 'train'}]
     assert manifest['splits']['train']['raw']['records_per_class'] == {'F603': 4, 'F663N': 3}
     assert manifest['splits']['train']['encoded']['records_per_class'] == {'F603': 4, 'F663N': 4}
     assert len(_read_records(records_dir, 'train', 'raw')) == 7
@@ -267,7 +272,7 @@ def test_shards_are_renamed_into_place_only_after_a_full_read_back(make_tiny_dat
 
     def recording_replace(source, destination):
         if destination.endswith('.tfrecord'):
-            renames.append((source, destination, onu_records.count_records(source, 'NONE')))
+            renames.append((source, destination, onu_tfrecord.count_records(source, 'NONE')))
         real_replace(source, destination)
 
     monkeypatch.setattr(onu_records.os, 'replace', recording_replace)
@@ -287,7 +292,7 @@ def test_interrupted_run_leaves_no_complete_looking_shard(make_tiny_dataset, mon
     stale_temp = os.path.join(records_dir, 'train-raw-00000-of-00002.tfrecord.tmp-99999')
     with open(stale_temp, 'wb') as f:
         f.write(b'left by a killed run')
-    real_count = onu_records.count_records
+    real_count = onu_tfrecord.count_records
     calls = []
 
     def interrupted_count(path, compression):
@@ -297,13 +302,13 @@ def test_interrupted_run_leaves_no_complete_looking_shard(make_tiny_dataset, mon
             raise KeyboardInterrupt
         return real_count(path, compression)
 
-    monkeypatch.setattr(onu_records, 'count_records', interrupted_count)
+    monkeypatch.setattr(onu_tfrecord, 'count_records', interrupted_count)
     with pytest.raises(KeyboardInterrupt):
         onu_records.convert(data_dir, formats=('raw',), num_shards=2, processes=1)
     assert sorted(os.listdir(records_dir)) == [onu_dataset.LABELS_FILENAME, onu_dataset.MANIFEST_FILENAME,
                                                'train-raw-00000-of-00002.tfrecord']
     assert onu_dataset.read_manifest(records_dir)['splits']['train'] == {}  # readers see no raw records yet
-    monkeypatch.setattr(onu_records, 'count_records', real_count)
+    monkeypatch.setattr(onu_tfrecord, 'count_records', real_count)
     manifest = onu_records.convert(data_dir, formats=('raw',), num_shards=2, processes=1)
     assert [len(_read_records(records_dir, s, 'raw')) for s in onu_dataset.SPLITS] == [8, 4]
     assert manifest['splits']['train']['raw']['records'] == 8
@@ -367,23 +372,6 @@ def test_script_exit_codes_and_output(make_tiny_dataset, tmp_path):
     assert onu_dataset.read_manifest(os.path.join(data_dir, 'tfrecords'))['splits']['val']['encoded']['records'] == 4
 
 
-@pytest.mark.parametrize('compression', ['NONE', 'GZIP'])
-def test_count_records_counts_only_complete_records(tmp_path, compression):
-    path = str(tmp_path / 'shard.tfrecord')
-    options = tf.io.TFRecordOptions(compression_type=onu_dataset.tf_compression_type(compression))
-    with tf.io.TFRecordWriter(path, options) as writer:
-        for size in (10, 0, 3000):
-            writer.write(b'x' * size)
-    assert onu_records.count_records(path, compression) == 3
-    if compression == 'NONE':
-        whole = open(path, 'rb').read()
-        # Cut inside the last record's data, inside its length header, and right after the second record.
-        for cut, complete in ((len(whole) - 5, 2), (26 + 16 + 4, 2), (26 + 16, 2), (7, 0)):
-            with open(path, 'wb') as f:
-                f.write(whole[:cut])
-            assert onu_records.count_records(path, compression) == complete, cut
-
-
 def run_with_import_log(script, *args):
     """Runs a repo script under `python -X importtime` (each process logs its imports to stderr)."""
     return run_script(sys.executable, '-X', 'importtime', os.path.join(REPO_ROOT, script), *args)
@@ -418,3 +406,85 @@ def test_workers_of_the_data_scripts_and_of_training_never_import_tensorflow(mak
     assert 'no raw records: converting them now' in trained.stdout
     assert imports_by_process(trained.stderr, 'onu_records') >= 2  # training converted with worker processes
     assert imports_by_process(trained.stderr, 'tensorflow') == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Other sources: PNG folders, bare class folders, other tools' records.
+
+def test_png_photos_are_kept_byte_for_byte_so_records_stay_the_size_of_the_photos(tmp_path):
+    data_dir = str(tmp_path / 'digits')
+    rng = np.random.default_rng(0)
+    for split, count in (('train', 20), ('val', 5)):
+        for class_name in ('3', '8'):
+            os.makedirs(os.path.join(data_dir, split, class_name))
+            for index in range(count):
+                digit = (rng.random((28, 28)) > 0.7).astype(np.uint8) * 255  # MNIST-like 28x28 grey
+                Image.fromarray(digit, 'L').save(os.path.join(data_dir, split, class_name, f'{index}.png'))
+    manifest = onu_records.convert(data_dir, formats=('encoded',), processes=1)
+    entry = manifest['splits']['train']['encoded']
+    # Only the keys (label, class, size, file name) are added: the images are not re-encoded (they grew 3x as RGB).
+    assert entry['record_bytes'] < entry['source_bytes'] + 250 * entry['records']
+    for features in _read_records(os.path.join(data_dir, 'tfrecords'), 'train', 'encoded'):
+        with open(os.path.join(data_dir, features[onu_dataset.KEY_FILENAME].decode()), 'rb') as f:
+            assert features[onu_dataset.KEY_ENCODED] == f.read()
+        assert features[onu_dataset.KEY_FORMAT] == b'png'
+
+
+def test_bare_class_folders_convert_with_their_split_recorded(make_tiny_dataset):
+    data_dir = make_tiny_dataset(train_per_class=10)
+    photos_dir = data_dir + '_photos'
+    for class_name in ('F603', 'F663N'):
+        shutil.copytree(os.path.join(data_dir, 'train', class_name), os.path.join(photos_dir, class_name))
+    done = run_script(SCRIPT, f'--data_dir={photos_dir}', '--format=encoded', '--processes=1',
+                      '--validation_percent=30')
+    assert done.returncode == 0, done.stderr
+    records_dir = os.path.join(photos_dir, 'tfrecords')
+    manifest = onu_dataset.read_manifest(records_dir)
+    assert manifest['validation_percent'] == 30.0 and manifest['class_names'] == ['F603', 'F663N']
+    for split in onu_dataset.SPLITS:
+        names = {f[onu_dataset.KEY_FILENAME].decode() for f in _read_records(records_dir, split, 'encoded')}
+        assert names and {onu_dataset.split_of(name, 30.0) for name in names} == {split}
+    again = run_script(SCRIPT, f'--data_dir={photos_dir}', '--format=encoded', '--processes=1',
+                       '--validation_percent=30')
+    assert 'up to date' in again.stdout
+
+
+def test_the_studys_raw_records_convert_to_encoded_records_of_the_same_pixels(tmp_path):
+    photos = layout_photos()
+    study = write_study_records(str(tmp_path / 'study'), photos, kinds=('raw',))
+    done = run_script(SCRIPT, f'--data_dir={study}', '--format=encoded', '--processes=2')
+    assert done.returncode == 0, done.stderr
+    header = done.stdout.splitlines()[0].split()
+    assert header[:3] == ['split', 'format', 'images'] and 'ratio' in header
+    rows = {line.split()[0]: line.split() for line in done.stdout.splitlines()[1:3]}
+    assert rows['train'][2] == '12' and float(rows['train'][header.index('ratio') - 2]) < 1.0  # PNG < raw pixels
+    records_dir = os.path.join(study, 'tfrecords')
+    assert onu_dataset.read_manifest(records_dir)['class_names'] == ['class_0', 'class_1', 'class_2']
+    records = _read_records(records_dir, 'train', 'encoded')
+    by_name = {f'603_663_train_raw.tfrecord#{index}': photo
+               for index, photo in enumerate(p for p in photos if p.split == 'train')}
+    for features in records:
+        photo = by_name[features[onu_dataset.KEY_FILENAME].decode()]
+        assert features[onu_dataset.KEY_LABEL] == photo.label and features[onu_dataset.KEY_FORMAT] == b'png'
+        np.testing.assert_array_equal(_decode(features[onu_dataset.KEY_ENCODED], b'png'),
+                                      np.asarray(Image.open(io.BytesIO(photo.data)).convert('RGB')))
+
+
+def test_inception_records_convert_with_their_offset_and_names(tmp_path):
+    photos = layout_photos()
+    inception = write_inception_records(str(tmp_path / 'inception'), photos, LAYOUT_CLASSES)
+    manifest = onu_records.convert(inception, formats=('raw', 'encoded'), processes=1)
+    assert manifest['class_names'] == list(LAYOUT_CLASSES) and manifest['source']['labels_offset'] == 1
+    records_dir = os.path.join(inception, 'tfrecords')
+    for record_format in onu_dataset.RECORD_FORMATS:
+        records = _read_records(records_dir, 'val', record_format)
+        expected = {photo.name: photo for photo in photos if photo.split == 'val'}
+        assert sorted(f[onu_dataset.KEY_FILENAME].decode() for f in records) == sorted(expected)
+        for features in records:
+            photo = expected[features[onu_dataset.KEY_FILENAME].decode()]
+            assert features[onu_dataset.KEY_LABEL] == photo.label
+            assert features[onu_dataset.KEY_TEXT].decode() == LAYOUT_CLASSES[photo.label]
+            if record_format == 'encoded':
+                assert features[onu_dataset.KEY_ENCODED] == photo.data  # the JPEG kept as it was
+            else:
+                np.testing.assert_array_equal(_raw_pixels(features), _decode(photo.data, b'jpeg'))

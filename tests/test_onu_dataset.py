@@ -27,11 +27,11 @@ def test_find_class_names_sorted_train_folders(make_tiny_dataset):
     assert onu_dataset.find_class_names(data_dir) == ['F603', 'F663N']
 
 
-def test_find_class_names_missing_train_names_the_path(tmp_path):
+def test_find_class_names_without_photos_says_where_they_go(tmp_path):
     with pytest.raises(onu_dataset.DataError) as error:
         onu_dataset.find_class_names(str(tmp_path))
     message = _one_line(error)
-    assert os.path.join(str(tmp_path), 'train') in message
+    assert f'{tmp_path}/<class>/' in message and f'{tmp_path}/train/<class>/' in message
     assert 'make_sample_data.py' in message
 
 
@@ -76,7 +76,7 @@ def test_list_split_images_sorted_with_labels(make_tiny_dataset):
     for info in images:
         assert (info.width, info.height, info.image_format, info.mode, info.orientation) == (80, 60, 'JPEG', 'RGB', 1)
         assert info.num_bytes == os.path.getsize(info.path)
-        assert info.is_plain_jpeg
+        assert info.is_kept_as_is
 
 
 def test_list_split_images_sniffs_content_and_reports_each_skip(messy_data_dir, messy_files):
@@ -91,16 +91,16 @@ def test_list_split_images_sniffs_content_and_reports_each_skip(messy_data_dir, 
             assert word in reasons[name], (name, reasons[name])
     assert reasons['.DS_Store'] == reasons['Thumbs.db'] == onu_dataset.REASON_HIDDEN
     assert 'truncated' in reasons['truncated.jpg']
-    expected = {  # name: (format, mode, orientation, plain JPEG)
+    expected = {  # name: (format, mode, orientation, kept byte for byte in encoded records)
         'plain.jpg': ('JPEG', 'RGB', 1, True), 'gray.jpg': ('JPEG', 'L', 1, True),
         'cmyk.jpg': ('JPEG', 'CMYK', 1, False), 'exif_rotated.jpg': ('JPEG', 'RGB', 6, False),
-        'png_named.jpg': ('PNG', 'RGB', 1, False), 'rgba.png': ('PNG', 'RGBA', 1, False),
+        'png_named.jpg': ('PNG', 'RGB', 1, True), 'rgba.png': ('PNG', 'RGBA', 1, True),
         'bitmap.bmp': ('BMP', 'RGB', 1, False), 'ünïcødé 照片.jpg': ('JPEG', 'RGB', 1, True),
         'trailing_data.jpg': ('JPEG', 'RGB', 1, True)}
-    for name, (image_format, mode, orientation, plain) in expected.items():
+    for name, (image_format, mode, orientation, kept) in expected.items():
         info = used[name]
-        assert (info.image_format, info.mode, info.orientation, info.is_plain_jpeg) == (
-            image_format, mode, orientation, plain), name
+        assert (info.image_format, info.mode, info.orientation, info.is_kept_as_is) == (
+            image_format, mode, orientation, kept), name
         assert (info.width, info.height) == (48, 32), name  # upright size, also for the rotated file
     assert [i.path for i in images] == sorted(i.path for i in images)
 
@@ -191,3 +191,61 @@ def test_importing_onu_dataset_does_not_import_tensorflow():
     result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True,
                             cwd=os.path.dirname(os.path.abspath(onu_dataset.__file__)))
     assert result.stdout.strip() == 'False'
+
+
+# ---------------------------------------------------------------------------------------------
+# Bare class folders (PHOTOS/<class>/*, no split): the held-out split made by hashing each path.
+
+def _bare_class_folders(make_tiny_dataset, name='bare', per_class=12):
+    """A PHOTOS/<class>/* folder (no split) made from a tiny dataset's photos; returns its path."""
+    data_dir = make_tiny_dataset(name, train_per_class=per_class, val_per_class=1)
+    photos_dir = data_dir + '_photos'
+    for class_name in ('F603', 'F663N'):
+        shutil.copytree(os.path.join(data_dir, 'train', class_name), os.path.join(photos_dir, class_name))
+    return photos_dir
+
+
+def test_split_of_is_a_stable_fraction_of_paths_whatever_the_process():
+    names = [f'class_{i % 7}/IMG_{i:05d}.jpg' for i in range(20000)]
+    held_out = [name for name in names if onu_dataset.split_of(name, 10.0) == 'val']
+    assert abs(len(held_out) / len(names) - 0.10) < 0.01
+    assert {onu_dataset.split_of(name, 25.0) for name in held_out} == {'val'}  # a larger share keeps them
+    # The same in another process with another hash seed: a hash of the bytes, not Python's hash().
+    code = ('import sys, onu_dataset; print(",".join(n for n in sys.argv[1:] if onu_dataset.split_of(n, 10.0) == "val"))')
+    other = subprocess.run([sys.executable, '-c', code] + names[:500], capture_output=True, text=True, check=True,
+                           cwd=os.path.dirname(os.path.abspath(onu_dataset.__file__)),
+                           env=dict(os.environ, PYTHONHASHSEED='12345'))
+    assert other.stdout.strip().split(',') == [name for name in held_out if name in set(names[:500])]
+    # macOS spells accented names decomposed: the same photo, the same split.
+    assert onu_dataset.split_of('F603/caf\u00e9.jpg', 50.0) == onu_dataset.split_of('F603/cafe\u0301.jpg', 50.0)
+
+
+def test_bare_class_folders_split_into_disjoint_sets_and_added_photos_move_no_old_one(make_tiny_dataset):
+    photos_dir = _bare_class_folders(make_tiny_dataset)
+    os.makedirs(os.path.join(photos_dir, onu_dataset.RECORDS_SUBDIR))  # where records would go: not a class
+    assert not onu_dataset.has_split_folders(photos_dir)
+    assert onu_dataset.find_class_names(photos_dir) == ['F603', 'F663N']
+
+    def listed(percent):
+        return {split: {image.path for image in onu_dataset.list_split_images(
+            photos_dir, split, ['F603', 'F663N'], percent)[0]} for split in onu_dataset.SPLITS}
+    before = listed(30.0)
+    assert before['train'] and before['val'] and not before['train'] & before['val']
+    assert len(before['train'] | before['val']) == 24
+    for index in range(20):  # new photos, old ones stay where they were
+        shutil.copy(os.path.join(photos_dir, 'F603', '00000.jpg'), os.path.join(photos_dir, 'F603', f'new_{index}.jpg'))
+    after = listed(30.0)
+    assert before['train'] <= after['train'] and before['val'] <= after['val']
+    assert len(after['train'] | after['val']) == 44
+
+
+def test_records_dir_is_found_in_the_folder_or_in_the_cache(tmp_path):
+    data_dir = str(tmp_path / 'data')
+    os.makedirs(data_dir)
+    assert onu_dataset.records_dir_for(data_dir) == os.path.join(data_dir, onu_dataset.RECORDS_SUBDIR)
+    cached = onu_dataset.cached_records_dir(data_dir)
+    assert cached.startswith(onu_dataset.cache_dir()) and os.path.basename(cached).startswith('data-')
+    os.makedirs(cached)
+    onu_dataset.write_manifest(cached, {'version': onu_dataset.MANIFEST_VERSION})
+    assert onu_dataset.records_dir_for(data_dir) == cached
+    assert onu_dataset.cached_records_dir(str(tmp_path / 'other' / 'data')) != cached  # same name, other folder

@@ -44,7 +44,7 @@ def eval_graph_softmax(checkpoint_path, moving_average_decay, data_dir, data_for
                        split='val'):
     """Returns (softmax, images) of the eval input and small model on a split, restored as eval does."""
     with tf.Graph().as_default():
-        images, _ = onu_input.inputs(split, data_dir, data_format, 64, IMAGE_SIZE)
+        images, _ = onu_input.inputs(onu_input.dataset_info(data_dir, data_format, split), 64, IMAGE_SIZE)
         logits, _ = onu_model.inference(images, 2, 'small', is_training=False)
         probabilities = tf.nn.softmax(logits)
         saver = tf.compat.v1.train.Saver(

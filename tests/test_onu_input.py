@@ -39,7 +39,7 @@ def _run_to_end(fetches):
 def _eval_examples(split, data_dir, data_format, batch_size=3, image_size=IMAGE_SIZE):
     """Returns (images, labels, batch sizes) of one full eval pass."""
     with tf.Graph().as_default():
-        batches = _run_to_end(onu_input.inputs(split, data_dir, data_format, batch_size, image_size))
+        batches = _run_to_end(onu_input.inputs(onu_input.dataset_info(data_dir, data_format, split), batch_size, image_size))
     images = np.concatenate([images for images, _ in batches])
     labels = np.concatenate([labels for _, labels in batches])
     return images, labels, [len(labels) for _, labels in batches]
@@ -82,7 +82,7 @@ def messy_records_dir(messy_data_dir, tmp_path_factory):
 @pytest.mark.parametrize('data_format', FORMATS)
 def test_distorted_inputs_shapes_and_range(tiny_data_dir, data_format):
     with tf.Graph().as_default():
-        images, labels = onu_input.distorted_inputs(tiny_data_dir, data_format, batch_size=5,
+        images, labels = onu_input.distorted_inputs(onu_input.dataset_info(tiny_data_dir, data_format, 'train'), batch_size=5,
                                                     image_size=IMAGE_SIZE, seed=1)
         assert images.shape.as_list() == [5, IMAGE_SIZE, IMAGE_SIZE, 3]
         assert labels.shape.as_list() == [5]
@@ -98,7 +98,7 @@ def test_inputs_shapes_and_each_example_once(tiny_data_dir, data_format):
     info = onu_input.dataset_info(tiny_data_dir, data_format, 'train')
     assert (info.num_examples, info.class_names) == (8, ('F603', 'F663N'))
     with tf.Graph().as_default():
-        images, labels = onu_input.inputs('train', tiny_data_dir, data_format, 3, IMAGE_SIZE)
+        images, labels = onu_input.inputs(onu_input.dataset_info(tiny_data_dir, data_format, 'train'), 3, IMAGE_SIZE)
         assert images.shape.as_list() == [None, IMAGE_SIZE, IMAGE_SIZE, 3]
         assert (images.dtype, labels.dtype) == (tf.float32, tf.int32)
     images, labels, batch_sizes = _eval_examples('train', tiny_data_dir, data_format)
@@ -212,7 +212,7 @@ def test_value_range_after_each_stage():
 
 def test_draws_stay_in_their_ranges_and_differ_per_image(tiny_data_dir):
     with tf.Graph().as_default():
-        batch = onu_input.undistorted_inputs(tiny_data_dir, 'encoded', batch_size=8, image_size=IMAGE_SIZE,
+        batch = onu_input.undistorted_inputs(onu_input.dataset_info(tiny_data_dir, 'encoded', 'train'), batch_size=8, image_size=IMAGE_SIZE,
                                              seed=5)
         images, labels, draws = batch
         params = onu_input.distortion_params(draws)
@@ -240,7 +240,7 @@ def test_both_placements_give_the_same_images_for_the_same_seed(tiny_data_dir):
     outputs = {}
     for placement in onu_input.AUGMENT_PLACEMENTS:
         with tf.Graph().as_default():
-            images, labels = onu_input.distorted_inputs(tiny_data_dir, 'encoded', batch_size=4,
+            images, labels = onu_input.distorted_inputs(onu_input.dataset_info(tiny_data_dir, 'encoded', 'train'), batch_size=4,
                                                         image_size=IMAGE_SIZE, seed=11, augment_on=placement)
             with tf.compat.v1.Session() as sess:
                 outputs[placement] = [sess.run((images, labels)) for _ in range(3)]
@@ -347,7 +347,7 @@ def test_augmentation_varies_per_image(make_tiny_dataset):
     data_dir = make_tiny_dataset('one_each', train_per_class=1, val_per_class=1)
     for augment, differ in ((True, True), (False, False)):
         with tf.Graph().as_default():
-            images, labels = onu_input.distorted_inputs(data_dir, 'images', batch_size=8,
+            images, labels = onu_input.distorted_inputs(onu_input.dataset_info(data_dir, 'images', 'train'), batch_size=8,
                                                         image_size=IMAGE_SIZE, augment=augment)
             images, labels = _evaluate((images, labels))
         for label in (0, 1):
@@ -360,7 +360,7 @@ def test_augmentation_varies_per_image(make_tiny_dataset):
 def test_seed_makes_training_batches_reproducible(tiny_data_dir):
     def first_batch(seed):
         with tf.Graph().as_default():
-            return _evaluate(onu_input.distorted_inputs(tiny_data_dir, 'encoded', 4, IMAGE_SIZE, seed=seed))
+            return _evaluate(onu_input.distorted_inputs(onu_input.dataset_info(tiny_data_dir, 'encoded', 'train'), 4, IMAGE_SIZE, seed=seed))
     first, again, other = first_batch(3), first_batch(3), first_batch(4)
     np.testing.assert_array_equal(first[0], again[0])
     np.testing.assert_array_equal(first[1], again[1])
@@ -369,7 +369,7 @@ def test_seed_makes_training_batches_reproducible(tiny_data_dir):
 
 def test_distorted_inputs_adds_image_summary(tiny_data_dir):
     with tf.Graph().as_default():
-        onu_input.distorted_inputs(tiny_data_dir, 'raw', 4, IMAGE_SIZE)
+        onu_input.distorted_inputs(onu_input.dataset_info(tiny_data_dir, 'raw', 'train'), 4, IMAGE_SIZE)
         summaries = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SUMMARIES)
         assert [s.op.name for s in summaries] == ['augmented_inputs']
         summary = tf.compat.v1.Summary.FromString(_evaluate(summaries[0]))
@@ -411,7 +411,7 @@ def test_missing_records_say_how_to_convert(make_tiny_dataset):
     data_dir = make_tiny_dataset()
     assert not onu_input.has_records(data_dir, 'raw')
     with pytest.raises(onu_dataset.DataError) as error:
-        onu_input.distorted_inputs(data_dir, 'raw', 2, IMAGE_SIZE)
+        onu_input.distorted_inputs(onu_input.dataset_info(data_dir, 'raw', 'train'), 2, IMAGE_SIZE)
     message = str(error.value)
     assert 'manifest.json' in message and f'--data_dir={data_dir} --format=raw' in message
 
@@ -421,7 +421,7 @@ def test_records_of_the_other_kind(make_tiny_dataset):
     onu_records.convert(data_dir, formats=('encoded',), processes=1)
     assert onu_input.has_records(data_dir, 'encoded') and not onu_input.has_records(data_dir, 'raw')
     with pytest.raises(onu_dataset.DataError) as error:
-        onu_input.inputs('val', data_dir, 'raw', 2, IMAGE_SIZE)
+        onu_input.inputs(onu_input.dataset_info(data_dir, 'raw', 'val'), 2, IMAGE_SIZE)
     message = str(error.value)
     assert 'only encoded records' in message and '--format=raw' in message
     assert '--data_format=encoded' in message and '\n' not in message
@@ -444,9 +444,9 @@ def test_corrupted_record_names_the_shard(tiny_data_dir, tmp_path):
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([byte[0] ^ 0xFF]))
     with tf.Graph().as_default():
-        images, _ = onu_input.inputs('train', data_dir, 'encoded', 2, IMAGE_SIZE)
+        images, _ = onu_input.inputs(onu_input.dataset_info(data_dir, 'encoded', 'train'), 2, IMAGE_SIZE)
         with pytest.raises(onu_dataset.DataError) as error:
-            with onu_input.damaged_records_as_data_error(data_dir, 'encoded', 'train'):
+            with onu_input.damaged_records_as_data_error(onu_input.dataset_info(data_dir, 'encoded', 'train')):
                 _run_to_end(images)
     message = str(error.value)
     assert message.startswith(damaged) and 'corrupted record' in message
@@ -459,7 +459,7 @@ def test_truncated_record_file_names_the_shard(tiny_data_dir, tmp_path):
     with open(shard, 'r+b') as f:
         f.truncate(os.path.getsize(shard) - 100)
     with pytest.raises(onu_dataset.DataError) as error:
-        onu_input.inputs('val', data_dir, 'raw', 2, IMAGE_SIZE)
+        onu_input.inputs(onu_input.dataset_info(data_dir, 'raw', 'val'), 2, IMAGE_SIZE)
     message = str(error.value)
     assert message.startswith(shard) and 'truncated' in message and '--format=raw' in message
 
@@ -490,10 +490,54 @@ def test_no_decodable_image_stops_training_with_a_data_error(tmp_path, pattern_i
         os.makedirs(os.path.join(data_dir, 'train', class_name))
         _write_jpeg_with_bad_scan(os.path.join(data_dir, 'train', class_name, 'bad.jpg'), pattern_image)
     with tf.Graph().as_default():
-        images, _ = onu_input.distorted_inputs(data_dir, 'images', 2, IMAGE_SIZE)
+        images, _ = onu_input.distorted_inputs(onu_input.dataset_info(data_dir, 'images', 'train'), 2, IMAGE_SIZE)
         with pytest.raises(onu_dataset.DataError) as error:
-            with onu_input.damaged_records_as_data_error(data_dir, 'images', 'train'):
+            with onu_input.damaged_records_as_data_error(onu_input.dataset_info(data_dir, 'images', 'train')):
                 _evaluate(images)  # without the check this would wait forever
     message = str(error.value)
     assert message.startswith(os.path.join(data_dir, 'train')) and 'none of the 2 images' in message
     assert '\n' not in message
+
+
+# ---------------------------------------------------------------------------------------------
+# Bare class folders (no split) in every feeding mode, and what the images mode cannot decode.
+
+def _eval_names(info):
+    """The file names of one eval pass over info."""
+    with tf.Graph().as_default():
+        _, _, names = onu_input.inputs(info, 4, IMAGE_SIZE, with_filenames=True)
+        return sorted(name.decode() for batch in _run_to_end(names) for name in batch)
+
+
+def test_bare_class_folders_give_the_same_split_in_every_feeding_mode(make_tiny_dataset):
+    data_dir = make_tiny_dataset('split', train_per_class=10, val_per_class=1)
+    photos_dir = data_dir + '_photos'
+    for class_name in ('F603', 'F663N'):
+        shutil.copytree(os.path.join(data_dir, 'train', class_name), os.path.join(photos_dir, class_name))
+    expected = {split: sorted(f'{c}/{n}' for c in ('F603', 'F663N') for n in os.listdir(os.path.join(photos_dir, c))
+                              if onu_dataset.split_of(f'{c}/{n}', 30.0) == split) for split in onu_dataset.SPLITS}
+    assert expected['val'] and expected['train']
+    onu_records.convert(photos_dir, processes=1, validation_percent=30.0)
+    for data_format in FORMATS:
+        names = {split: _eval_names(onu_input.dataset_info(photos_dir, data_format, split, validation_percent=30.0))
+                 for split in onu_dataset.SPLITS}
+        assert names == expected, data_format  # and so no val photo is ever trained on
+    info = onu_input.dataset_info(photos_dir, 'encoded', 'val', validation_percent=30.0)
+    assert (info.layout, info.validation_percent) == ('records', 30.0)
+    with pytest.raises(onu_dataset.DataError) as error:  # records split otherwise are not read as this split
+        onu_input.dataset_info(photos_dir, 'encoded', 'val', validation_percent=20.0)
+    assert '--validation_percent=30' in str(error.value) and '\n' not in str(error.value)
+
+
+def test_images_mode_leaves_out_what_it_cannot_decode_with_one_line(make_tiny_dataset, pattern_image, caplog):
+    data_dir = make_tiny_dataset()
+    pattern_image.save(os.path.join(data_dir, 'val', 'F603', 'scan.tif'), 'TIFF')
+    with caplog.at_level(logging.WARNING):
+        info = onu_input.dataset_info(data_dir, 'images', 'val')
+        assert info.num_examples == 4 and not any(path.endswith('.tif') for path in info.files)
+        onu_input.dataset_info(data_dir, 'images', 'val')
+    lines = [r.getMessage() for r in caplog.records if 'scan.tif' in r.getMessage()]
+    assert len(lines) == 1 and 'TIFF' in lines[0] and 'records include them' in lines[0]
+    assert len(_eval_examples('val', data_dir, 'images')[1]) == 4  # counted as it is read
+    onu_records.convert(data_dir, formats=('encoded',), processes=1)  # records read it through Pillow
+    assert onu_input.dataset_info(data_dir, 'encoded', 'val').num_examples == 5

@@ -12,7 +12,7 @@ from PIL import Image
 import pytest
 import tensorflow as tf
 
-from conftest import run_script
+from conftest import LAYOUT_CLASSES, layout_photos, run_script, write_inception_records
 from test_onu_export import eval_graph_softmax
 
 import onu_records
@@ -150,3 +150,31 @@ def test_script_prints_json_lines_and_errors(model, photo_folder):
     assert failed == {'path': empty, 'error': 'empty file'}
     assert f'error: {empty}: empty file' in result.stderr.splitlines()
     assert f'Classifying with the SavedModel {version(model, 12)}\n' in result.stderr  # the newest
+
+
+def test_a_run_on_inception_records_exports_and_predicts_what_eval_saw(tmp_path):
+    """Labels 1-based in the records: training, eval, export and predict agree on the classes (run_config.json)."""
+    photos = layout_photos()
+    data_dir = write_inception_records(str(tmp_path / 'data'), photos, LAYOUT_CLASSES)
+    train_dir, eval_dir = str(tmp_path / 'train'), str(tmp_path / 'eval')
+    for script, *args in (('onu_train.py', f'--data_dir={data_dir}', f'--train_dir={train_dir}', '--max_steps=6',
+                           '--image_size=32', '--batch_size=6', '--model=small', '--learning_rate=0.05'),
+                          ('onu_eval.py', f'--checkpoint_dir={train_dir}', f'--eval_dir={eval_dir}', '--run_once',
+                           '--max_mistakes=100'),
+                          ('onu_export.py', f'--checkpoint_dir={train_dir}')):
+        done = run_script(script, *args)
+        assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads(open(os.path.join(eval_dir, 'results.jsonl')).readline())
+    photo_dir = str(tmp_path / 'val')
+    os.makedirs(photo_dir)
+    val = {photo.name: photo for photo in photos if photo.split == 'val'}
+    for name, photo in val.items():
+        with open(os.path.join(photo_dir, name), 'wb') as f:
+            f.write(photo.data)
+    code, lines, _ = predict([photo_dir], onu_serving.default_export_dir(train_dir), as_json=True)
+    assert code == 0
+    predicted = {os.path.basename(result['path']): result for result in map(json.loads, lines)}
+    assert all(sorted(result['probabilities']) == list(LAYOUT_CLASSES) for result in predicted.values())
+    wrong = sorted(name for name, result in predicted.items() if result['class_name'] != LAYOUT_CLASSES[val[name].label])
+    assert wrong == sorted(record['misclassified'])
+    assert np.trace(np.array(record['confusion_matrix'])) == len(val) - len(wrong)

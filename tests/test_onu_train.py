@@ -178,9 +178,35 @@ def test_missing_data_dir_is_a_one_line_error(tmp_path):
     result = run_train(f'--data_dir={missing}', f'--train_dir={tmp_path / "train"}', '--max_steps=1')
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
-        f'error: {missing}: no train/ folder; put photos in {missing}/train/<class>/ and '
-        f'{missing}/val/<class>/, or run python make_sample_data.py --data_dir={missing}')
+        f'error: {missing}: data dir not found; make sample data with python make_sample_data.py '
+        f'--data_dir={missing}, or point --data_dir at your photos or records (README "Bring your own data")')
     assert not os.path.exists(missing)
+
+
+def test_bare_class_folders_train_on_a_split_eval_keeps(make_tiny_dataset, tmp_path):
+    data_dir = make_tiny_dataset(train_per_class=10)
+    photos_dir = str(tmp_path / 'photos')
+    for class_name in ('F603', 'F663N'):
+        shutil.copytree(os.path.join(data_dir, 'train', class_name), os.path.join(photos_dir, class_name))
+    val = [f'{c}/{n}' for c in ('F603', 'F663N') for n in sorted(os.listdir(os.path.join(photos_dir, c)))
+           if onu_dataset.split_of(f'{c}/{n}', 30.0) == 'val']
+    train_dir, eval_dir = str(tmp_path / 'train'), str(tmp_path / 'eval')
+    result = run_train(f'--data_dir={photos_dir}', f'--train_dir={train_dir}', '--max_steps=2', '--model=small',
+                       '--validation_percent=30', '--data_format=images')
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert 'holding out 30% of the photos for val' in result.stdout
+    assert f'on {20 - len(val)} images examples' in result.stdout
+    saved = onu_run_config.RunConfig.load(train_dir)
+    assert (saved.layout, saved.validation_percent, saved.class_names) == ('class_folders', 30.0, ('F603', 'F663N'))
+    evaluated = run_script('onu_eval.py', f'--checkpoint_dir={train_dir}', f'--eval_dir={eval_dir}', '--run_once',
+                           '--max_mistakes=100')
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    record = json.loads(open(os.path.join(eval_dir, 'results.jsonl')).readline())
+    assert record['num_examples'] == len(val) and set(record['misclassified']) <= set(val)
+    other = run_script('onu_eval.py', f'--checkpoint_dir={train_dir}', f'--eval_dir={eval_dir}', '--run_once',
+                       '--validation_percent=20')
+    assert other.returncode == 2 and other.stderr.count('\n') == 1
+    assert 'held out 30%' in other.stderr and 'photos it trained on' in other.stderr
 
 
 def test_run_config_round_trips(tmp_path):

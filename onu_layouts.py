@@ -1,0 +1,563 @@
+"""TFRecords that other tools wrote, read as they are: which layout a folder holds, found from its file names
+and first record; its splits, keys, label offset, class names and epoch sizes.
+
+    records = find_foreign_records(data_dir)          # ForeignRecords, or None if the folder has none
+    record_set = records.record_set('train', 'encoded', labels_offset=None)   # a RecordSet, for onu_input
+
+A record layout is one RecordLayout entry of RECORD_LAYOUTS: its file names, its tool's label convention and
+where the tool puts class names and epoch sizes. Finding, messages and the tests all iterate the list, so a
+new layout is one entry. Found, not assumed:
+  - keys, from the first record: the image under image/encoded, image/raw or image (IMAGE_KEYS), the label
+    under image/class/label or label; height, width and channels are optional (raw records need the first two);
+  - the label offset (TF-slim's 0:background, Inception's 1-based labels), only from evidence: a labels file,
+    the class texts of the records, or the keys that show which converter wrote them. Never from the smallest
+    label seen (a split may lack class 0); with no evidence, --labels_offset must say it;
+  - class names: labels.txt (id:name or one name per line), TFDS's label.labels.txt, or image/class/text;
+    without any, class_<label>;
+  - epoch sizes: TFDS's dataset_info.json, else counted once from the record framing (onu_tfrecord: length
+    headers and seeks) and cached outside the data folder (onu_dataset.cache_dir()), keyed by path, size and
+    modification time, so that a read-only folder works and a changed shard is recounted.
+Pure Python, no TensorFlow. This repo's own records (manifest.json) and photo folders are onu_dataset's.
+"""
+import dataclasses
+import json
+import os
+import re
+
+import onu_dataset
+import onu_tfrecord
+from onu_dataset import DataError
+
+# Image keys -> the data format of their bytes, in order of preference; label keys likewise.
+IMAGE_KEYS = {onu_dataset.KEY_ENCODED: 'encoded', onu_dataset.KEY_RAW: 'raw', 'image': 'encoded'}
+LABEL_KEYS = (onu_dataset.KEY_LABEL, 'label')
+RAW_CHANNELS = (1, 3, 4)  # bytes per pixel of raw records: grey, RGB, RGBA (PIL's tobytes of the photo as opened)
+SPLIT_TOKENS = '|'.join(name for names in onu_dataset.SPLIT_NAMES.values() for name in names)
+SCAN_MAX_BYTES = 4096  # scans read values up to this size (labels, texts, sizes); image bytes are skipped
+INDEX_SUBDIR = 'record-index'  # in onu_dataset.cache_dir(): one JSON file of counts per record folder
+TFDS_INFO_FILENAME = 'dataset_info.json'
+BACKGROUND = 'background'  # TF-slim's ImageNet labels.txt names class 0 so; no example has it
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordLayout:
+    """The TFRecords one tool writes: file names, label convention, where it puts class names and counts."""
+    name: str
+    looks_like: str             # the file names, for messages
+    file_name: re.Pattern       # matches a file of the layout; its group 'split' is one of SPLIT_TOKENS
+    labels_base: int = None     # the label the tool gives the first class; None: varies, evidence needed
+    labels_base_keys: tuple = ()  # keys that show the tool wrote a record: labels_base counts as evidence then
+    names_files: tuple = ()     # files beside the records that name the classes, in order of preference
+    first_line_label: int = 0   # the label of line 1 of a names file with one name per line
+    counts_file: str = None     # a file of the tool's own with the records per shard (TFDS's dataset_info.json)
+    in_version_folders: bool = False  # also found in <data_dir>/<version>/ (TFDS's <name>/<version>/)
+
+
+def _shards(prefix, suffix=''):
+    """A file-name pattern: prefix, a split token, then -NNNNN-of-NNNNN shard numbers and suffix."""
+    return re.compile(prefix + rf'(?P<split>{SPLIT_TOKENS})' + suffix)
+
+
+RECORD_LAYOUTS = (
+    RecordLayout(
+        name='tfds', looks_like='TFDS: <name>-train.tfrecord-00000-of-00016 beside dataset_info.json',
+        file_name=_shards(r'(?P<name>.+)-', r'\.tfrecord-\d{5}-of-\d{5}'),
+        labels_base=0, names_files=('label.labels.txt',), counts_file=TFDS_INFO_FILENAME, in_version_folders=True),
+    RecordLayout(
+        name='slim', looks_like="TF-slim's converters: <name>_train_00000-of-00005.tfrecord beside labels.txt",
+        file_name=_shards(r'(?P<name>.+)_', r'_\d{5}-of-\d{5}\.tfrecord'),
+        labels_base=0, names_files=(onu_dataset.LABELS_FILENAME,)),
+    RecordLayout(
+        name='inception', looks_like='the Inception/ImageNet converters: train-00000-of-01024, validation-00000-of-00128',
+        file_name=_shards('', r'-\d{5}-of-\d{5}'),
+        labels_base=1, labels_base_keys=('image/colorspace', 'image/channels', onu_dataset.KEY_TEXT),
+        names_files=(onu_dataset.LABELS_FILENAME,), first_line_label=1),
+    RecordLayout(
+        name='single_file', looks_like="one file per split: the study's 603_663_train_raw.tfrecord and "
+                                       "603_663_val_g.tfrecord, TF-slim's cifar10_train.tfrecord",
+        file_name=re.compile(rf'(?!.*\d{{5}}-of-\d{{5}})(?:.*?[_.-])?(?P<split>{SPLIT_TOKENS})(?:[_.-].*)?'
+                             r'\.(?:tfrecords?|records?)'),
+        labels_base=0, names_files=(onu_dataset.LABELS_FILENAME,)),
+)
+LAYOUT_NAMES = tuple(layout.name for layout in RECORD_LAYOUTS)
+
+
+def looked_for():
+    """What finding records looks for, for a one-line error: every layout's file names."""
+    return '; '.join(layout.looks_like for layout in RECORD_LAYOUTS)
+
+
+# ----------------------------------------------------------------------------------------------
+# Finding the files
+
+@dataclasses.dataclass(frozen=True)
+class RecordGroup:
+    """Files of one split written together (a sharded set, or one single file), and their first record's keys."""
+    split: str
+    files: tuple            # full paths, in shard order
+    compression: str
+    features: dict          # {key: onu_tfrecord.Feature} of the first record (image bytes not kept)
+    image_key: str
+    label_key: str
+
+    @property
+    def data_format(self):
+        """'raw' or 'encoded': what the image bytes of the records are."""
+        return IMAGE_KEYS[self.image_key]
+
+
+def _split_of_token(token):
+    """This repo's split of a split token of a file name: train, or val for val/validation/test."""
+    return next(split for split, names in onu_dataset.SPLIT_NAMES.items() if token in names)
+
+
+def _version_folders(data_dir):
+    """data_dir's subfolders holding a TFDS dataset_info.json, newest version first."""
+    def version(name):
+        return tuple(int(part) if part.isdigit() else 0 for part in name.split('.'))
+    names = [name for name in onu_dataset.visible_subdirs(data_dir)
+             if os.path.isfile(os.path.join(data_dir, name, TFDS_INFO_FILENAME))]
+    return [os.path.join(data_dir, name) for name in sorted(names, key=version, reverse=True)]
+
+
+def _matching_files(folder, layout):
+    """{file name: split token} of folder's files that layout's pattern matches."""
+    matches = {}
+    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+        if entry.is_file() and not onu_dataset.is_hidden(entry.name):
+            match = layout.file_name.fullmatch(entry.name)
+            if match:
+                matches[entry.name] = match.group('split')
+    return matches
+
+
+def _group_name(file_name):
+    """The name shared by the shards of one set: the shard numbers taken out."""
+    return re.sub(r'\d{5}-of-(\d{5})', r'#-of-\1', file_name)
+
+
+def _first_features(paths, compression):
+    """{key: Feature} of the first record of the first non-empty file of paths (bytes over 4 KB not kept); None if none."""
+    for path in paths:
+        payload = onu_tfrecord.first_record(path, compression)
+        if payload is not None:
+            try:
+                return onu_tfrecord.parse_example(payload, max_bytes=SCAN_MAX_BYTES)
+            except onu_tfrecord.NotAnExample as error:
+                raise DataError(f'{path}: its first record is not a tf.train.Example ({error}); '
+                                f'point --data_dir at image records') from None
+    return None
+
+
+def _compression(paths):
+    """The one compression of paths ('NONE', 'GZIP', 'ZLIB'); DataError for a file that is not a TFRecord file."""
+    found = {}
+    for path in paths:
+        compression = onu_tfrecord.sniff_compression(path)
+        if compression is None:
+            raise DataError(f'{path}: not a TFRecord file (neither its framing nor GZIP/ZLIB compression); '
+                            f'remove it from the folder or rename it')
+        found.setdefault(compression, path)
+    if len(found) > 1:
+        raise DataError(f'{found[sorted(found)[1]]}: {sorted(found)[1]}-compressed but {found[sorted(found)[0]]} is '
+                        f'{sorted(found)[0]}: give the files of one set one compression')
+    return next(iter(found), 'NONE')
+
+
+def _record_group(folder, split, names):
+    """The RecordGroup of the files names (one set of one split), or None if they hold no record."""
+    paths = tuple(os.path.join(folder, name) for name in names)
+    compression = _compression(paths)
+    features = _first_features(paths, compression)
+    if features is None:
+        return None
+    image_key = next((key for key in IMAGE_KEYS if key in features and features[key].kind == onu_tfrecord.BYTES),
+                     None)
+    label_key = next((key for key in LABEL_KEYS if key in features and features[key].kind == onu_tfrecord.INT64),
+                     None)
+    if image_key is None or label_key is None:
+        wanted = ' or '.join(IMAGE_KEYS) if image_key is None else ' or '.join(LABEL_KEYS)
+        what = 'image bytes' if image_key is None else 'an int64 label'
+        raise DataError(f'{paths[0]}: its records hold no {what} under {wanted} (keys: {", ".join(sorted(features))}); '
+                        f'convert your data with a tool that writes them, or point --data_dir elsewhere')
+    return RecordGroup(split=split, files=paths, compression=compression, features=features,
+                       image_key=image_key, label_key=label_key)
+
+
+def find_foreign_records(data_dir):
+    """The ForeignRecords in data_dir (or in its newest TFDS version folder), or None if there are none."""
+    if not os.path.isdir(data_dir):
+        return None
+    for layout in RECORD_LAYOUTS:
+        folders = [data_dir] + (_version_folders(data_dir) if layout.in_version_folders else [])
+        for folder in folders:
+            matches = _matching_files(folder, layout)
+            if matches:
+                return ForeignRecords(layout, folder, matches)
+    return None
+
+
+# ----------------------------------------------------------------------------------------------
+# Counting, cached outside the data folder
+
+def _index_path(folder):
+    """The cache file of folder's record counts and scans."""
+    return os.path.join(onu_dataset.cache_dir(), INDEX_SUBDIR, onu_dataset.folder_key(folder) + '.json')
+
+
+def _load_index(folder):
+    """{file name: entry} cached for folder ({} when there is none or it is unreadable)."""
+    try:
+        with open(_index_path(folder), encoding='utf-8') as f:
+            index = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    files = index.get('files') if isinstance(index, dict) else None
+    return files if isinstance(files, dict) and index.get('folder') == os.path.realpath(folder) else {}
+
+
+def _save_index(folder, files):
+    """Writes folder's index to the cache; where the cache cannot be written, counts are simply made again."""
+    path = _index_path(folder)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        onu_dataset.write_text_atomic(path, json.dumps({'folder': os.path.realpath(folder), 'files': files}) + '\n')
+    except OSError:
+        pass
+
+
+def _file_identity(path):
+    """(size, modification time in ns): a shard with others is recounted."""
+    stat = os.stat(path)
+    return stat.st_size, stat.st_mtime_ns
+
+
+class _Index:
+    """The cached counts and scans of one folder's record files: looked up by name, size and mtime."""
+
+    def __init__(self, folder):
+        self._folder = folder
+        self._files = _load_index(folder)
+        self._changed = False
+
+    def entry(self, path, compression):
+        """The cached entry of path, or a fresh one if it is absent or the file changed."""
+        name = os.path.basename(path)
+        size, mtime_ns = _file_identity(path)
+        entry = self._files.get(name)
+        if not (isinstance(entry, dict) and entry.get('size') == size and entry.get('mtime_ns') == mtime_ns
+                and entry.get('compression') == compression):
+            entry = self._files[name] = {'size': size, 'mtime_ns': mtime_ns, 'compression': compression}
+            self._changed = True
+        return entry
+
+    def framing(self, path, compression):
+        """(records, problem) of path's framing, counted once."""
+        entry = self.entry(path, compression)
+        if 'records' not in entry:
+            framing = onu_tfrecord.read_framing(path, compression)
+            entry.update(records=framing.records, problem=framing.problem)
+            self._changed = True
+        return entry['records'], entry['problem']
+
+    def scan(self, path, compression, group):
+        """{labels: {label: count}, texts: {label: text}, raw_problem} of path's records, scanned once."""
+        entry = self.entry(path, compression)
+        if 'scan' not in entry:
+            entry['scan'] = _scan_file(path, compression, group)
+            self._changed = True
+        return entry['scan']
+
+    def save(self):
+        """Writes what was counted or scanned to the cache."""
+        if self._changed:
+            _save_index(self._folder, self._files)
+            self._changed = False
+
+
+def _raw_problem(features, image_key):
+    """Why a raw record's pixels cannot be an image (byte count against height x width), or None."""
+    sizes = [features.get(key) for key in (onu_dataset.KEY_HEIGHT, onu_dataset.KEY_WIDTH)]
+    if any(size is None or size.kind != onu_tfrecord.INT64 or not size.values for size in sizes):
+        return f'no {onu_dataset.KEY_HEIGHT} and {onu_dataset.KEY_WIDTH}, which raw pixels need'
+    height, width = sizes[0].values[0], sizes[1].values[0]
+    image = features[image_key]
+    num_bytes = image.values[0] if image.skipped else len(image.values[0]) if image.values else 0
+    if height <= 0 or width <= 0 or not any(num_bytes == height * width * c for c in RAW_CHANNELS):
+        return (f'{num_bytes} bytes of pixels for {height}x{width}, which is not '
+                f'{", ".join(str(c) for c in RAW_CHANNELS)} bytes per pixel')
+    return None
+
+
+def _scan_file(path, compression, group):
+    """Reads the labels, class texts and (raw records) pixel sizes of every record of path; image bytes skipped."""
+    labels, texts, raw_problem = {}, {}, None
+    try:
+        for index, features in enumerate(onu_tfrecord.scan_examples(path, compression, SCAN_MAX_BYTES)):
+            label_feature = features.get(group.label_key)
+            label = label_feature.values[0] if label_feature and label_feature.values else None
+            if label is None:
+                raw_problem = raw_problem or f'record {index + 1} has no {group.label_key}'
+                continue
+            labels[str(label)] = labels.get(str(label), 0) + 1
+            text = features.get(onu_dataset.KEY_TEXT)
+            if text and text.kind == onu_tfrecord.BYTES and text.values and not text.skipped:
+                texts.setdefault(str(label), text.values[0].decode('utf-8', errors='replace'))
+            if group.data_format == 'raw' and raw_problem is None:
+                problem = _raw_problem(features, group.image_key)
+                raw_problem = problem and f'record {index + 1}: {problem}'
+    except onu_tfrecord.NotAnExample as error:
+        raw_problem = f'{error}: not a tf.train.Example'
+    return {'labels': labels, 'texts': texts, 'raw_problem': raw_problem}
+
+
+def _tfds_shard_lengths(folder, split_token, num_files):
+    """The records per shard of a TFDS split from dataset_info.json, or None if it does not list them."""
+    try:
+        with open(os.path.join(folder, TFDS_INFO_FILENAME), encoding='utf-8') as f:
+            info = json.load(f)
+        for split in info.get('splits', []):
+            if split.get('name') == split_token:
+                lengths = [int(length) for length in split.get('shardLengths', [])]
+                return tuple(lengths) if len(lengths) == num_files else None
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+    return None
+
+
+# ----------------------------------------------------------------------------------------------
+# Labels: the offset from evidence, the class names
+
+def read_names_file(path):
+    """(form, names) of a labels file: ('ids', {id: name}) for id:name lines, ('lines', [name, ...]) otherwise."""
+    with open(path, encoding='utf-8') as f:
+        lines = [line.strip() for line in f if line.strip()]
+    pairs = [re.fullmatch(r'(\d+):(.+)', line) for line in lines]
+    if lines and all(pairs):
+        return 'ids', {int(pair.group(1)): pair.group(2).strip() for pair in pairs}
+    return 'lines', lines
+
+
+@dataclasses.dataclass(frozen=True)
+class Labels:
+    """How stored labels map to the model's classes: class = label - offset; and why."""
+    offset: int
+    class_names: tuple
+    evidence: str     # where the offset comes from
+    names_from: str   # where the class names come from
+
+
+class ForeignRecords:
+    """The records of one RecordLayout found in a folder: their groups by split and format, labels and counts."""
+
+    def __init__(self, layout, folder, matches):
+        self.layout = layout
+        self.folder = folder
+        self._tokens = {}  # split -> the split token its files use (the first of SPLIT_NAMES there is)
+        for split, names in onu_dataset.SPLIT_NAMES.items():
+            self._tokens[split] = next((name for name in names if name in matches.values()), None)
+        self.groups = []
+        for split, token in self._tokens.items():
+            if token is None:
+                continue
+            by_set = {}
+            for name, file_token in matches.items():
+                if file_token == token:
+                    by_set.setdefault(_group_name(name), []).append(name)
+            for names in by_set.values():
+                group = _record_group(folder, split, sorted(names))
+                if group is not None:
+                    self.groups.append(group)
+        self._labels = {}
+        self._index = _Index(folder)
+
+    @property
+    def data_formats(self):
+        """The data formats the records hold ('encoded' and/or 'raw'), encoded first."""
+        found = {group.data_format for group in self.groups}
+        return tuple(fmt for fmt in ('encoded', 'raw') if fmt in found)
+
+    def describe(self):
+        """One line: the layout and what each split holds."""
+        parts = []
+        for split in onu_dataset.SPLITS:
+            sets = [f'{len(group.files)} {group.data_format} file(s)'
+                    f'{" " + group.compression if group.compression != "NONE" else ""} ({group.image_key})'
+                    for group in self.groups if group.split == split]
+            if sets:
+                parts.append(f'{split} ({self._tokens[split]}): {" + ".join(sets)}')
+        return f'{self.folder}: {self.layout.name} records, {"; ".join(parts)}'
+
+    def _groups(self, split, data_format):
+        """The groups of split holding data_format; DataError saying what there is when none does."""
+        groups = [group for group in self.groups if group.split == split and group.data_format == data_format]
+        if groups:
+            return groups
+        there = sorted({group.data_format for group in self.groups if group.split == split})
+        names = ' or '.join(onu_dataset.SPLIT_NAMES[split])
+        if there:
+            raise DataError(f'{self.folder}: its {self.layout.name} records of {split} hold {" and ".join(there)} '
+                            f'images, not {data_format}: use --data_format={there[0]}')
+        raise DataError(f'{self.folder}: no {split} records among its {self.layout.name} files (looked for the '
+                        f'split names {names} in {self.layout.looks_like})')
+
+    def _counts(self, groups):
+        """Records per file of groups: TFDS's own counts, else the framing counted once; DataError for a cut file."""
+        counts = []
+        for group in groups:
+            token = self._tokens[group.split]
+            listed = (_tfds_shard_lengths(self.folder, token, len(group.files))
+                      if self.layout.counts_file == TFDS_INFO_FILENAME else None)
+            if listed is not None:
+                counts += listed
+                continue
+            for path in group.files:
+                records, problem = self._index.framing(path, group.compression)
+                if problem:
+                    self._index.save()
+                    raise DataError(f'{path}: damaged or truncated record file ({problem}); re-create it with the '
+                                    f'tool that wrote it, or move it out of {self.folder}')
+                counts.append(records)
+        return counts
+
+    def _scans(self, groups=None):
+        """The scans of groups' files (default: all): labels, texts, raw sizes, each once and cached."""
+        scans = []
+        for group in self.groups if groups is None else groups:
+            for path in group.files:
+                scan = self._index.scan(path, group.compression, group)
+                if scan['raw_problem']:
+                    self._index.save()
+                    raise DataError(f'{path}: {scan["raw_problem"]}; re-create the file, or move it out of '
+                                    f'{self.folder}')
+                scans.append(scan)
+        self._index.save()
+        return scans
+
+    def _offset_evidence(self, names_file):
+        """(offset, evidence, label of line 1 of a one-name-per-line names file) that the files show; offset None if none."""
+        group = self.groups[0]
+        label_values = group.features[group.label_key].values
+        label = label_values[0] if label_values else None
+        text = group.features.get(onu_dataset.KEY_TEXT)
+        text = text.values[0].decode('utf-8', errors='replace') if text and text.values and not text.skipped else None
+        line_one = self.layout.first_line_label
+        if names_file is not None:
+            path, (form, names) = names_file
+            if form == 'ids':
+                first = min(names)
+                if first == 0 and names[0].lower() == BACKGROUND:
+                    return 1, f'{path} names label 0 {BACKGROUND!r}, which no photo has', line_one
+                if first in (0, 1):
+                    return first, f'{path} numbers the classes from {first}', line_one
+            elif text is not None and label is not None:
+                matches = [first for first in (0, 1) if 0 <= label - first < len(names) and names[label - first] == text]
+                if len(matches) == 1:
+                    return matches[0], (f'the first record\'s label {label} is {text!r}, line '
+                                        f'{label - matches[0] + 1} of {path}'), matches[0]
+            if form == 'lines':
+                return line_one, f'{path} is the {self.layout.name} labels file, whose line 1 is label {line_one}', line_one
+        if self.layout.labels_base is not None and all(key in group.features for key in self.layout.labels_base_keys):
+            keys = f' (keys {", ".join(self.layout.labels_base_keys)})' if self.layout.labels_base_keys else ''
+            return self.layout.labels_base, (f'{self.layout.name} records{keys}, whose labels start at '
+                                             f'{self.layout.labels_base}'), line_one
+        return None, None, line_one
+
+    def _names_file(self):
+        """(path, read_names_file(path)) of the first names file beside the records, or None."""
+        for name in self.layout.names_files:
+            path = os.path.join(self.folder, name)
+            if os.path.isfile(path):
+                return path, read_names_file(path)
+        return None
+
+    def labels(self, labels_offset=None):
+        """The Labels of the records: offset from evidence (or labels_offset), class names; DataError without evidence."""
+        if labels_offset in self._labels:
+            return self._labels[labels_offset]
+        names_file = self._names_file()
+        offset, evidence, line_one = self._offset_evidence(names_file)
+        if labels_offset is not None:
+            if offset is not None and offset != labels_offset:
+                evidence = f'--labels_offset={labels_offset}, against the evidence ({evidence}: {offset})'
+            else:
+                evidence = f'--labels_offset={labels_offset}'
+            offset = labels_offset
+        if offset is None:
+            raise DataError(f'{self.folder}: cannot tell whether its {self.layout.name} labels start at 0 or at 1 '
+                            f'(no labels file, no class texts, no keys of a known converter): pass '
+                            f'--labels_offset=0, or --labels_offset=1 if label 0 is unused (background)')
+        self._labels[labels_offset] = self._class_names(names_file, offset, evidence, line_one)
+        return self._labels[labels_offset]
+
+    def _class_names(self, names_file, offset, evidence, line_one):
+        """The Labels with class names from the names file, else the records' texts, else class_<label>.
+
+        line_one: the label of line 1 of a names file with one name per line.
+        """
+        if names_file is not None:
+            path, (form, names) = names_file
+            if form == 'ids':
+                ordered = [names[key] for key in sorted(names) if key >= offset]
+            elif offset >= line_one:
+                ordered = names[offset - line_one:]
+            else:
+                ordered = [f'class_{label}' for label in range(offset, line_one)] + names
+            return Labels(offset, tuple(ordered), evidence, path)
+        labels, texts = set(), {}
+        for scan in self._scans():
+            labels.update(int(label) for label in scan['labels'])
+            for label, text in scan['texts'].items():
+                texts.setdefault(int(label), text)
+        if not labels:
+            raise DataError(f'{self.folder}: its {self.layout.name} records hold no labels')
+        if min(labels) < offset:
+            raise DataError(f'{self.folder}: a record has label {min(labels)}, below the label offset {offset} '
+                            f'({evidence}); pass --labels_offset={min(labels)} if its labels start there')
+        names = tuple(texts.get(label, f'class_{label}') for label in range(offset, max(labels) + 1))
+        names_from = 'image/class/text' if texts else 'the labels seen (class_<label>: no labels file, no class texts)'
+        return Labels(offset, names, evidence, names_from)
+
+    def record_set(self, split, data_format, labels_offset=None):
+        """The RecordSet of split in data_format (counted, labels resolved, raw pixels checked); DataError if none."""
+        groups = self._groups(split, data_format)
+        labels = self.labels(labels_offset)
+        if data_format == 'raw':
+            self._scans(groups)
+        counts = self._counts(groups)
+        self._index.save()
+        files = tuple(path for group in groups for path in group.files)
+        compressions = {group.compression for group in groups}
+        if len(compressions) > 1:
+            raise DataError(f'{self.folder}: the {split} {data_format} files mix {" and ".join(sorted(compressions))} '
+                            f'compression: keep one set of files per split')
+        first = groups[0]
+        filename_key = onu_dataset.KEY_FILENAME if (
+            first.features.get(onu_dataset.KEY_FILENAME, onu_tfrecord.Feature(onu_tfrecord.INT64, ())).kind
+            == onu_tfrecord.BYTES) else ''
+        return RecordSet(layout=self.layout.name, folder=self.folder, split=split, data_format=data_format,
+                         files=files, records_per_file=tuple(counts), compression=first.compression,
+                         image_key=first.image_key, label_key=first.label_key, filename_key=filename_key,
+                         labels=labels, record_bytes=sum(os.path.getsize(path) for path in files))
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordSet:
+    """One split of other tools' records in one data format, ready to read: files, counts, keys, labels."""
+    layout: str
+    folder: str
+    split: str
+    data_format: str
+    files: tuple
+    records_per_file: tuple
+    compression: str        # 'NONE', 'GZIP', 'ZLIB'
+    image_key: str
+    label_key: str
+    filename_key: str       # '' if the records name no file
+    labels: Labels
+    record_bytes: int
+
+    @property
+    def num_examples(self):
+        """The records of the split."""
+        return sum(self.records_per_file)

@@ -1,0 +1,262 @@
+"""Tests of onu_layouts: other tools' records found, counted, labelled and read, each layout from the tests' own writer.
+
+Every test that takes `layout` runs once per onu_layouts.RECORD_LAYOUTS entry: a new layout is tested as soon
+as it has its writer in conftest.LAYOUT_WRITERS.
+"""
+import json
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from PIL import Image
+
+import onu_dataset
+import onu_input
+import onu_layouts
+import onu_tfrecord
+from conftest import (LAYOUT_CLASS_NAMES, LAYOUT_CLASSES, LAYOUT_WRITERS, file_states, layout_photos, run_script,
+                      write_inception_records, write_slim_records, write_study_records, write_tfrecord, _example)
+
+IMAGE_SIZE = 32
+
+
+def _one_line(error):
+    """The message of a DataError, checked to be one line."""
+    message = str(error.value)
+    assert '\n' not in message
+    return message
+
+
+def _eval_labels(info):
+    """The labels of one eval pass over info, in order."""
+    with tf.Graph().as_default():
+        _, labels, names = onu_input.inputs(info, 4, IMAGE_SIZE, with_filenames=True)
+        found, found_names = [], []
+        with tf.compat.v1.Session() as sess:
+            while True:
+                try:
+                    batch_labels, batch_names = sess.run([labels, names])
+                except tf.errors.OutOfRangeError:
+                    return found, found_names
+                found += batch_labels.tolist()
+                found_names += [name.decode() for name in batch_names]
+
+
+@pytest.fixture(params=onu_layouts.LAYOUT_NAMES)
+def layout(request):
+    """Each record layout's name, in turn."""
+    return request.param
+
+
+def test_every_layout_has_a_writer_and_is_looked_for():
+    assert set(LAYOUT_WRITERS) == set(onu_layouts.LAYOUT_NAMES) == set(LAYOUT_CLASS_NAMES)
+    for record_layout in onu_layouts.RECORD_LAYOUTS:
+        assert record_layout.looks_like in onu_layouts.looked_for()
+
+
+def test_each_layout_is_found_counted_and_labelled(layout, tmp_path):
+    photos = layout_photos()
+    data_dir = LAYOUT_WRITERS[layout](str(tmp_path), photos, LAYOUT_CLASSES)
+    assert onu_input.data_layout(data_dir) == layout
+    for split in onu_dataset.SPLITS:
+        expected = [photo.label for photo in photos if photo.split == split]
+        info = onu_input.dataset_info(data_dir, 'encoded', split)
+        assert (info.layout, info.num_examples, info.class_names) == (layout, len(expected), LAYOUT_CLASS_NAMES[layout])
+        assert sum(info.records_per_file) == len(expected)
+        labels, names = _eval_labels(info)
+        assert sorted(labels) == sorted(expected)  # every example once, each with its class
+        assert len(set(names)) == len(names) and all(names)  # each named: its file name, or <shard>#<index>
+
+
+@pytest.mark.parametrize('val_classes', [{1, 2}, {2}])
+def test_the_offset_comes_from_evidence_not_from_the_smallest_label(layout, tmp_path, val_classes):
+    photos = layout_photos(val_classes=val_classes)
+    data_dir = LAYOUT_WRITERS[layout](str(tmp_path), photos, LAYOUT_CLASSES)
+    info = onu_input.dataset_info(data_dir, 'encoded', 'val')
+    assert info.labels_offset == (1 if layout == 'inception' else 0)
+    assert info.class_names == LAYOUT_CLASS_NAMES[layout]
+    assert sorted(_eval_labels(info)[0]) == sorted(photo.label for photo in photos if photo.split == 'val')
+
+
+def test_inception_names_without_its_keys_need_labels_offset(tmp_path):
+    photos = layout_photos()
+    for split, token in (('train', 'train'), ('val', 'validation')):
+        write_tfrecord(str(tmp_path / f'{token}-00000-of-00001'),
+                       [_example({'image/encoded': p.data, 'image/class/label': p.label + 1})
+                        for p in photos if p.split == split])
+    with pytest.raises(onu_dataset.DataError) as error:
+        onu_input.dataset_info(str(tmp_path), 'encoded', 'train')
+    assert '--labels_offset=0' in _one_line(error) and '--labels_offset=1' in _one_line(error)
+    info = onu_input.dataset_info(str(tmp_path), 'encoded', 'val', labels_offset=1)
+    assert info.class_names == ('class_1', 'class_2', 'class_3')
+    assert sorted(_eval_labels(info)[0]) == sorted(p.label for p in photos if p.split == 'val')
+
+
+def test_labels_files_give_offset_and_names(tmp_path):
+    photos = layout_photos()
+    # TF-slim's ImageNet labels.txt: 0:background, which no photo has; the records' labels start at 1.
+    shifted = write_slim_records(str(tmp_path / 'shifted'), [
+        type(p)(split=p.split, label=p.label + 1, image=p.image, name=p.name, data=p.data) for p in photos],
+        ['background'] + list(LAYOUT_CLASSES))
+    info = onu_input.dataset_info(shifted, 'encoded', 'train')
+    assert (info.labels_offset, info.class_names) == (1, LAYOUT_CLASSES)
+    assert sorted(_eval_labels(info)[0]) == sorted(p.label for p in photos if p.split == 'train')
+    # Inception's own labels file (its converter's input): one name per line, line 1 is label 1.
+    inception = write_inception_records(str(tmp_path / 'inception'), photos, LAYOUT_CLASSES, with_text=False)
+    with open(os.path.join(inception, 'labels.txt'), 'w') as f:
+        f.write('\n'.join(LAYOUT_CLASSES) + '\n')
+    info = onu_input.dataset_info(inception, 'encoded', 'train')
+    assert (info.labels_offset, info.class_names) == (1, LAYOUT_CLASSES)
+
+
+def test_a_label_outside_the_classes_is_a_one_line_error(tmp_path):
+    photos = layout_photos()
+    slim = write_slim_records(str(tmp_path), photos, ['background'] + list(LAYOUT_CLASSES))
+    info = onu_input.dataset_info(slim, 'encoded', 'train')  # labels.txt says 1-based, the records hold 0
+    with pytest.raises(onu_dataset.DataError) as error:
+        with onu_input.damaged_records_as_data_error(info):
+            _eval_labels(info)
+    message = _one_line(error)
+    assert 'label 0' in message and '--labels_offset' in message
+
+
+@pytest.mark.parametrize('mode', ['RGBA', 'L', 'RGB'])
+def test_raw_records_of_one_three_and_four_bytes_per_pixel_read_as_rgb(tmp_path, mode):
+    photos = layout_photos(mode=mode, train=1, val=1)
+    write_study_records(str(tmp_path), photos, kinds=('raw',))
+    info = onu_input.dataset_info(str(tmp_path), 'raw', 'val')
+    size = photos[0].image.size
+    with tf.Graph().as_default():
+        dataset = onu_input._decoded_records(info, training=False, seed=None, deterministic=True)
+        image, label, _ = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+        with tf.compat.v1.Session() as sess:
+            got = [sess.run([image, label]) for _ in range(info.num_examples)]
+    for (pixels, label), photo in zip(got, [p for p in photos if p.split == 'val']):
+        assert label == photo.label and pixels.shape == (size[1], size[0], 3)
+        np.testing.assert_array_equal(pixels, np.asarray(Image.open(__import__('io').BytesIO(photo.data)).convert('RGB')))
+
+
+def test_raw_bytes_that_fit_no_pixel_size_name_the_file_and_record(tmp_path):
+    photos = layout_photos(train=1, val=1)
+    records = [_example({'image/raw': p.image.tobytes(), 'image/width': p.image.width, 'image/height': p.image.height,
+                         'image/class/label': p.label}) for p in photos if p.split == 'train']
+    records[1] = _example({'image/raw': bytes(40 * 30 * 2), 'image/width': 40, 'image/height': 30,
+                           'image/class/label': 1})
+    write_tfrecord(str(tmp_path / 'x_train_raw.tfrecord'), records)
+    write_tfrecord(str(tmp_path / 'x_val_raw.tfrecord'), records[:1])
+    with pytest.raises(onu_dataset.DataError) as error:
+        onu_input.dataset_info(str(tmp_path), 'raw', 'train')
+    message = _one_line(error)
+    assert str(tmp_path / 'x_train_raw.tfrecord') in message and 'record 2' in message and '2400 bytes' in message
+
+
+def test_gzip_records_are_recognised_from_their_bytes(tmp_path):
+    photos = layout_photos()
+    write_study_records(str(tmp_path), photos, kinds=('encoded',), compression='GZIP')
+    info = onu_input.dataset_info(str(tmp_path), 'encoded', 'train')
+    assert info.compression_type == 'GZIP' and info.num_examples == 12
+    assert sorted(_eval_labels(info)[0]) == sorted(p.label for p in photos if p.split == 'train')
+
+
+def test_empty_trailing_shards_count_as_empty(tmp_path):
+    photos = layout_photos(train=1, val=1)  # 3 photos a split in 5 shards: two are empty files
+    write_slim_records(str(tmp_path), photos, LAYOUT_CLASSES)
+    info = onu_input.dataset_info(str(tmp_path), 'encoded', 'train')
+    assert info.records_per_file == (1, 1, 1, 0, 0)
+    assert sorted(_eval_labels(info)[0]) == [0, 1, 2]
+
+
+def test_a_truncated_shard_is_a_one_line_error_naming_it(tmp_path):
+    write_slim_records(str(tmp_path), layout_photos(), LAYOUT_CLASSES)
+    shard = str(tmp_path / 'flowers_train_00001-of-00005.tfrecord')
+    data = open(shard, 'rb').read()
+    open(shard, 'wb').write(data[:len(data) - 30])
+    with pytest.raises(onu_dataset.DataError) as error:
+        onu_input.dataset_info(str(tmp_path), 'encoded', 'train')
+    assert _one_line(error).startswith(f'{shard}: damaged or truncated record file (record 3 is cut short')
+
+
+def test_a_folder_of_no_known_layout_says_what_was_looked_for(tmp_path):
+    (tmp_path / 'data.bin').write_bytes(bytes(100))
+    (tmp_path / 'notes.txt').write_text('nothing here')
+    with pytest.raises(onu_dataset.DataError) as error:
+        onu_input.data_layout(str(tmp_path))
+    message = _one_line(error)
+    assert 'train/<class>/' in message and 'manifest.json' in message
+    assert all(record_layout.looks_like in message for record_layout in onu_layouts.RECORD_LAYOUTS)
+
+
+def test_counts_are_cached_outside_the_folder_and_a_changed_shard_is_recounted(tmp_path, monkeypatch):
+    photos = layout_photos()
+    data_dir = write_inception_records(str(tmp_path / 'data'), photos, LAYOUT_CLASSES)
+    before = file_states(data_dir)
+    assert onu_input.dataset_info(data_dir, 'encoded', 'train').num_examples == 12
+    index = onu_layouts._index_path(data_dir)
+    assert os.path.isfile(index) and index.startswith(os.environ['ONU_CACHE_DIR'])
+    assert file_states(data_dir) == before  # nothing written into the data folder
+    counted = []
+    real_framing = onu_tfrecord.read_framing
+    monkeypatch.setattr(onu_tfrecord, 'read_framing', lambda *args: counted.append(args) or real_framing(*args))
+    assert onu_input.dataset_info(data_dir, 'encoded', 'train').num_examples == 12
+    assert counted == []  # from the cache
+    shard = os.path.join(data_dir, 'train-00001-of-00002')
+    extra = _example({'image/encoded': photos[0].data, 'image/class/label': 1, 'image/class/text': 'daisy',
+                      'image/colorspace': 'RGB', 'image/channels': 3})
+    write_tfrecord(shard, list(onu_tfrecord.read_records(shard, 'NONE')) + [extra])
+    assert onu_input.dataset_info(data_dir, 'encoded', 'train').num_examples == 13
+    assert [os.path.basename(args[0]) for args in counted] == ['train-00001-of-00002']
+
+
+def test_each_layout_trains_and_evaluates_every_val_example_once(layout, tmp_path):
+    photos = layout_photos()
+    data_dir = LAYOUT_WRITERS[layout](str(tmp_path / 'data'), photos, LAYOUT_CLASSES)
+    train_dir, eval_dir = str(tmp_path / 'train'), str(tmp_path / 'eval')
+    trained = run_script('onu_train.py', f'--data_dir={data_dir}', f'--train_dir={train_dir}', '--max_steps=2',
+                         f'--image_size={IMAGE_SIZE}', '--batch_size=4', '--model=small')
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert f'{layout} records' in trained.stdout
+    config = json.load(open(os.path.join(train_dir, 'run_config.json')))
+    assert (config['layout'], tuple(config['class_names'])) == (layout, LAYOUT_CLASS_NAMES[layout])
+    assert config['labels_offset'] == (1 if layout == 'inception' else 0)
+    evaluated = run_script('onu_eval.py', f'--checkpoint_dir={train_dir}', f'--eval_dir={eval_dir}', '--run_once')
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    result = json.loads(open(os.path.join(eval_dir, 'results.jsonl')).readline())
+    assert result['num_examples'] == 6 and tuple(result['class_names']) == LAYOUT_CLASS_NAMES[layout]
+    assert np.array(result['confusion_matrix']).sum(axis=1).tolist() == [2, 2, 2]  # every val example, its class
+
+
+def _read_only_bind_mount(source, target):
+    """Mounts source read-only at target (needs root); skips the test where this machine does not allow it."""
+    os.makedirs(target)
+    done = subprocess.run(['mount', '--bind', source, target], capture_output=True, text=True)
+    if done.returncode:
+        pytest.skip(f'cannot bind-mount here: {done.stderr.strip()}')
+    subprocess.run(['mount', '-o', 'remount,ro,bind', target], check=True)
+    with pytest.raises(OSError):
+        open(os.path.join(target, 'probe'), 'w').close()
+
+
+def test_a_read_only_data_folder_trains_with_records_made_in_the_cache(tmp_path):
+    photos = layout_photos()
+    source = write_inception_records(str(tmp_path / 'source'), photos, LAYOUT_CLASSES)
+    mounted = str(tmp_path / 'mounted')
+    _read_only_bind_mount(source, mounted)
+    try:
+        before = file_states(source)
+        trained = run_script('onu_train.py', f'--data_dir={mounted}', '--data_format=raw', '--max_steps=2',
+                             f'--train_dir={tmp_path / "train"}', f'--image_size={IMAGE_SIZE}', '--batch_size=4',
+                             '--model=small')
+        assert trained.returncode == 0, trained.stderr[-3000:]
+        cached = onu_dataset.cached_records_dir(mounted)
+        assert f'{mounted} is read-only: writing its records to {cached}' in trained.stdout
+        assert onu_dataset.read_manifest(cached)['splits']['val']['raw']['records'] == 6
+        evaluated = run_script('onu_eval.py', f'--checkpoint_dir={tmp_path / "train"}', '--run_once',
+                               f'--eval_dir={tmp_path / "eval"}')
+        assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+        assert '6 val examples' in evaluated.stdout
+        assert file_states(source) == before
+    finally:
+        subprocess.run(['umount', mounted], check=True)
