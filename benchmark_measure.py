@@ -1,6 +1,8 @@
 """What onu_benchmark.py measures: each measure_* function builds one thing, times it, returns a dict of numbers.
 
-  storage      measure_read_files, measure_conversion (seconds, bytes);
+  storage      measure_read_files, measure_conversion (seconds, bytes), write_inception_shards (the same
+               photos in the Inception/ImageNet converter's layout), measure_record_counting (finding and
+               counting a synthetic set of other tools' shards, cold and cached);
   pipelines    measure_pipeline (onu_input), measure_plain_tf_image, measure_study_serial,
                measure_serial_cv2, measure_keras_baseline (the baselines of benchmark_baselines),
                measure_decode_limit (images/sec, CPU cores busy);
@@ -15,6 +17,8 @@ import resource
 import statistics
 import time
 
+from PIL import Image
+
 import numpy as np
 import tensorflow as tf
 
@@ -22,6 +26,7 @@ import benchmark_baselines
 import onu_dataset
 import onu_flags
 import onu_input
+import onu_layouts
 import onu_model
 import onu_records
 
@@ -79,6 +84,93 @@ def measure_conversion(data_dir, output_dir, record_format, processes):
             'record_bytes': sum(entry['record_bytes'] for entry in entries),
             'source_bytes': sum(entry['source_bytes'] for entry in entries),
             'pixel_bytes': sum(entry['pixel_bytes'] for entry in entries)}
+
+
+def _write_records(path, serialized):
+    """Writes serialized records to a TFRecord file at path."""
+    with tf.io.TFRecordWriter(path) as writer:
+        for record in serialized:
+            writer.write(record)
+
+
+def _example(features):
+    """A serialized tf.train.Example of {key: bytes or int}."""
+    feature = {key: tf.train.Feature(int64_list=tf.train.Int64List(value=[value])) if isinstance(value, int)
+               else tf.train.Feature(bytes_list=tf.train.BytesList(value=[value])) for key, value in features.items()}
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+
+def write_inception_shards(data_dir, encoded_dir, output_dir):
+    """Writes data_dir's photos as the Inception/ImageNet converter (build_image_data.py) does; returns seconds, bytes.
+
+    Its file names (train-00000-of-00002, validation-...), keys (1-based labels, class text, colorspace, channels,
+    format, file name) and file bytes as they are, in as many shards per split as this repo's encoded records in
+    encoded_dir hold: the same photos, the same bytes, another layout.
+    """
+    started = time.perf_counter()
+    manifest = onu_dataset.read_manifest(encoded_dir)
+    os.makedirs(output_dir, exist_ok=True)
+    for split, token in (('train', 'train'), ('val', 'validation')):
+        info = onu_input.dataset_info(data_dir, 'images', split)
+        num_shards = len(manifest['splits'][split]['encoded']['shards'])
+        for index in range(num_shards):
+            records = []
+            for path, label in list(zip(info.files, info.labels))[index::num_shards]:
+                with open(path, 'rb') as f:
+                    data = f.read()
+                with Image.open(path) as image:
+                    width, height = image.size
+                records.append(_example({
+                    'image/height': height, 'image/width': width, 'image/colorspace': b'RGB', 'image/channels': 3,
+                    'image/class/label': label + 1, 'image/class/text': info.class_names[label].encode(),
+                    'image/format': b'JPEG', 'image/filename': os.path.basename(path).encode(),
+                    'image/encoded': data}))
+            _write_records(os.path.join(output_dir, f'{token}-{index:05d}-of-{num_shards:05d}'), records)
+    paths = [os.path.join(output_dir, name) for name in os.listdir(output_dir)]
+    return {'seconds': time.perf_counter() - started, 'bytes': sum(os.path.getsize(path) for path in paths),
+            'files': len(paths)}
+
+
+def _synthetic_shards(folder, num_shards, num_records):
+    """Writes num_records small records in num_shards TF-slim-named shards (and labels.txt) into folder, once."""
+    if os.path.isfile(os.path.join(folder, onu_dataset.LABELS_FILENAME)):
+        return
+    os.makedirs(folder, exist_ok=True)
+    payload = bytes(1000)
+    for index in range(num_shards):
+        count = num_records // num_shards + (index < num_records % num_shards)
+        _write_records(os.path.join(folder, f'synthetic_train_{index:05d}-of-{num_shards:05d}.tfrecord'),
+                       (_example({'image/encoded': payload, 'image/class/label': record % 2})
+                        for record in range(count)))
+    with open(os.path.join(folder, onu_dataset.LABELS_FILENAME), 'w', encoding='utf-8') as f:
+        f.write('0:even\n1:odd\n')
+
+
+def measure_record_counting(folder, num_shards, num_records, cold):
+    """Seconds to find and count a synthetic set of TF-slim shards as training does (onu_layouts), and the count.
+
+    cold: from an empty count cache and a cold page cache (the first run on a data folder); otherwise with the
+    counts cached by an earlier call (every later run).
+    """
+    _synthetic_shards(folder, num_shards, num_records)
+    cache_dir = os.path.join(os.path.dirname(folder), 'count-cache')
+    if cold:
+        evict_from_page_cache([os.path.join(folder, name) for name in os.listdir(folder)])
+        index = os.path.join(cache_dir, onu_layouts.INDEX_SUBDIR)
+        for name in os.listdir(index) if os.path.isdir(index) else ():
+            os.remove(os.path.join(index, name))
+    saved = os.environ.get(onu_dataset.CACHE_DIR_ENV)
+    os.environ[onu_dataset.CACHE_DIR_ENV] = cache_dir
+    try:
+        started = time.perf_counter()
+        record_set = onu_layouts.find_foreign_records(folder).record_set('train', 'encoded')
+        seconds = time.perf_counter() - started
+    finally:
+        if saved is None:
+            os.environ.pop(onu_dataset.CACHE_DIR_ENV)
+        else:
+            os.environ[onu_dataset.CACHE_DIR_ENV] = saved
+    return {'seconds': seconds, 'records': record_set.num_examples, 'shards': len(record_set.files)}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -389,8 +481,22 @@ def measure_training_variants(model_name, way, info_of, batch_size, image_size, 
                                        repeats, **options[name]) for name in TRAINING_VARIANTS}
     runs = {name: TrainingRun(model_name, way, info_of, batch_size, image_size, **options[name])
             for name in TRAINING_VARIANTS}
+    return _interleaved_results(runs, warmup, steps, repeats, batch_size, image_size)
+
+
+def _interleaved_results(runs, warmup, steps, repeats, batch_size, image_size):
+    """{name: TrainingRun.result} of runs timed in alternating windows (_interleaved_windows)."""
     _interleaved_windows(runs, warmup, steps, repeats)
     return {name: run.result(batch_size, image_size) for name, run in runs.items()}
+
+
+def measure_training_side_by_side(model_name, ways, info_of, batch_size, image_size, warmup, steps, repeats):
+    """{way: measure_training's result} of model_name fed by each of ways, their timed windows alternated.
+
+    For a ratio between ways that a slow spell of the machine cannot bias.
+    """
+    runs = {way: TrainingRun(model_name, way, info_of, batch_size, image_size) for way in ways}
+    return _interleaved_results(runs, warmup, steps, repeats, batch_size, image_size)
 
 
 # ----------------------------------------------------------------------------------------------

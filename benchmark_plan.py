@@ -21,6 +21,10 @@ TRAINING_WAYS = TF_DATA_WAYS + ('serial_cv2', 'synthetic')
 PRECISION_WAYS = ('synthetic', 'encoded')
 # Issue 12's comparison, measured with the small model only (Inception-ResNet-v2 is not input-bound here).
 SMALL_MODEL_TRAINING_WAYS = ('encoded_decoding', 'encoded_on_model', 'plain_tf_image', 'study_serial')
+# Issue 20's: the same photos as the Inception/ImageNet converter's shards, trained on side by side with this
+# repo's encoded records (their windows alternated), with the small model.
+LAYOUT_WAYS = ('encoded', 'inception')
+LAYOUT_MODEL = 'small'
 # variant -> what feeds: onu_input's default (decoded epoch cached), onu_input decoding every image
 # exactly or at a reduced DCT scale, onu_input with augmentation placed on the model, and the plain
 # tf.image pipeline.
@@ -53,6 +57,8 @@ class Settings:
     train_warmup_steps: dict  # model -> untimed steps first
     max_images_per_class: int
     profile_steps: int       # traced steps of PROFILED_MODEL per precision
+    count_shards: int = 1000      # the synthetic set of other tools' shards that is found and counted
+    count_records: int = 100000
 
 
 def _rate_text(result):
@@ -118,7 +124,22 @@ def conversion_tasks(data_dir, work_dir, paths, repeats, converter):
                  convert('raw', os.path.join(work_dir, 'raw'), None), _seconds_text,
                  count / PRIOR_IMAGES_PER_SEC['convert_raw'] / cores * 1.5),
         ]
+    tasks.append(Task(('write_inception',), 'write the photos as Inception/ImageNet shards (build_image_data.py layout)',
+                      lambda: benchmark_measure.write_inception_shards(data_dir, os.path.join(work_dir, 'encoded'),
+                                                                       os.path.join(work_dir, 'inception')),
+                      _seconds_text, count / PRIOR_IMAGES_PER_SEC['convert_encoded']))
     return tasks
+
+
+def counting_tasks(settings, work_dir):
+    """Tasks finding and counting a synthetic set of TF-slim shards as training does: cold, then cached."""
+    folder = os.path.join(work_dir, 'counting', 'shards')
+    what = f'{settings.count_shards} shards, {settings.count_records} records'
+    return [Task(('count_records', state), f'find and count {what}, {state}',
+                 lambda cold=state == 'cold': benchmark_measure.measure_record_counting(
+                     folder, settings.count_shards, settings.count_records, cold),
+                 _seconds_text, 2.0 + settings.count_records / 20000)
+            for state in ('cold', 'cached')]
 
 
 def pipeline_tasks(settings, data_dir, info_of, one_core):
@@ -250,6 +271,18 @@ def training_tasks(settings, info_of):
                                                       settings.repeats, interleave=model_name == 'small'),
                 lambda r: ', '.join(f'{name} {result["examples_per_sec"]:.1f}' for name, result in r.items())
                 + ' examples/sec', estimate * 3))
+    if LAYOUT_MODEL in settings.models:
+        model_name = LAYOUT_MODEL
+        batch, size = settings.train_batch_size[model_name], settings.train_image_size[model_name]
+        warmup = settings.train_warmup_steps[model_name] + _epoch_batches(info_of('images'), batch)
+        steps = settings.train_steps[model_name]
+        tasks.append(Task(
+            ('layout', model_name), f'train {model_name} (batch {batch}, {size}x{size}) fed by '
+                                    f'{" and ".join(LAYOUT_WAYS)}, side by side',
+            lambda: benchmark_measure.measure_training_side_by_side(model_name, LAYOUT_WAYS, info_of, batch, size,
+                                                                    warmup, steps, settings.repeats),
+            lambda r: ', '.join(f'{way} {result["examples_per_sec"]:.1f}' for way, result in r.items())
+            + ' examples/sec', _training_estimate(settings, model_name, warmup + 1 + steps * settings.repeats) * 2))
     return tasks
 
 
@@ -266,3 +299,34 @@ def step_profile_tasks(settings, info_of):
         lambda: benchmark_measure.measure_step_profile(model_name, info_of, batch, size, warmup, steps),
         lambda r: f'{r["float32"]["step_ms"]:.1f} ms/step float32, {r["mixed"]["step_ms"]:.1f} mixed',
         2 * _training_estimate(settings, model_name, warmup + 3 * steps))]  # a traced step costs about two
+
+
+def records_tasks(settings, formats, info_of):
+    """Tasks measuring a folder of records (no photos): each format it holds, eval and training, per model.
+
+    info_of(way) -> the DatasetInfo of that format (synthetic: of the first format, for its classes).
+    """
+    size, batch, warmup, batches = settings.image_size, settings.batch_size, settings.warmup_batches, settings.batches
+    estimate = 3 + (warmup + batches) * batch / PRIOR_IMAGES_PER_SEC['pipeline']
+    tasks = []
+    for repeat in range(1, settings.repeats + 1):
+        for data_format in formats:
+            for augment, stage in ((False, 'eval'), (True, 'train')):
+                tasks.append(Task(
+                    ('pipeline', data_format, stage), f'{data_format} pipeline, {stage} (repeat {repeat}/{settings.repeats})',
+                    lambda data_format=data_format, augment=augment: benchmark_measure.measure_pipeline(
+                        info_of(data_format), batch, size, augment, warmup, batches), _rate_text, estimate))
+    for model_name in settings.models:
+        model_batch, model_size = settings.train_batch_size[model_name], settings.train_image_size[model_name]
+        model_warmup = settings.train_warmup_steps[model_name]
+        steps = settings.train_steps[model_name]
+        for way in formats + ('synthetic',):
+            tasks.append(Task(
+                ('training', model_name, way), f'train {model_name} (batch {model_batch}, {model_size}x{model_size}) '
+                                               f'fed by {way}',
+                lambda model_name=model_name, way=way, model_batch=model_batch, model_size=model_size,
+                model_warmup=model_warmup, steps=steps: benchmark_measure.measure_training(
+                    model_name, way, info_of, model_batch, model_size, model_warmup, steps, settings.repeats),
+                lambda r: f'{r["sec_per_batch"]:.3f} sec/batch, {r["examples_per_sec"]:.1f} examples/sec',
+                _training_estimate(settings, model_name, model_warmup + 1 + steps * settings.repeats)))
+    return tasks

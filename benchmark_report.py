@@ -33,6 +33,8 @@ ROW_TITLES = {
     'encoded_on_model': 'encoded, augmentation placed on the model (--augment_on=model)',
     'plain_tf_image': 'original images, plain tf.image pipeline (full decode, per-image tf.image ops)',
     'study_serial': 'original images, the study\'s serial loop as written (augments the full photo)',
+    'inception': 'encoded JPEG in the Inception/ImageNet converter\'s shards, read as they are (side by side with '
+                 'encoded)',
 }
 STEP_KIND_TITLES = {
     'forward_conv': 'forward convolutions (Conv2D)',
@@ -94,7 +96,44 @@ def assemble_rows(results, settings):
             if way != 'synthetic':
                 entry['input_bound_fraction'] = max(0.0, 1.0 - synthetic['sec_per_batch'] / measured['sec_per_batch'])
             rows[way].setdefault('training', {})[model_name] = entry
-    return {name: rows[name] for name in ROW_ORDER + benchmark_plan.SMALL_MODEL_TRAINING_WAYS}
+    layout = results.get(('layout', benchmark_plan.LAYOUT_MODEL))
+    if layout:
+        written = results[('write_inception',)][-1]
+        rows['inception'] = {'disk_bytes': written['bytes'], 'disk_ratio': written['bytes'] / source_bytes,
+                             'side_by_side': {way: layout[0][way]['examples_per_sec'] for way in benchmark_plan.LAYOUT_WAYS}}
+        entry = layout[0]['inception']
+        synthetic = results[('training', benchmark_plan.LAYOUT_MODEL, 'synthetic')][0]
+        rows['inception']['training'] = {benchmark_plan.LAYOUT_MODEL: dict(
+            {key: entry[key] for key in ('sec_per_batch', 'examples_per_sec', 'batch_size', 'image_size')},
+            input_bound_fraction=max(0.0, 1.0 - synthetic['sec_per_batch'] / entry['sec_per_batch']))}
+    names = ROW_ORDER + benchmark_plan.SMALL_MODEL_TRAINING_WAYS + (('inception',) if layout else ())
+    return {name: rows[name] for name in names}
+
+
+def assemble_records_rows(results, settings, formats, infos):
+    """Returns {format or synthetic: {disk_bytes, eval/train images_per_sec, cores busy, training: {model: ...}}}."""
+    rows = {fmt: {'disk_bytes': sum(os.path.getsize(path) for path in infos[fmt].files)} for fmt in formats}
+    rows['synthetic'] = {}
+    for fmt in formats:
+        for stage in ('eval', 'train'):
+            measured = results[('pipeline', fmt, stage)]
+            rows[fmt][f'{stage}_images_per_sec'] = _median(measured, 'images_per_sec')
+            rows[fmt][f'{stage}_cores_busy'] = _median(measured, 'cores_busy')
+    for model_name in settings.models:
+        synthetic = results[('training', model_name, 'synthetic')][0]
+        for way in formats + ('synthetic',):
+            measured = results[('training', model_name, way)][0]
+            entry = {key: measured[key] for key in ('sec_per_batch', 'examples_per_sec', 'batch_size', 'image_size')}
+            if way != 'synthetic':
+                entry['input_bound_fraction'] = max(0.0, 1.0 - synthetic['sec_per_batch'] / measured['sec_per_batch'])
+            rows[way].setdefault('training', {})[model_name] = entry
+    return rows
+
+
+def assemble_counting(results, settings):
+    """Returns the seconds to find and count the synthetic set of other tools' shards, cold and cached."""
+    return dict({state: _median(results[('count_records', state)], 'seconds') for state in ('cold', 'cached')},
+                shards=settings.count_shards, records=settings.count_records)
 
 
 def assemble_precision(results, settings):
@@ -143,7 +182,7 @@ def _target(issue, text, measured, threshold, at_most=False):
 
 
 def evaluate_targets(rows, augmentation, precision, settings, cores):
-    """Returns the verdicts on the speed and size targets of issues 2, 3, 7, 12 and 13."""
+    """Returns the verdicts on the speed and size targets of issues 2, 3, 7, 12, 13 and 20."""
     models = settings.models
     raw, encoded, images = rows['raw'], rows['encoded'], rows['images']
     targets = [
@@ -195,6 +234,11 @@ def evaluate_targets(rows, augmentation, precision, settings, cores):
             13, f'main job ({"mixed" if fast_path else "float32"}, encoded) / plain-TF float32 version '
                 '(plain tf.image pipeline + small CNN) examples/sec',
             main_job / rows['plain_tf_image']['training']['small']['examples_per_sec'], 2.0 if fast_path else 1.5))
+    if 'inception' in rows:
+        speeds = rows['inception']['side_by_side']
+        targets.append(_target(20, f'{benchmark_plan.LAYOUT_MODEL} model trained from Inception/ImageNet shards / '
+                                   'from encoded records of the same photos, examples/sec (side by side)',
+                               speeds['inception'] / speeds['encoded'], 0.95))
     if 'inception_resnet_v2' in models:
         speeds = [rows[way]['training']['inception_resnet_v2']['examples_per_sec']
                   for way in benchmark_plan.TF_DATA_WAYS]
@@ -254,7 +298,8 @@ def study_comparison_table(report, model_name):
     """Returns the Markdown table shaped like the study's: model_name's training speed fed by each way."""
     rows = report['rows']
     ways = (('encoded', 'raw', 'images', 'serial_cv2', 'synthetic')
-            + (benchmark_plan.SMALL_MODEL_TRAINING_WAYS if model_name == 'small' else ()))
+            + (benchmark_plan.SMALL_MODEL_TRAINING_WAYS if model_name == 'small' else ())
+            + (('inception',) if model_name in rows.get('inception', {}).get('training', {}) else ()))
     return _table(['way', 'sec/batch', 'examples/sec', 'input-bound', 'data on disk'], [
         [ROW_TITLES[way], _cell(rows[way]['training'][model_name]['sec_per_batch'], 3),
          _cell(rows[way]['training'][model_name]['examples_per_sec']),
@@ -275,7 +320,18 @@ def storage_table(report):
         [ROW_TITLES['raw'], _megabytes(rows['raw']['disk_bytes']), _cell(rows['raw']['disk_ratio'], 3),
          _cell(rows['raw']['conversion_seconds'], 2),
          f'{rows["decode_limit"]["cores"]} processes; 1 process: '
-         f'{rows["raw"]["conversion_seconds_1_process"]:.2f} s']])
+         f'{rows["raw"]["conversion_seconds_1_process"]:.2f} s']]
+        + ([[ROW_TITLES['inception'], _megabytes(rows['inception']['disk_bytes']),
+             _cell(rows['inception']['disk_ratio'], 3), '-', 'written by benchmark_measure.write_inception_shards']]
+           if 'inception' in rows else []))
+
+
+def counting_sentence(report):
+    """Returns the sentence on how long finding and counting the synthetic set of other tools' shards took."""
+    counting = report['record_counting']
+    return (f'Finding and counting {counting["shards"]:,} TF-slim shards of {counting["records"]:,} records '
+            f'(onu_layouts, as training does): {counting["cold"]:.2f} s from a cold start (empty count cache, cold '
+            f'page cache), {counting["cached"]:.3f} s with the counts cached.')
 
 
 def pipeline_table(report):
@@ -303,17 +359,47 @@ def targets_table(report):
         for target in report['targets']])
 
 
+def records_markdown(report):
+    """Returns a run on a folder of records as Markdown: the feeding modes it has, pipelines and training."""
+    rows, settings, hardware = report['rows'], report['settings'], report['hardware']
+    formats = [name for name in rows if name != 'synthetic']
+    lines = [f'Command: `{report["command"]}`', '',
+             f'Hardware: {hardware["cpu_model"]}, {hardware["usable_cores"]} cores, {hardware["memory_gib"]} GiB, '
+             f'{", ".join(hardware["gpus"]) or "no GPU"}; TensorFlow {hardware["tensorflow"]}. The run took '
+             f'{benchmark_runner.format_duration(report["seconds"])}; other processes kept '
+             f'{report["other_processes"]["mean_cores"]:.2f} cores busy on average.', '',
+             f'Data: {settings["data_dir"]}: {report["layout"]} records, {report["data"]["records"]} train examples '
+             f'of {len(report["data"]["class_names"])} classes; formats {", ".join(formats)}.', '',
+             f'### Input pipelines: images/sec at {settings["image_size"]}x{settings["image_size"]}, batch '
+             f'{settings["batch_size"]} (cores busy in brackets)', '',
+             _table(['format', 'data on disk', 'eval preprocessing', 'training augmentation'],
+                    [[fmt, _megabytes(rows[fmt]['disk_bytes'])] + [_rate_cell(rows[fmt], stage) for stage in
+                                                                    ('eval', 'train')] for fmt in formats]), '']
+    for model_name in settings['models']:
+        first = rows['synthetic']['training'][model_name]
+        lines += [f'### Feeding modes compared: {model_name}, batch {first["batch_size"]}, '
+                  f'{first["image_size"]}x{first["image_size"]}', '',
+                  _table(['fed by', 'sec/batch', 'examples/sec', 'input-bound'], [
+                      [way, _cell(rows[way]['training'][model_name]['sec_per_batch'], 3),
+                       _cell(rows[way]['training'][model_name]['examples_per_sec']),
+                       f'{rows[way]["training"][model_name]["input_bound_fraction"]:.0%}' if way != 'synthetic'
+                       else '-'] for way in formats + ['synthetic']]), '']
+    return '\n'.join(lines + [counting_sentence(report)]) + '\n'
+
+
 def markdown_report(report):
     """Returns the run as Markdown: settings, the study-shaped table per model, details and targets."""
+    if report.get('kind') == 'records':
+        return records_markdown(report)
     rows, settings = report['rows'], report['settings']
     lines = _run_description(report)
     for model_name in settings['models']:
         first = rows['synthetic']['training'][model_name]
-        lines += [f'### The study\'s comparison: {model_name}, batch {first["batch_size"]}, '
+        lines += [f'### Feeding modes compared: {model_name}, batch {first["batch_size"]}, '
                   f'{first["image_size"]}x{first["image_size"]}, training augmentation, '
                   f'{settings["train_steps"][model_name]} timed step(s) x {settings["repeats"]} repeat(s)', '',
                   study_comparison_table(report, model_name), '']
-    lines += ['### Storage and conversion', '', storage_table(report), '',
+    lines += ['### Storage and conversion', '', storage_table(report), '', counting_sentence(report), '',
               f'### Input pipelines: images/sec at {settings["image_size"]}x{settings["image_size"]}, '
               f'batch {settings["batch_size"]} (cores busy in brackets)', '',
               pipeline_table(report), '', _decode_rates_sentence(report), '',
@@ -431,8 +517,30 @@ def augmentation_table(report):
     return _table(['way'] + [f'{size}x{size}' for size in sizes], table_rows)
 
 
+def plot_records_report(report, path):
+    """Draws a run on a folder of records (training speed per format and model) as a PNG at path."""
+    import matplotlib  # pylint: disable=import-outside-toplevel
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+    rows, models = report['rows'], report['settings']['models']
+    figure, axes = plt.subplots(1, len(models), figsize=(7 * len(models), 5), squeeze=False)
+    for axis, model_name in zip(axes[0], models):
+        ways = list(rows)
+        axis.bar(ways, [rows[way]['training'][model_name]['examples_per_sec'] for way in ways],
+                 color=['tab:green'] * (len(ways) - 1) + ['tab:gray'])
+        axis.set_title(f'training {model_name} (examples/sec)')
+    figure.suptitle(f'{report["settings"]["data_dir"]} ({report["layout"]}): {report["hardware"]["cpu_model"]}, '
+                    f'{report["hardware"]["usable_cores"]} cores')
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
 def plot_report(report, path):
     """Draws the comparison (disk, pipeline rates, training speed per model) as a PNG at path."""
+    if report.get('kind') == 'records':
+        plot_records_report(report, path)
+        return
     import matplotlib  # pylint: disable=import-outside-toplevel
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel

@@ -188,24 +188,23 @@ def load_average():
 # The photos measured, and the machine.
 
 def prepare_photos(data_dir, work_dir, max_images_per_class):
-    """Returns the photo folder to measure: data_dir, or a copy of its first photos per class and split.
+    """Returns the photo folder to measure: data_dir, or a copy in split folders of its first photos per class and split.
 
     The default data dir gets the built-in sample data when it has none.
     """
-    if not os.path.isdir(os.path.join(data_dir, 'train')) and (
+    if not onu_dataset.has_split_folders(data_dir) and (
             os.path.abspath(data_dir) == os.path.abspath(onu_dataset.DEFAULT_DATA_DIR)):
         print(f'{data_dir} has no data: generating the built-in sample dataset there.', flush=True)
         onu_sample_data.generate_dataset(data_dir)
     class_names = onu_dataset.find_class_names(data_dir)
-    if not max_images_per_class:
+    if not max_images_per_class and onu_dataset.has_split_folders(data_dir):
         return data_dir
+    # A subset, or bare class folders: copied into train/ and val/ folders, which the baselines read.
     subset_dir = os.path.join(work_dir, 'photos')
-    for split in onu_dataset.SPLITS:
-        if not os.path.isdir(os.path.join(data_dir, split)):
-            continue
+    for split in _photo_splits(data_dir):
         per_class = collections.Counter()
         for image in onu_dataset.list_split_images(data_dir, split, class_names)[0]:
-            if per_class[image.label] < max_images_per_class:
+            if not max_images_per_class or per_class[image.label] < max_images_per_class:
                 per_class[image.label] += 1
                 target_dir = os.path.join(subset_dir, split, image.class_name)
                 os.makedirs(target_dir, exist_ok=True)
@@ -213,10 +212,16 @@ def prepare_photos(data_dir, work_dir, max_images_per_class):
     return subset_dir
 
 
+def _photo_splits(data_dir):
+    """Returns the splits data_dir has photos of: both for bare class folders (split by onu_dataset.split_of)."""
+    return [split for split in onu_dataset.SPLITS if not onu_dataset.has_split_folders(data_dir)
+            or os.path.isdir(onu_dataset.split_dir(data_dir, split))]
+
+
 def photo_paths(data_dir):
     """Returns the usable photos of every split of data_dir."""
     class_names = onu_dataset.find_class_names(data_dir)
-    return [image.path for split in onu_dataset.SPLITS if os.path.isdir(os.path.join(data_dir, split))
+    return [image.path for split in _photo_splits(data_dir)
             for image in onu_dataset.list_split_images(data_dir, split, class_names)[0]]
 
 

@@ -23,6 +23,7 @@ benchmark_report (targets, tables, PNG).
 
     python onu_benchmark.py                       # /tmp/onu_data (made if missing), both models
     python onu_benchmark.py --quick               # a short run on a subset, small model only
+    python onu_benchmark.py --data_dir=RECORDS    # a folder of records (other tools'): the formats it holds
 """
 import onu_cli  # first: quiet start
 onu_cli.import_tensorflow()  # noqa: E402  (TensorFlow's start-up lines dropped)
@@ -52,7 +53,8 @@ FLAGS = flags.FLAGS
 PIPELINE_IMAGE_SIZE = 299  # the study's input size; pipelines use it unless --image_size is given
 QUICK_SETTINGS = {'repeats': 1, 'batches': 3, 'warmup_batches': 1, 'max_images_per_class': 32,
                   'train_steps': ['small:3', 'inception_resnet_v2:1'],
-                  'train_warmup_steps': ['small:1', 'inception_resnet_v2:1'], 'profile_steps': 2}
+                  'train_warmup_steps': ['small:1', 'inception_resnet_v2:1'], 'profile_steps': 2,
+                  'count_shards': 20, 'count_records': 2000}
 FULL_RUN_MODELS = ('small', 'inception_resnet_v2')
 QUICK_MODELS = ('small',)
 MEASUREMENT_MODULE = 'benchmark_measure'  # what the FreshPython processes run
@@ -78,6 +80,9 @@ flags.DEFINE_integer('profile_steps', 10,
 flags.DEFINE_integer('max_images_per_class', 0,
                      'Use at most this many photos per class in each split (copied to the work folder); '
                      '0 = all.', lower_bound=0)
+flags.DEFINE_integer('count_shards', 1000, 'Shards of the synthetic set of other tools\' records that is found and '
+                     'counted as training does (onu_layouts), from a cold start and from the count cache.', lower_bound=1)
+flags.DEFINE_integer('count_records', 100000, 'Records of that synthetic set.', lower_bound=1)
 flags.DEFINE_boolean('quick', False,
                      'A short run: 1 repeat, 3 batches, at most 32 photos per class, small model only '
                      '(flags given explicitly still win).')
@@ -126,11 +131,54 @@ def settings_from_flags():
         train_warmup_steps={name: steps for name, steps in
                             _per_model(_flag_or_quick('train_warmup_steps'), 1).items() if name in models},
         max_images_per_class=_flag_or_quick('max_images_per_class'),
-        profile_steps=_flag_or_quick('profile_steps'))
+        profile_steps=_flag_or_quick('profile_steps'), count_shards=_flag_or_quick('count_shards'),
+        count_records=_flag_or_quick('count_records'))
+
+
+def _report(settings, started, load_before, results, **parts):
+    """Returns the report of a run: what ran where, the parts given and every raw measurement."""
+    return dict({
+        'timestamp': datetime.datetime.now().strftime('%Y%m%d-%H%M%S'),
+        'command': ' '.join(['python onu_benchmark.py'] + [shlex.quote(arg) for arg in sys.argv[1:]]),
+        'hardware': benchmark_runner.hardware_info(),
+        'settings': dict(dataclasses.asdict(settings), models=list(settings.models)),
+        'load_average_before': load_before, 'load_average_after': benchmark_runner.load_average(),
+        'other_processes': benchmark_runner.other_processes_summary(results),
+        'seconds': time.time() - started,
+        'measurements': {' '.join(str(part) for part in key): value for key, value in results.items()},
+    }, **parts)
+
+
+def benchmark_records(settings, work_dir):
+    """Measures a folder of records (another tool's or this repo's, no photos): the feeding modes it has.
+
+    Each data format it holds, read as training reads it, in the eval and training pipelines and training each
+    model, next to a synthetic batch; and finding and counting the synthetic set of shards.
+    """
+    started, load_before = time.time(), benchmark_runner.load_average()
+    data_dir = settings.data_dir
+    layout, formats = onu_input.data_layout(data_dir), onu_input.record_formats(data_dir)
+    print(f'Benchmarking the {", ".join(formats)} records of {data_dir} ({layout}) in {work_dir}; models: '
+          f'{", ".join(settings.models)}.', flush=True)
+
+    def info_of(way):
+        """The training split in way's format (the first format's for synthetic and images: its classes)."""
+        return onu_input.dataset_info(data_dir, way if way in formats else formats[0], 'train')
+    results = benchmark_runner.run_tasks(benchmark_plan.counting_tasks(settings, work_dir)
+                                         + benchmark_plan.records_tasks(settings, formats, info_of))
+    train = info_of(formats[0])
+    return _report(settings, started, load_before, results, kind='records', layout=layout,
+                   data={'records': train.num_examples, 'class_names': list(train.class_names),
+                         'measured_dir': data_dir},
+                   rows=benchmark_report.assemble_records_rows(results, settings, formats,
+                                                               {fmt: info_of(fmt) for fmt in formats}),
+                   record_counting=benchmark_report.assemble_counting(results, settings))
 
 
 def benchmark(settings, work_dir):
     """Runs every measurement on settings.data_dir; returns the report (rows, targets, raw results)."""
+    if os.path.isdir(settings.data_dir) and not onu_input.has_photos(settings.data_dir):
+        return benchmark_records(settings, work_dir)
     started, load_before = time.time(), benchmark_runner.load_average()
     data_dir = benchmark_runner.prepare_photos(settings.data_dir, work_dir, settings.max_images_per_class)
     paths = benchmark_runner.photo_paths(data_dir)
@@ -139,13 +187,16 @@ def benchmark(settings, work_dir):
           f'in {work_dir}; models: {", ".join(settings.models)}.', flush=True)
 
     def info_of(way):
-        """The training split as way reads it: the photos, or the records converted into work_dir/way."""
-        return train_photos if way == 'images' else onu_input.dataset_info(os.path.join(work_dir, way), way, 'train')
+        """The training split as way reads it: the photos, or the records converted or written into work_dir/way."""
+        if way == 'images':
+            return train_photos
+        return onu_input.dataset_info(os.path.join(work_dir, way), 'encoded' if way == 'inception' else way, 'train')
     with benchmark_runner.FreshPython(MEASUREMENT_MODULE, os.path.join(work_dir, 'converter.log')) as converter, \
             benchmark_runner.FreshPython(MEASUREMENT_MODULE, os.path.join(work_dir, 'one-core.log'),
                                          cpu=max(os.sched_getaffinity(0))) as one_core:
         results = benchmark_runner.run_tasks(
             benchmark_plan.conversion_tasks(data_dir, work_dir, paths, settings.repeats, converter)
+            + benchmark_plan.counting_tasks(settings, work_dir)
             + benchmark_plan.pipeline_tasks(settings, data_dir, info_of, one_core)
             + benchmark_plan.augmentation_tasks(settings, data_dir, info_of)
             + benchmark_plan.training_tasks(settings, info_of)
@@ -153,22 +204,14 @@ def benchmark(settings, work_dir):
     rows = benchmark_report.assemble_rows(results, settings)
     augmentation = benchmark_report.assemble_augmentation(results, settings)
     precision = benchmark_report.assemble_precision(results, settings)
-    return {
-        'timestamp': datetime.datetime.now().strftime('%Y%m%d-%H%M%S'),
-        'command': ' '.join(['python onu_benchmark.py'] + [shlex.quote(arg) for arg in sys.argv[1:]]),
-        'hardware': benchmark_runner.hardware_info(),
-        'settings': dict(dataclasses.asdict(settings), models=list(settings.models)),
-        'data': {'photos': len(paths), 'train_photos': train_photos.num_examples,
-                 'source_bytes': rows['images']['disk_bytes'], 'measured_dir': data_dir},
-        'load_average_before': load_before, 'load_average_after': benchmark_runner.load_average(),
-        'other_processes': benchmark_runner.other_processes_summary(results),
-        'seconds': time.time() - started,
-        'rows': rows, 'augmentation': augmentation, 'precision': precision,
-        'step_profile': benchmark_report.assemble_step_profile(results),
-        'targets': benchmark_report.evaluate_targets(rows, augmentation, precision, settings,
-                                                     onu_dataset.worker_count()),
-        'measurements': {' '.join(str(part) for part in key): value for key, value in results.items()},
-    }
+    return _report(settings, started, load_before, results, kind='photos',
+                   data={'photos': len(paths), 'train_photos': train_photos.num_examples,
+                         'source_bytes': rows['images']['disk_bytes'], 'measured_dir': data_dir},
+                   rows=rows, augmentation=augmentation, precision=precision,
+                   record_counting=benchmark_report.assemble_counting(results, settings),
+                   step_profile=benchmark_report.assemble_step_profile(results),
+                   targets=benchmark_report.evaluate_targets(rows, augmentation, precision, settings,
+                                                             onu_dataset.worker_count()))
 
 
 def run():

@@ -165,14 +165,19 @@ def has_photos(data_dir):
         _other_tools_records(data_dir) is None and bool(onu_dataset.bare_class_folders(data_dir)))
 
 
+def record_formats(data_dir):
+    """Returns the record formats data_dir has to read, this repo's or another tool's: encoded, then raw."""
+    formats = set(_repo_records_formats(data_dir))
+    foreign = _other_tools_records(data_dir)
+    formats.update(foreign.data_formats if foreign is not None else ())
+    return tuple(fmt for fmt in ('encoded', 'raw') if fmt in formats)
+
+
 def default_data_format(data_dir):
     """Returns the data format to read when none is asked: encoded for photos, else the records' own (encoded first)."""
     if not os.path.isdir(data_dir) or has_photos(data_dir):
         return 'encoded'
-    formats = _repo_records_formats(data_dir)
-    foreign = _other_tools_records(data_dir)
-    formats += foreign.data_formats if foreign is not None else ()
-    return 'encoded' if 'encoded' in formats or not formats else formats[0]
+    return (record_formats(data_dir) or ('encoded',))[0]
 
 
 def data_layout(data_dir):

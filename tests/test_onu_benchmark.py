@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import run_script
+from conftest import layout_photos, run_script, write_study_records
 import benchmark_baselines
 import benchmark_measure
 import benchmark_plan
@@ -28,24 +28,34 @@ def _numbers(value, path=''):
         yield path, value
 
 
-def test_quick_run_measures_every_row(make_tiny_dataset, tmp_path):
-    data_dir = make_tiny_dataset('photos', train_per_class=8, val_per_class=2, image_size=(96, 72))
+def run_quick_benchmark(data_dir, tmp_path):
+    """Runs onu_benchmark.py --quick (small model, 32x32, batch 4) on data_dir; checks it wrote its three outputs.
+
+    Returns (CompletedProcess, the report, its Markdown, its PNG's path).
+    """
     output_dir = tmp_path / 'results'
     done = run_script('onu_benchmark.py', '--quick', f'--data_dir={data_dir}', f'--output_dir={output_dir}',
                       f'--work_dir={tmp_path}', '--image_size=32', '--batch_size=4', '--model=small', timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-
     outputs = sorted(os.listdir(output_dir))
     assert [os.path.splitext(name)[1] for name in outputs] == ['.json', '.md', '.png']
-    report = json.loads((output_dir / outputs[0]).read_text())
+    assert (output_dir / outputs[2]).read_bytes().startswith(b'\x89PNG')
+    return (done, json.loads((output_dir / outputs[0]).read_text()), (output_dir / outputs[1]).read_text(),
+            output_dir / outputs[2])
+
+
+def test_quick_run_measures_every_row(make_tiny_dataset, tmp_path):
+    data_dir = make_tiny_dataset('photos', train_per_class=8, val_per_class=2, image_size=(96, 72))
+    done, report, markdown, _ = run_quick_benchmark(data_dir, tmp_path)
     rows = report['rows']
     assert set(rows) == {'images', 'raw', 'encoded', 'serial_cv2', 'keras_layers', 'keras_reader', 'decode_limit',
-                         'synthetic', 'encoded_decoding', 'encoded_on_model', 'plain_tf_image', 'study_serial'}
+                         'synthetic', 'encoded_decoding', 'encoded_on_model', 'plain_tf_image', 'study_serial',
+                         'inception'}
     for name in PIPELINE_ROWS:
         assert rows[name]['eval_images_per_sec'] > 0 and rows[name]['train_images_per_sec'] > 0, name
     # Without augmentation the two Keras ways are one pipeline, measured once.
     assert rows['keras_layers']['train_images_per_sec'] > 0 and 'eval_images_per_sec' not in rows['keras_layers']
-    for name in TRAINING_ROWS + benchmark_plan.SMALL_MODEL_TRAINING_WAYS:
+    for name in TRAINING_ROWS + benchmark_plan.SMALL_MODEL_TRAINING_WAYS + ('inception',):
         entry = rows[name]['training']['small']
         assert entry['sec_per_batch'] > 0 and entry['examples_per_sec'] > 0, name
         assert entry['batch_size'] == 4 and entry['image_size'] == 32
@@ -77,7 +87,7 @@ def test_quick_run_measures_every_row(make_tiny_dataset, tmp_path):
             variant = {'encoded': 'on_model'}.get(name, 'serial')
             result = augmentation[f'{name} {size} {variant}']
             assert result['cpu_ms_per_image'] == pytest.approx(1000 * result['cores_busy'] / result['images_per_sec'])
-    assert '### Training preprocessing: CPU ms per image' in (output_dir / outputs[1]).read_text()
+    assert '### Training preprocessing: CPU ms per image' in markdown
 
     assert report['settings']['models'] == ['small'] and report['data']['photos'] == 20
     # Mixed precision and XLA, model only and end to end, next to float32.
@@ -86,27 +96,51 @@ def test_quick_run_measures_every_row(make_tiny_dataset, tmp_path):
                             for variant in ('float32', 'mixed', 'xla')}
     for name, entry in entries.items():
         assert entry['examples_per_sec'] > 0 and np.isfinite(entry['final_loss']), name
-    assert '### Precision and XLA' in (output_dir / outputs[1]).read_text()
+    assert '### Precision and XLA' in markdown
     # Where the small model's step time goes, float32 and mixed, at its training size and batch here.
     profile = report['step_profile']
     assert (profile['model'], profile['batch_size'], profile['image_size']) == ('small', 4, 32)
     for name in ('float32', 'mixed'):
         assert profile[name]['step_ms'] > 0 and profile[name]['traced_steps'] == 2, name
         assert set(profile[name]['kinds_ms']) == set(benchmark_measure.STEP_KINDS), name
-    assert '### Where the small model\'s step time goes, float32 vs mixed (model only)' in (
-        output_dir / outputs[1]).read_text()
+    assert '### Where the small model\'s step time goes, float32 vs mixed (model only)' in markdown
 
-    # 4 storage + 9 pipeline (decode limit, 5 ways eval, 3 train) + 30 training preprocessing
-    # + 9 training measurements + 2 of float32, mixed and XLA side by side + 1 step profile, one repeat each
-    assert report['other_processes']['measurements'] == 55 == len(report['measurements'])
+    # The same photos as Inception/ImageNet shards (1-based labels, no extension), trained on side by side with
+    # the encoded records; and a synthetic set of TF-slim shards found and counted, cold and cached.
+    assert set(rows['inception']['side_by_side']) == {'encoded', 'inception'}
+    assert rows['inception']['side_by_side']['inception'] == rows['inception']['training']['small']['examples_per_sec']
+    assert rows['images']['disk_bytes'] < rows['inception']['disk_bytes'] < 1.2 * rows['encoded']['disk_bytes']
+    counting = report['record_counting']
+    assert (counting['shards'], counting['records']) == (20, 2000) and counting['cold'] > 0 and counting['cached'] > 0
+    assert report['measurements']['count_records cold'][0]['records'] == 2000
+    assert 'Finding and counting 20 TF-slim shards of 2,000 records' in markdown
+
+    # 4 storage + 1 Inception shards written + 2 countings + 9 pipeline (decode limit, 5 ways eval, 3 train)
+    # + 30 training preprocessing + 9 training measurements + 1 side by side + 2 of float32, mixed and XLA side
+    # by side + 1 step profile, one repeat each
+    assert report['other_processes']['measurements'] == 59 == len(report['measurements'])
     assert report['hardware']['usable_cores'] >= 1 and report['hardware']['cpu_model']
-    assert {target['issue'] for target in report['targets']} == {2, 3, 12, 13}  # issue 7's need Inception-ResNet-v2
+    assert {target['issue'] for target in report['targets']} == {2, 3, 12, 13, 20}  # 7's need Inception-ResNet-v2
     assert all(isinstance(target['passed'], bool) for target in report['targets'])
-    markdown = (output_dir / outputs[1]).read_text()
     assert 'serial cv2 loop + feed_dict' in markdown and '| issue | target | measured | verdict |' in markdown
     assert markdown in done.stdout  # the tables are also printed
-    assert (output_dir / outputs[2]).read_bytes().startswith(b'\x89PNG')
     assert [name for name in os.listdir(tmp_path) if name.startswith('onu_benchmark-')] == []  # work folder removed
+
+
+def test_a_folder_of_records_is_measured_in_the_formats_it_holds(tmp_path):
+    study = write_study_records(str(tmp_path / 'study'), layout_photos(train=6))
+    done, report, markdown, _ = run_quick_benchmark(study, tmp_path)
+    assert (report['kind'], report['layout'], report['data']['records']) == ('records', 'single_file', 18)
+    rows = report['rows']
+    assert set(rows) == {'encoded', 'raw', 'synthetic'}
+    for data_format in ('encoded', 'raw'):
+        assert rows[data_format]['eval_images_per_sec'] > 0 and rows[data_format]['train_images_per_sec'] > 0
+        assert rows[data_format]['disk_bytes'] == os.path.getsize(
+            os.path.join(study, f'603_663_train_{"raw" if data_format == "raw" else "g"}.tfrecord'))
+        assert 0 <= rows[data_format]['training']['small']['input_bound_fraction'] < 1
+    assert rows['raw']['disk_bytes'] > rows['encoded']['disk_bytes']
+    assert '### Feeding modes compared: small' in markdown and markdown in done.stdout
+    assert report['record_counting']['records'] == 2000 and len(report['measurements']) == 2 + 4 + 3
 
 
 def _augmented_copies(layer, image, copies=300):

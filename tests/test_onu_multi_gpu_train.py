@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 import tf_slim as slim
 
-from conftest import run_script
+from conftest import LAYOUT_CLASSES, layout_photos, run_script, write_tfds_records
 from test_onu_train import checkpoint_step, event_tags
 
 import onu_sample_data
@@ -167,3 +167,14 @@ def test_checkpoint_evaluates_and_resumes_with_the_single_gpu_script(multi_gpu_r
     assert checkpoint_step(train_dir) == 8
     # The single-GPU script restored every variable of the multi-GPU checkpoint and saved the same set.
     assert sorted(tf.train.list_variables(tf.train.latest_checkpoint(train_dir))) == multi_gpu_variables
+
+
+def test_towers_train_on_other_tools_records(tmp_path):
+    data_dir = write_tfds_records(str(tmp_path / 'tfds'), layout_photos(), LAYOUT_CLASSES)
+    train_dir = str(tmp_path / 'train')
+    result = run_script('onu_multi_gpu_train.py', *TINY_FLAGS, '--num_gpus=2', '--max_steps=2', '--model=small',
+                        f'--data_dir={data_dir}', f'--train_dir={train_dir}')
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert 'tfds records' in result.stdout and 'Training stopped at step 2' in result.stdout
+    saved = onu_run_config.RunConfig.load(train_dir)
+    assert (saved.layout, saved.class_names, saved.num_examples_per_epoch) == ('tfds', LAYOUT_CLASSES, 12)
