@@ -59,6 +59,8 @@ class Settings:
     profile_steps: int       # traced steps of PROFILED_MODEL per precision
     count_shards: int = 1000      # the synthetic set of other tools' shards that is found and counted
     count_records: int = 100000
+    validation_percent: float = onu_dataset.DEFAULT_VALIDATION_PERCENT  # bare class folders: split as training does
+    labels_offset: int = None     # a folder of other tools' records: as training reads them
 
 
 def _rate_text(result):

@@ -21,7 +21,7 @@ import tensorflow as tf
 
 import onu_dataset
 import onu_model
-import onu_sample_data
+import onu_training
 
 RESULT_MARKER = 'onu_benchmark result: '
 BUSY_MACHINE_CORES = 0.2  # other processes using more than this during a measurement disturb it
@@ -187,23 +187,21 @@ def load_average():
 # ----------------------------------------------------------------------------------------------
 # The photos measured, and the machine.
 
-def prepare_photos(data_dir, work_dir, max_images_per_class):
+def prepare_photos(data_dir, work_dir, max_images_per_class, validation_percent):
     """Returns the photo folder to measure: data_dir, or a copy in split folders of its first photos per class and split.
 
-    The default data dir gets the built-in sample data when it has none.
+    The default data dir gets the built-in sample data when it has none (as training does); bare class folders
+    are split as training splits them (validation_percent).
     """
-    if not onu_dataset.has_split_folders(data_dir) and (
-            os.path.abspath(data_dir) == os.path.abspath(onu_dataset.DEFAULT_DATA_DIR)):
-        print(f'{data_dir} has no data: generating the built-in sample dataset there.', flush=True)
-        onu_sample_data.generate_dataset(data_dir)
+    onu_training.prepare_data(data_dir, 'images', validation_percent, None)
     class_names = onu_dataset.find_class_names(data_dir)
     if not max_images_per_class and onu_dataset.has_split_folders(data_dir):
         return data_dir
     # A subset, or bare class folders: copied into train/ and val/ folders, which the baselines read.
     subset_dir = os.path.join(work_dir, 'photos')
-    for split in _photo_splits(data_dir):
+    for split in onu_dataset.photo_splits(data_dir):
         per_class = collections.Counter()
-        for image in onu_dataset.list_split_images(data_dir, split, class_names)[0]:
+        for image in onu_dataset.list_split_images(data_dir, split, class_names, validation_percent)[0]:
             if not max_images_per_class or per_class[image.label] < max_images_per_class:
                 per_class[image.label] += 1
                 target_dir = os.path.join(subset_dir, split, image.class_name)
@@ -212,16 +210,10 @@ def prepare_photos(data_dir, work_dir, max_images_per_class):
     return subset_dir
 
 
-def _photo_splits(data_dir):
-    """Returns the splits data_dir has photos of: both for bare class folders (split by onu_dataset.split_of)."""
-    return [split for split in onu_dataset.SPLITS if not onu_dataset.has_split_folders(data_dir)
-            or os.path.isdir(onu_dataset.split_dir(data_dir, split))]
-
-
 def photo_paths(data_dir):
     """Returns the usable photos of every split of data_dir."""
     class_names = onu_dataset.find_class_names(data_dir)
-    return [image.path for split in _photo_splits(data_dir)
+    return [image.path for split in onu_dataset.photo_splits(data_dir)
             for image in onu_dataset.list_split_images(data_dir, split, class_names)[0]]
 
 

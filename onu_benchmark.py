@@ -132,7 +132,8 @@ def settings_from_flags():
                             _per_model(_flag_or_quick('train_warmup_steps'), 1).items() if name in models},
         max_images_per_class=_flag_or_quick('max_images_per_class'),
         profile_steps=_flag_or_quick('profile_steps'), count_shards=_flag_or_quick('count_shards'),
-        count_records=_flag_or_quick('count_records'))
+        count_records=_flag_or_quick('count_records'), validation_percent=FLAGS.validation_percent,
+        labels_offset=FLAGS.labels_offset)
 
 
 def _report(settings, started, load_before, results, **parts):
@@ -163,7 +164,8 @@ def benchmark_records(settings, work_dir):
 
     def info_of(way):
         """The training split in way's format (the first format's for synthetic and images: its classes)."""
-        return onu_input.dataset_info(data_dir, way if way in formats else formats[0], 'train')
+        return onu_input.dataset_info(data_dir, way if way in formats else formats[0], 'train',
+                                      labels_offset=settings.labels_offset)
     results = benchmark_runner.run_tasks(benchmark_plan.counting_tasks(settings, work_dir)
                                          + benchmark_plan.records_tasks(settings, formats, info_of))
     train = info_of(formats[0])
@@ -177,10 +179,12 @@ def benchmark_records(settings, work_dir):
 
 def benchmark(settings, work_dir):
     """Runs every measurement on settings.data_dir; returns the report (rows, targets, raw results)."""
-    if os.path.isdir(settings.data_dir) and not onu_input.has_photos(settings.data_dir):
+    if (os.path.isdir(settings.data_dir) and not onu_input.has_photos(settings.data_dir)
+            and onu_input.record_formats(settings.data_dir)):
         return benchmark_records(settings, work_dir)
     started, load_before = time.time(), benchmark_runner.load_average()
-    data_dir = benchmark_runner.prepare_photos(settings.data_dir, work_dir, settings.max_images_per_class)
+    data_dir = benchmark_runner.prepare_photos(settings.data_dir, work_dir, settings.max_images_per_class,
+                                               settings.validation_percent)
     paths = benchmark_runner.photo_paths(data_dir)
     train_photos = onu_input.dataset_info(data_dir, 'images', 'train')
     print(f'Benchmarking {len(paths)} photos of {data_dir} ({train_photos.num_examples} train) '

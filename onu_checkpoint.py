@@ -198,7 +198,8 @@ def check_resumable(train_dir, run_config, saved):
     """Fails clearly when train_dir holds a run (saved, a RunConfig) that run_config cannot resume."""
     if not saved or not list_checkpoints(train_dir):
         return
-    for key in ('model', 'image_size', 'class_names'):
+    # The classes, how stored labels map to them, and which photos are held out for val must stay as they were.
+    for key in ('model', 'image_size', 'class_names', 'labels_offset', 'validation_percent'):
         if getattr(saved, key) != getattr(run_config, key):
             raise onu_dataset.DataError(
                 f'{train_dir} holds a run with {key}={getattr(saved, key)!r}, not '

@@ -57,6 +57,11 @@ PAYLOAD_JPEG = 'jpeg'
 PAYLOAD_PNG = 'png'
 PAYLOAD_RAW = 'raw'
 CHANNELS = 3
+# Raw pixels of other tools' records (PIL's tobytes of the photo as opened): bytes per pixel -> Pillow mode.
+# All become RGB as the photos would: grey replicated, alpha dropped.
+RAW_MODES = {1: 'L', 3: 'RGB', 4: 'RGBA'}
+# A record that names no file is named <shard file>#<index> (its position in the shard, from 0).
+RECORD_NAME_SEPARATOR = '#'
 
 JPEG_FORMATS = ('JPEG', 'MPO')  # Pillow calls multi-picture camera JPEGs 'MPO'; they decode as JPEG.
 # Files kept byte for byte in encoded records: TensorFlow decodes them to the same RGB pixels as Pillow's
@@ -234,6 +239,11 @@ def split_dir(data_dir, split):
     return os.path.join(data_dir, names[0])
 
 
+def photo_splits(data_dir):
+    """The splits data_dir has photos of: those with a folder, or both for bare class folders (split_of)."""
+    return [split for split in SPLITS if not has_split_folders(data_dir) or os.path.isdir(split_dir(data_dir, split))]
+
+
 def bare_class_folders(data_dir):
     """The visible subfolders of data_dir that would be classes of bare class folders (not tfrecords/)."""
     return [name for name in visible_subdirs(data_dir) if name != RECORDS_SUBDIR]
@@ -327,11 +337,19 @@ def cached_records_dir(data_dir):
     return os.path.join(cache_dir(), 'records', folder_key(data_dir))
 
 
-def records_dir_for(data_dir):
-    """Where the TFRecords of data_dir are: the first of data_dir, data_dir/tfrecords and cached_records_dir that
-    holds a manifest; data_dir/tfrecords if none does."""
-    for candidate in (data_dir, os.path.join(data_dir, RECORDS_SUBDIR), cached_records_dir(data_dir)):
-        if os.path.isfile(os.path.join(candidate, MANIFEST_FILENAME)):
+def records_dirs(data_dir):
+    """The folders holding this repo's records of data_dir (a manifest), in order: data_dir itself,
+    data_dir/tfrecords, and its folder in the cache (where records of a read-only data_dir go)."""
+    return [candidate for candidate in (data_dir, os.path.join(data_dir, RECORDS_SUBDIR), cached_records_dir(data_dir))
+            if os.path.isfile(os.path.join(candidate, MANIFEST_FILENAME))]
+
+
+def records_dir_for(data_dir, data_format=None):
+    """Where the TFRecords of data_dir are: the first of records_dirs whose manifest lists data_format (None: any);
+    data_dir/tfrecords if none does."""
+    for candidate in records_dirs(data_dir):
+        if data_format is None or any(data_format in formats for formats in
+                                      read_manifest(candidate).get('splits', {}).values()):
             return candidate
     return os.path.join(data_dir, RECORDS_SUBDIR)
 
@@ -353,6 +371,13 @@ def writable_records_dir(data_dir):
     """Where conversion writes data_dir's records: records_dir_for(data_dir), or cached_records_dir if that is read-only."""
     records_dir = records_dir_for(data_dir)
     return records_dir if can_write_in(records_dir) else cached_records_dir(data_dir)
+
+
+def missing_data_dir_error(data_dir):
+    """The DataError for a --data_dir that does not exist: how to make sample data, where to point instead."""
+    return DataError(f'{data_dir}: data dir not found; make sample data with python make_sample_data.py '
+                     f'--data_dir={data_dir}, or point --data_dir at your photos or records '
+                     f'(README "Bring your own data")')
 
 
 def shard_filename(split, record_format, index, num_shards):

@@ -119,7 +119,7 @@ def eval_run_config(checkpoint_dir):
 def check_same_split(checkpoint_dir):
     """DataError if --validation_percent asks for another split of class folders than the training run made."""
     saved = onu_run_config.RunConfig.load(checkpoint_dir)
-    if saved and saved.layout == 'class_folders' and FLAGS['validation_percent'].present and (
+    if saved and saved.validation_percent is not None and FLAGS['validation_percent'].present and (
             FLAGS.validation_percent != saved.validation_percent):
         raise onu_dataset.DataError(
             f'--validation_percent={FLAGS.validation_percent:g} but the training run held out '

@@ -175,8 +175,9 @@ def training_run_config(precision, info):
     return onu_run_config.RunConfig(
         model=model_name, image_size=FLAGS.image_size or onu_model.DEFAULT_IMAGE_SIZE[model_name],
         class_names=info.class_names, num_examples_per_epoch=info.num_examples,
-        data_dir=os.path.abspath(FLAGS.data_dir), data_format=info.data_format, layout=info.layout,
-        labels_offset=info.labels_offset, validation_percent=info.validation_percent,
+        data_dir=os.path.abspath(FLAGS.data_dir), data_format=info.data_format,
+        layout=onu_input.data_layout(FLAGS.data_dir),
+        labels_offset=info.data_labels_offset, validation_percent=info.validation_percent,
         precision=precision.name, compute_dtype=precision.compute_dtype, max_steps=FLAGS.max_steps,
         moving_average_decay=FLAGS.moving_average_decay, flags=project_flag_values())
 

@@ -57,6 +57,9 @@ PIPELINE_DEVICE = '/cpu:0'
 AUGMENT_PLACEMENTS = ('input', 'model')
 # The first value of the message of the error a record's label outside the classes raises (_parse_record).
 LABEL_OUT_OF_RANGE = 'label outside the classes:'
+# What TensorFlow's messages say of a record whose keys or values are not those of the first record.
+UNREADABLE_RECORD_SIGNS = ('is required but could not be found', 'Could not parse', 'Can\'t parse',
+                           'Input to reshape')
 # JPEG DCT scale divisors libjpeg decodes at (1 = full size).
 DCT_RATIOS = (1, 2, 4, 8)
 # Training keeps the resized uint8 images of one epoch in memory when they take at most this many
@@ -106,6 +109,8 @@ class DatasetInfo:
     label_key: str = onu_dataset.KEY_LABEL
     filename_key: str = onu_dataset.KEY_FILENAME  # '' when the records name no file
     labels_offset: int = 0       # record modes: class = stored label - labels_offset
+    # Other tools' records, read as they are or converted: the --labels_offset their labels were read with.
+    data_labels_offset: int = None
     validation_percent: float = None  # class_folders: the share held out for val (onu_dataset.split_of)
 
     @property
@@ -126,34 +131,44 @@ def _convert_command(data_dir, data_format):
 
 
 def _repo_records_formats(data_dir):
-    """Returns the record formats this repo's manifest for data_dir lists for every split it has (() if none)."""
-    records_dir = onu_dataset.records_dir_for(data_dir)
-    if not os.path.isfile(os.path.join(records_dir, onu_dataset.MANIFEST_FILENAME)):
-        return ()
-    splits = onu_dataset.read_manifest(records_dir).get('splits', {})
-    return tuple(fmt for fmt in onu_dataset.RECORD_FORMATS
-                 if splits and all(fmt in formats for formats in splits.values()))
+    """Returns the record formats this repo's records of data_dir hold for every split (() if none)."""
+    formats = set()
+    for records_dir in onu_dataset.records_dirs(data_dir):
+        splits = onu_dataset.read_manifest(records_dir).get('splits', {})
+        formats.update(fmt for fmt in onu_dataset.RECORD_FORMATS
+                       if splits and all(fmt in formats_of_split for formats_of_split in splits.values()))
+    return tuple(fmt for fmt in onu_dataset.RECORD_FORMATS if fmt in formats)
 
 
-def _other_tools_records(data_dir):
-    """Returns the onu_layouts.ForeignRecords of data_dir, or None (photo folders are never read as records)."""
-    if onu_dataset.has_split_folders(data_dir):
-        return None
-    return onu_layouts.find_foreign_records(data_dir)
+def _made_otherwise(data_dir, data_format, validation_percent, labels_offset):
+    """Returns why this repo's data_format records of data_dir do not fit the asked split or labels offset, or None."""
+    records_dir = onu_dataset.records_dir_for(data_dir, data_format)
+    manifest = onu_dataset.read_manifest(records_dir)
+    split_by = manifest.get('validation_percent')
+    wanted = onu_dataset.DEFAULT_VALIDATION_PERCENT if validation_percent is None else validation_percent
+    if split_by is not None and split_by != wanted:
+        return (f'{records_dir}: records split with --validation_percent={split_by:g}, but {wanted:g} is asked; use '
+                f'--validation_percent={split_by:g}, or re-create them with '
+                f'{_convert_command(data_dir, data_format)} --validation_percent={wanted:g}')
+    offset = manifest.get('source', {}).get('labels_offset')
+    if labels_offset is not None and offset is not None and offset != labels_offset:
+        return (f'{records_dir}: records made with --labels_offset={offset}, but {labels_offset} is asked; use '
+                f'--labels_offset={offset}, or re-create them with {_convert_command(data_dir, data_format)} '
+                f'--labels_offset={labels_offset}')
+    return None
 
 
-def has_records(data_dir, data_format, validation_percent=None):
+def has_records(data_dir, data_format, validation_percent=None, labels_offset=None):
     """Returns True when data_dir has data_format records to read: this repo's (every split), or another tool's.
 
-    Records of bare class folders count only when split with validation_percent (None: the default).
+    This repo's records count only when made with validation_percent (bare class folders; None: the default)
+    and labels_offset (other tools' records; None: any).
     """
     if not os.path.isdir(data_dir):
         return False
     if data_format in _repo_records_formats(data_dir):
-        split_by = onu_dataset.read_manifest(onu_dataset.records_dir_for(data_dir)).get('validation_percent')
-        wanted = onu_dataset.DEFAULT_VALIDATION_PERCENT if validation_percent is None else validation_percent
-        return split_by is None or split_by == wanted
-    foreign = _other_tools_records(data_dir)
+        return _made_otherwise(data_dir, data_format, validation_percent, labels_offset) is None
+    foreign = onu_layouts.find_foreign_records(data_dir)
     return foreign is not None and data_format in foreign.data_formats
 
 
@@ -162,13 +177,13 @@ def has_photos(data_dir):
     if not os.path.isdir(data_dir):
         return False
     return onu_dataset.has_split_folders(data_dir) or (
-        _other_tools_records(data_dir) is None and bool(onu_dataset.bare_class_folders(data_dir)))
+        onu_layouts.find_foreign_records(data_dir) is None and bool(onu_dataset.bare_class_folders(data_dir)))
 
 
 def record_formats(data_dir):
     """Returns the record formats data_dir has to read, this repo's or another tool's: encoded, then raw."""
     formats = set(_repo_records_formats(data_dir))
-    foreign = _other_tools_records(data_dir)
+    foreign = onu_layouts.find_foreign_records(data_dir)
     formats.update(foreign.data_formats if foreign is not None else ())
     return tuple(fmt for fmt in ('encoded', 'raw') if fmt in formats)
 
@@ -180,18 +195,22 @@ def default_data_format(data_dir):
     return (record_formats(data_dir) or ('encoded',))[0]
 
 
+def reads_other_tools_records(data_dir, data_format):
+    """Returns True when data_format is read from records another tool wrote in data_dir (none of this repo's)."""
+    return (data_format != 'images' and data_format not in _repo_records_formats(data_dir)
+            and onu_layouts.find_foreign_records(data_dir) is not None)
+
+
 def data_layout(data_dir):
     """Returns the layout data_dir holds: photos, class_folders, records, or an onu_layouts name; DataError if none.
 
     The error is one line saying what was looked for.
     """
     if not os.path.isdir(data_dir):
-        raise onu_dataset.DataError(
-            f'{data_dir}: data dir not found; make sample data with python make_sample_data.py --data_dir={data_dir}, '
-            f'or point --data_dir at your photos or records (README "Bring your own data")')
+        raise onu_dataset.missing_data_dir_error(data_dir)
     if onu_dataset.has_split_folders(data_dir):
         return 'photos'
-    foreign = _other_tools_records(data_dir)
+    foreign = onu_layouts.find_foreign_records(data_dir)
     if foreign is not None:
         return foreign.layout.name
     if onu_dataset.bare_class_folders(data_dir):
@@ -213,18 +232,14 @@ def dataset_info(data_dir, data_format, split, validation_percent=None, labels_o
     _check_choice('data_format', data_format, onu_dataset.DATA_FORMATS)
     _check_choice('split', split, onu_dataset.SPLITS)
     if not os.path.isdir(data_dir):
-        raise onu_dataset.DataError(
-            f'{data_dir}: data dir not found; make sample data with python make_sample_data.py '
-            f'--data_dir={data_dir} (then {_convert_command(data_dir, "encoded")} for records), '
-            f'or point --data_dir at your photos (<class>/ folders, or train/<class>/ and val/<class>/) or records '
-            f'(README "Bring your own data")')
+        raise onu_dataset.missing_data_dir_error(data_dir)
     if validation_percent is None:
         validation_percent = onu_dataset.DEFAULT_VALIDATION_PERCENT
     if data_format == 'images':
         return _images_info(data_dir, split, validation_percent)
-    if data_format in _repo_records_formats(data_dir) or not _other_tools_records(data_dir):
-        return _records_info(data_dir, data_format, split, validation_percent)
-    return _other_tools_records_info(data_dir, data_format, split, labels_offset)
+    if reads_other_tools_records(data_dir, data_format):
+        return _other_tools_records_info(data_dir, data_format, split, labels_offset)
+    return _records_info(data_dir, data_format, split, validation_percent, labels_offset)
 
 
 _warned_paths = set()
@@ -242,7 +257,7 @@ def _warn_once(path, message, *args):
 
 def _images_info(data_dir, split, validation_percent):
     """Returns the DatasetInfo of split read from the class folders (split folders, or split_of's for bare ones)."""
-    if _other_tools_records(data_dir) is not None and not has_photos(data_dir):
+    if onu_layouts.find_foreign_records(data_dir) is not None:
         raise onu_dataset.DataError(
             f'{data_dir}: holds the records of another tool, not photo folders: read them with '
             f'--data_format={default_data_format(data_dir)}')
@@ -279,21 +294,18 @@ def _images_info(data_dir, split, validation_percent):
         validation_percent=validation_percent if bare else None)
 
 
-def _records_info(data_dir, data_format, split, validation_percent):
+def _records_info(data_dir, data_format, split, validation_percent, labels_offset):
     """Returns the DatasetInfo of split from this repo's records manifest, checking the shards on disk."""
-    records_dir = onu_dataset.records_dir_for(data_dir)
+    records_dir = onu_dataset.records_dir_for(data_dir, data_format)
     manifest_path = os.path.join(records_dir, onu_dataset.MANIFEST_FILENAME)
     if not os.path.isfile(manifest_path):
         raise onu_dataset.DataError(
             f'{manifest_path} not found: no {data_format} records; write them with '
             f'{_convert_command(data_dir, data_format)}, or use --data_format=images')
     manifest = onu_dataset.read_manifest(records_dir)
-    split_by = manifest.get('validation_percent')
-    if split_by is not None and split_by != validation_percent:
-        raise onu_dataset.DataError(
-            f'{records_dir}: records split with --validation_percent={split_by:g}, but {validation_percent:g} is '
-            f'asked; use --validation_percent={split_by:g}, or re-create them with '
-            f'{_convert_command(data_dir, data_format)} --validation_percent={validation_percent:g}')
+    problem = _made_otherwise(data_dir, data_format, validation_percent, labels_offset)
+    if problem:
+        raise onu_dataset.DataError(problem)
     formats = manifest.get('splits', {}).get(split, {})
     if data_format not in formats:
         others = [fmt for fmt in onu_dataset.RECORD_FORMATS if fmt in formats]
@@ -324,12 +336,13 @@ def _records_info(data_dir, data_format, split, validation_percent):
         compression_type=onu_dataset.tf_compression_type(manifest.get('compression', 'NONE')),
         bytes_per_example=int(entry.get('record_bytes', 0)) // max(num_examples, 1),
         image_key=onu_dataset.KEY_RAW if data_format == 'raw' else onu_dataset.KEY_ENCODED,
-        validation_percent=split_by)
+        validation_percent=manifest.get('validation_percent'),
+        data_labels_offset=manifest.get('source', {}).get('labels_offset'))
 
 
 def _other_tools_records_info(data_dir, data_format, split, labels_offset):
     """Returns the DatasetInfo of split from the records another tool wrote in data_dir (onu_layouts), read as they are."""
-    record_set = _other_tools_records(data_dir).record_set(split, data_format, labels_offset)
+    record_set = onu_layouts.find_foreign_records(data_dir).record_set(split, data_format, labels_offset)
     if not record_set.num_examples:
         raise onu_dataset.DataError(f'{record_set.folder}: its {split} records are empty')
     return DatasetInfo(
@@ -339,12 +352,12 @@ def _other_tools_records_info(data_dir, data_format, split, labels_offset):
         compression_type=onu_dataset.tf_compression_type(record_set.compression),
         bytes_per_example=record_set.record_bytes // record_set.num_examples, image_key=record_set.image_key,
         label_key=record_set.label_key, filename_key=record_set.filename_key,
-        labels_offset=record_set.labels.offset)
+        labels_offset=record_set.labels.offset, data_labels_offset=record_set.labels.offset)
 
 
 def describe_labels(data_dir, labels_offset=None):
     """Returns one line on how another tool's records in data_dir are labelled ('' for photos and this repo's records)."""
-    foreign = _other_tools_records(data_dir)
+    foreign = onu_layouts.find_foreign_records(data_dir)
     if foreign is None:
         return ''
     labels = foreign.labels(labels_offset)
@@ -765,7 +778,7 @@ def _decoded_records(info, training, seed, deterministic, at_least=None, repeat=
         """The records of one shard, each with the name <shard>#<index> for records that name no file."""
         shard = tf.strings.regex_replace(path, '^.*/', '')
         return tf.data.TFRecordDataset(path, compression_type=info.compression_type).enumerate().map(
-            lambda index, record: (record, tf.strings.join([shard, '#', tf.strings.as_string(index)])))
+            lambda index, record: (record, tf.strings.join([shard, onu_dataset.RECORD_NAME_SEPARATOR, tf.strings.as_string(index)])))
     records = tf.data.Dataset.from_tensor_slices(list(info.files)).flat_map(named_records)
     return records.map(lambda record, name: _parse_record(record, info, at_least, name),
                        num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
@@ -955,12 +968,17 @@ def damaged_records_as_data_error(info):
             f'{where}: damaged {info.data_format} record file ({problem}); {fix}') from None
     except tf.errors.InvalidArgumentError as e:
         label = _label_out_of_range(e)
-        if label is None:
+        if label is not None:
+            raise onu_dataset.DataError(
+                f'{info.data_dir}: a record of {info.split} has label {label}, not one of the {info.num_classes} '
+                f'classes {info.labels_offset}..{info.labels_offset + info.num_classes - 1} (labels offset '
+                f'{info.labels_offset}); pass the --labels_offset the records use') from None
+        if info.data_format == 'images' or not any(sign in e.message for sign in UNREADABLE_RECORD_SIGNS):
             raise
         raise onu_dataset.DataError(
-            f'{info.data_dir}: a record of {info.split} has label {label}, not one of the {info.num_classes} classes '
-            f'{info.labels_offset}..{info.labels_offset + info.num_classes - 1} (labels offset {info.labels_offset}); '
-            f'pass the --labels_offset the records use') from None
+            f'{os.path.dirname(info.files[0])}: a {info.split} record lacks what the first one holds '
+            f'({_last_line(e.message)}); every record needs {info.image_key} and {info.label_key}: re-create the '
+            f'records, or move the odd file away') from None
     except tf.errors.UnknownError as e:
         message = _raised_data_error(e)
         if message is None:

@@ -31,7 +31,6 @@ from onu_dataset import DataError
 # Image keys -> the data format of their bytes, in order of preference; label keys likewise.
 IMAGE_KEYS = {onu_dataset.KEY_ENCODED: 'encoded', onu_dataset.KEY_RAW: 'raw', 'image': 'encoded'}
 LABEL_KEYS = (onu_dataset.KEY_LABEL, 'label')
-RAW_CHANNELS = (1, 3, 4)  # bytes per pixel of raw records: grey, RGB, RGBA (PIL's tobytes of the photo as opened)
 SPLIT_TOKENS = '|'.join(name for names in onu_dataset.SPLIT_NAMES.values() for name in names)
 SCAN_MAX_BYTES = 4096  # scans read values up to this size (labels, texts, sizes); image bytes are skipped
 INDEX_SUBDIR = 'record-index'  # in onu_dataset.cache_dir(): one JSON file of counts per record folder
@@ -184,16 +183,42 @@ def _record_group(folder, split, names):
                        image_key=image_key, label_key=label_key)
 
 
+def _folder_state(data_dir):
+    """What finding records in data_dir depends on: its own and its subfolders' modification times."""
+    return tuple((entry.name, entry.stat().st_mtime_ns) for entry in os.scandir(data_dir) if entry.is_dir()) + (
+        os.stat(data_dir).st_mtime_ns,)
+
+
+_found = {}  # (real path, _folder_state) -> ForeignRecords or None, found once per process
+
+
 def find_foreign_records(data_dir):
-    """The ForeignRecords in data_dir (or in its newest TFDS version folder), or None if there are none."""
-    if not os.path.isdir(data_dir):
+    """The ForeignRecords in data_dir (or in its newest TFDS version folder), or None if there are none.
+
+    A folder with photos in split folders (train/<class>/) holds photos, never other tools' records. Found
+    once per process while the folder does not change (every script asks several times).
+    """
+    if not os.path.isdir(data_dir) or onu_dataset.has_split_folders(data_dir):
         return None
+    key = (os.path.realpath(data_dir), _folder_state(data_dir))
+    if key not in _found:
+        _found[key] = _find(data_dir)
+    return _found[key]
+
+
+def _find(data_dir):
+    """The ForeignRecords of the first RECORD_LAYOUTS entry whose files data_dir holds, or None."""
     for layout in RECORD_LAYOUTS:
         folders = [data_dir] + (_version_folders(data_dir) if layout.in_version_folders else [])
         for folder in folders:
             matches = _matching_files(folder, layout)
             if matches:
-                return ForeignRecords(layout, folder, matches)
+                found = ForeignRecords(layout, folder, matches)
+                if not found.groups:
+                    raise DataError(f'{folder}: its {layout.name} files ({", ".join(sorted(matches)[:3])}'
+                                    f'{", ..." if len(matches) > 3 else ""}) hold no complete record; re-create them '
+                                    f'with the tool that wrote them')
+                return found
     return None
 
 
@@ -261,7 +286,7 @@ class _Index:
         return entry['records'], entry['problem']
 
     def scan(self, path, compression, group):
-        """{labels: {label: count}, texts: {label: text}, raw_problem} of path's records, scanned once."""
+        """{labels: {label: count}, texts: {label: text}, problem} of path's records, scanned once."""
         entry = self.entry(path, compression)
         if 'scan' not in entry:
             entry['scan'] = _scan_file(path, compression, group)
@@ -275,7 +300,7 @@ class _Index:
             self._changed = False
 
 
-def _raw_problem(features, image_key):
+def _raw_pixels_problem(features, image_key):
     """Why a raw record's pixels cannot be an image (byte count against height x width), or None."""
     sizes = [features.get(key) for key in (onu_dataset.KEY_HEIGHT, onu_dataset.KEY_WIDTH)]
     if any(size is None or size.kind != onu_tfrecord.INT64 or not size.values for size in sizes):
@@ -283,32 +308,32 @@ def _raw_problem(features, image_key):
     height, width = sizes[0].values[0], sizes[1].values[0]
     image = features[image_key]
     num_bytes = image.values[0] if image.skipped else len(image.values[0]) if image.values else 0
-    if height <= 0 or width <= 0 or not any(num_bytes == height * width * c for c in RAW_CHANNELS):
+    if height <= 0 or width <= 0 or not any(num_bytes == height * width * c for c in onu_dataset.RAW_MODES):
         return (f'{num_bytes} bytes of pixels for {height}x{width}, which is not '
-                f'{", ".join(str(c) for c in RAW_CHANNELS)} bytes per pixel')
+                f'{", ".join(str(c) for c in onu_dataset.RAW_MODES)} bytes per pixel')
     return None
 
 
 def _scan_file(path, compression, group):
     """Reads the labels, class texts and (raw records) pixel sizes of every record of path; image bytes skipped."""
-    labels, texts, raw_problem = {}, {}, None
+    labels, texts, problem = {}, {}, None
     try:
         for index, features in enumerate(onu_tfrecord.scan_examples(path, compression, SCAN_MAX_BYTES)):
             label_feature = features.get(group.label_key)
             label = label_feature.values[0] if label_feature and label_feature.values else None
             if label is None:
-                raw_problem = raw_problem or f'record {index + 1} has no {group.label_key}'
+                problem = problem or f'record {index + 1} has no {group.label_key}'
                 continue
             labels[str(label)] = labels.get(str(label), 0) + 1
             text = features.get(onu_dataset.KEY_TEXT)
             if text and text.kind == onu_tfrecord.BYTES and text.values and not text.skipped:
                 texts.setdefault(str(label), text.values[0].decode('utf-8', errors='replace'))
-            if group.data_format == 'raw' and raw_problem is None:
-                problem = _raw_problem(features, group.image_key)
-                raw_problem = problem and f'record {index + 1}: {problem}'
+            if group.data_format == 'raw' and problem is None:
+                problem = _raw_pixels_problem(features, group.image_key)
+                problem = problem and f'record {index + 1}: {problem}'
     except onu_tfrecord.NotAnExample as error:
-        raw_problem = f'{error}: not a tf.train.Example'
-    return {'labels': labels, 'texts': texts, 'raw_problem': raw_problem}
+        problem = f'{error}: not a tf.train.Example'
+    return {'labels': labels, 'texts': texts, 'problem': problem}
 
 
 def _tfds_shard_lengths(folder, split_token, num_files):
@@ -330,8 +355,11 @@ def _tfds_shard_lengths(folder, split_token, num_files):
 
 def read_names_file(path):
     """(form, names) of a labels file: ('ids', {id: name}) for id:name lines, ('lines', [name, ...]) otherwise."""
-    with open(path, encoding='utf-8') as f:
-        lines = [line.strip() for line in f if line.strip()]
+    try:
+        with open(path, encoding='utf-8-sig') as f:  # -sig: a byte-order mark some editors write is not a name
+            lines = [line.strip() for line in f if line.strip()]
+    except (OSError, UnicodeDecodeError) as error:
+        raise DataError(f'{path}: unreadable labels file ({error}); save it as UTF-8 text, or move it away') from None
     pairs = [re.fullmatch(r'(\d+):(.+)', line) for line in lines]
     if lines and all(pairs):
         return 'ids', {int(pair.group(1)): pair.group(2).strip() for pair in pairs}
@@ -411,24 +439,28 @@ class ForeignRecords:
             if listed is not None:
                 counts += listed
                 continue
-            for path in group.files:
-                records, problem = self._index.framing(path, group.compression)
-                if problem:
-                    self._index.save()
-                    raise DataError(f'{path}: damaged or truncated record file ({problem}); re-create it with the '
-                                    f'tool that wrote it, or move it out of {self.folder}')
-                counts.append(records)
+            counts += [self._check_framing(path, group.compression) for path in group.files]
         return counts
+
+    def _check_framing(self, path, compression):
+        """Returns the records of path, counted once; DataError naming it when it is cut short or damaged."""
+        records, problem = self._index.framing(path, compression)
+        if problem:
+            self._index.save()
+            raise DataError(f'{path}: damaged or truncated record file ({problem}); re-create it with the '
+                            f'tool that wrote it, or move it out of {self.folder}')
+        return records
 
     def _scans(self, groups=None):
         """The scans of groups' files (default: all): labels, texts, raw sizes, each once and cached."""
         scans = []
         for group in self.groups if groups is None else groups:
             for path in group.files:
+                self._check_framing(path, group.compression)
                 scan = self._index.scan(path, group.compression, group)
-                if scan['raw_problem']:
+                if scan['problem']:
                     self._index.save()
-                    raise DataError(f'{path}: {scan["raw_problem"]}; re-create the file, or move it out of '
+                    raise DataError(f'{path}: {scan["problem"]}; re-create the file, or move it out of '
                                     f'{self.folder}')
                 scans.append(scan)
         self._index.save()
@@ -497,8 +529,8 @@ class ForeignRecords:
         """
         if names_file is not None:
             path, (form, names) = names_file
-            if form == 'ids':
-                ordered = [names[key] for key in sorted(names) if key >= offset]
+            if form == 'ids':  # placed by id: a gap in the ids is a class without a name
+                ordered = [names.get(label, f'class_{label}') for label in range(offset, max(names) + 1)]
             elif offset >= line_one:
                 ordered = names[offset - line_one:]
             else:
@@ -521,10 +553,15 @@ class ForeignRecords:
     def record_set(self, split, data_format, labels_offset=None):
         """The RecordSet of split in data_format (counted, labels resolved, raw pixels checked); DataError if none."""
         groups = self._groups(split, data_format)
+        keys = {(group.image_key, group.label_key) for group in groups}
+        if len(keys) > 1:
+            raise DataError(f'{self.folder}: the {split} {data_format} files hold their images and labels under '
+                            f'different keys ({"; ".join(" and ".join(pair) for pair in sorted(keys))}): keep one '
+                            f'set of files per split')
+        counts = self._counts(groups)
         labels = self.labels(labels_offset)
         if data_format == 'raw':
             self._scans(groups)
-        counts = self._counts(groups)
         self._index.save()
         files = tuple(path for group in groups for path in group.files)
         compressions = {group.compression for group in groups}

@@ -141,7 +141,7 @@ def _payloads(order, record_format, pool, window):
 def _serialized_example(info, payload, payload_key, payload_format, filename):
     """One tf.train.Example as bytes (map keys sorted, so the same input gives the same bytes).
 
-    info: what is said of the image (label, class_name, upright height and width): an ImageInfo or a ConvertedRecord.
+    info: what is said of the image (label, class_name, upright height and width): an ImageInfo or a ConvertedImage.
     """
     example = _tf().train.Example()
     feature = example.features.feature
@@ -281,20 +281,30 @@ def _convert_split(data_dir, output_dir, split, record_format, images, options, 
 # ----------------------------------------------------------------------------------------------
 # Records of other tools (onu_layouts) as the source.
 
-_RAW_MODES = {1: 'L', 3: 'RGB', 4: 'RGBA'}  # bytes per pixel of a raw record -> its Pillow mode
+@dataclasses.dataclass(frozen=True)
+class RecordSource:
+    """What a worker needs to convert one record of another tool's: its keys and the label offset (small to send)."""
+    data_format: str   # of the source records: 'raw' or 'encoded'
+    image_key: str
+    label_key: str
+    filename_key: str
+    labels_offset: int
+    num_classes: int
+    folder: str
 
 
-def _converted_payload(image_bytes, features, record_set, record_format):
+def _converted_payload(image_bytes, features, source_format, record_format):
     """(payload, payload format, width, height) of one record's image in record_format; UnreadableImage if unusable.
 
     Pixels are what reading the records as they are gives: raw grey or RGBA pixels become RGB (alpha dropped),
     encoded bytes are decoded without EXIF orientation (as the tools' own readers do). Encoded images that
     TensorFlow decodes are kept byte for byte; raw pixels are stored as a lossless PNG of their own mode.
     """
-    if record_set.data_format == 'raw':
+    if source_format == 'raw':
         height = features[onu_dataset.KEY_HEIGHT].values[0]
         width = features[onu_dataset.KEY_WIDTH].values[0]
-        image = Image.frombytes(_RAW_MODES[len(image_bytes) // (height * width)], (width, height), image_bytes)
+        mode = onu_dataset.RAW_MODES[len(image_bytes) // (height * width)]
+        image = Image.frombytes(mode, (width, height), image_bytes)
         if record_format == 'raw':
             return image.convert('RGB').tobytes(), onu_dataset.PAYLOAD_RAW, width, height
         buffer = io.BytesIO()
@@ -314,33 +324,40 @@ def _converted_payload(image_bytes, features, record_set, record_format):
     return buffer.getvalue(), onu_dataset.PAYLOAD_PNG, header.width, header.height
 
 
-def convert_foreign_record(task, record_set, record_format):
-    """Worker: the ConvertedImage of one serialized record of another tool's (task: (payload, its name))."""
+def convert_foreign_record(task, source, record_format):
+    """Worker: the ConvertedImage (no class name yet) of one serialized record of another tool's.
+
+    task: (serialized record, its name <shard>#<index>). A record that cannot be used is skipped with the reason.
+    """
     serialized, name = task
-    features = onu_tfrecord.parse_example(serialized)
-    image_bytes = features[record_set.image_key].values[0]
-    stored = features[record_set.label_key].values[0]
-    filename = name
-    if record_set.filename_key and features[record_set.filename_key].values:
-        filename = features[record_set.filename_key].values[0].decode('utf-8', errors='replace') or name
-    where = f'{os.path.join(record_set.folder, name)}'
-    label = stored - record_set.labels.offset
-    if not 0 <= label < len(record_set.labels.class_names):
-        return ConvertedImage(filename, where, skip_reason=f'label {stored} is not one of the '
-                              f'{len(record_set.labels.class_names)} classes (labels offset {record_set.labels.offset})')
+    where = os.path.join(source.folder, name)
     try:
-        payload, payload_format, width, height = _converted_payload(image_bytes, features, record_set, record_format)
-    except (onu_dataset.UnreadableImage, OSError, ValueError) as error:
-        return ConvertedImage(filename, where, skip_reason=' '.join(str(error).split()))
-    return ConvertedImage(filename, where, payload, payload_format, label, record_set.labels.class_names[label],
-                          height, width, len(serialized))
+        features = onu_tfrecord.parse_example(serialized)
+        filename = name
+        if source.filename_key and features.get(source.filename_key, onu_tfrecord.Feature('bytes', ())).values:
+            filename = features[source.filename_key].values[0].decode('utf-8', errors='replace') or name
+        image_bytes = features[source.image_key].values[0]
+        stored = features[source.label_key].values[0]
+    except (onu_tfrecord.NotAnExample, KeyError, IndexError) as error:
+        reason = f'no {error}' if isinstance(error, KeyError) else f'not a usable record ({error or "empty value"})'
+        return ConvertedImage(name, where, skip_reason=reason)
+    label = stored - source.labels_offset
+    if not 0 <= label < source.num_classes:
+        return ConvertedImage(filename, where, skip_reason=f'label {stored} is not one of the {source.num_classes} '
+                                                           f'classes (labels offset {source.labels_offset})')
+    try:
+        payload, payload_format, width, height = _converted_payload(image_bytes, features, source.data_format,
+                                                                    record_format)
+    except (onu_dataset.UnreadableImage, OSError, ValueError, KeyError, IndexError, ZeroDivisionError) as error:
+        return ConvertedImage(filename, where, skip_reason=' '.join(str(error).split()) or type(error).__name__)
+    return ConvertedImage(filename, where, payload, payload_format, label, '', height, width, len(serialized))
 
 
 def _foreign_records(record_set):
     """Yields (serialized record, <file>#<index>) of every record of record_set, in file order."""
     for path in record_set.files:
         for index, serialized in enumerate(onu_tfrecord.read_records(path, record_set.compression)):
-            yield serialized, f'{os.path.basename(path)}#{index}'
+            yield serialized, f'{os.path.basename(path)}{onu_dataset.RECORD_NAME_SEPARATOR}{index}'
 
 
 def _convert_record_split(record_set, output_dir, record_format, options, pool, skipped):
@@ -351,12 +368,15 @@ def _convert_record_split(record_set, output_dir, record_format, options, pool, 
     growth = 12 if record_format == 'raw' and record_set.data_format == 'encoded' else 1  # pixels vs JPEG bytes
     num_shards = options['num_shards'] or math.ceil(record_set.record_bytes * growth / TARGET_SHARD_BYTES)
     num_shards = max(1, min(num_shards, record_set.num_examples))
-    needs_work = record_format == 'raw' or record_set.data_format == 'raw'
-    images = onu_dataset.parallel_map(
-        functools.partial(convert_foreign_record, record_set=record_set, record_format=record_format),
-        _foreign_records(record_set), pool if needs_work else None, window=2 * options['processes'])
-    with contextlib.closing(images):
-        return _write_split(output_dir, record_set.split, record_format, images, record_set.num_examples,
+    source = RecordSource(record_set.data_format, record_set.image_key, record_set.label_key, record_set.filename_key,
+                          record_set.labels.offset, len(record_set.labels.class_names), record_set.folder)
+    converted = onu_dataset.parallel_map(
+        functools.partial(convert_foreign_record, source=source, record_format=record_format),
+        _foreign_records(record_set), pool, window=2 * options['processes'])
+    named = (image if image.payload is None else dataclasses.replace(
+        image, class_name=record_set.labels.class_names[image.label]) for image in converted)
+    with contextlib.closing(converted):
+        return _write_split(output_dir, record_set.split, record_format, named, record_set.num_examples,
                             num_shards, options, skipped)
 
 
@@ -382,9 +402,13 @@ def _photo_folders(data_dir):
 
 
 def _input_entries(data_dir, foreign):
-    """Paths of what conversion reads, sorted: other tools' record files, or the class folders and their entries."""
+    """Paths of what conversion reads, sorted: other tools' record files and the files that name their classes
+    or count them, or the class folders and their entries."""
     if foreign is not None:
-        return sorted(path for group in foreign.groups for path in group.files)
+        beside = [os.path.join(foreign.folder, name) for name in foreign.layout.names_files
+                  + ((foreign.layout.counts_file,) if foreign.layout.counts_file else ())]
+        return sorted([path for group in foreign.groups for path in group.files]
+                      + [path for path in beside if os.path.isfile(path)])
     paths = []
     for class_dir in _photo_folders(data_dir):
         paths += [class_dir] + sorted(entry.path for entry in os.scandir(class_dir))
@@ -494,7 +518,7 @@ def convert(data_dir, output_dir=None, formats=onu_dataset.RECORD_FORMATS, num_s
         raise ValueError(f'formats must be among {onu_dataset.RECORD_FORMATS} and compression among '
                          f'{onu_dataset.COMPRESSIONS}, got {formats} and {compression!r}')
     formats = tuple(f for f in onu_dataset.RECORD_FORMATS if f in formats)
-    foreign = None if onu_dataset.has_split_folders(data_dir) else onu_layouts.find_foreign_records(data_dir)
+    foreign = onu_layouts.find_foreign_records(data_dir)
     if foreign is None:
         onu_dataset.find_class_names(data_dir)  # no photos: say so before anything is written
     output_dir = output_dir or default_output_dir(data_dir)
@@ -506,11 +530,10 @@ def convert(data_dir, output_dir=None, formats=onu_dataset.RECORD_FORMATS, num_s
         labels = foreign.labels(labels_offset)
         build['labels_offset'] = labels.offset
         splits = [s for s in onu_dataset.SPLITS if any(group.split == s for group in foreign.groups)]
-    elif not onu_dataset.has_split_folders(data_dir):
-        build['validation_percent'] = validation_percent
-        splits = list(onu_dataset.SPLITS)
     else:
-        splits = [s for s in onu_dataset.SPLITS if os.path.isdir(onu_dataset.split_dir(data_dir, s))]
+        splits = onu_dataset.photo_splits(data_dir)
+        if not onu_dataset.has_split_folders(data_dir):
+            build['validation_percent'] = validation_percent
     old = _existing_manifest(output_dir)
     reusable = _reusable_formats(old, output_dir, build, splits)
     to_build = [f for f in formats if overwrite or f not in reusable or old['build'][f] != build]

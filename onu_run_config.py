@@ -31,7 +31,7 @@ class RunConfig:
     data_dir: str = ''
     data_format: str = 'encoded'
     layout: str = 'photos'  # onu_input.data_layout: photos, class_folders, records, or another tool's layout
-    labels_offset: int = 0  # other tools' records: class = stored label - labels_offset
+    labels_offset: int = None  # other tools' records (or this repo's made from them): class = stored label - it
     validation_percent: float = None  # class_folders: the share of photos held out for val (onu_dataset.split_of)
     precision: str = 'float32'
     compute_dtype: str = 'float32'

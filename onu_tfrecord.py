@@ -237,7 +237,7 @@ class Feature:
     """One feature of an Example: its kind (bytes, float, int64) and values; skipped bytes values: their sizes."""
     kind: str
     values: tuple
-    skipped: bool = False  # bytes values too long to keep: values holds their lengths
+    skipped: bool = False  # a bytes value was too long to keep: values holds the lengths of all of them
 
 
 class _Reader:
@@ -265,7 +265,7 @@ class _Reader:
             byte = self.read(1)[0]
             result |= (byte & 0x7F) << shift
             if byte < 0x80:
-                return result
+                return result & 0xFFFFFFFFFFFFFFFF  # a 10th byte may carry bits past 64: protobuf drops them
             shift += 7
             if shift > 63:
                 raise NotAnExample('a varint is longer than 10 bytes')
@@ -285,15 +285,20 @@ class _Reader:
         length = self.length(end)
         return self.position + length
 
+    def skip_fixed(self, count, end):
+        if self.position + count > end:
+            raise NotAnExample('a field runs past the end of its message')
+        self.skip(count)
+
     def skip_field(self, wire_type, end):
         if wire_type == _VARINT:
             self.varint()
         elif wire_type == _FIXED64:
-            self.skip(8)
+            self.skip_fixed(8, end)
         elif wire_type == _LENGTH_DELIMITED:
             self.skip(self.length(end))
         elif wire_type == _FIXED32:
-            self.skip(4)
+            self.skip_fixed(4, end)
         else:
             raise NotAnExample(f'wire type {wire_type}')
 
@@ -320,8 +325,9 @@ def _feature_values(reader, kind, end, max_bytes):
                 values.append(reader.read(length))
         elif kind == FLOAT and wire_type in (_LENGTH_DELIMITED, _FIXED32):
             length = reader.length(end) if wire_type == _LENGTH_DELIMITED else 4
-            data = reader.read(length)
-            values += struct.unpack(f'<{length // 4}f', data[:length // 4 * 4])
+            if length % 4:
+                raise NotAnExample(f'a packed float list of {length} bytes')
+            values += struct.unpack(f'<{length // 4}f', reader.read(length))
         elif kind == INT64 and wire_type == _LENGTH_DELIMITED:
             packed_end = reader.message_end(end)
             while reader.position < packed_end:
@@ -330,6 +336,8 @@ def _feature_values(reader, kind, end, max_bytes):
             values.append(_signed64(reader.varint()))
         else:
             raise NotAnExample(f'a {kind} list holds wire type {wire_type}')
+    if skipped:  # every value by its length, as the long ones are
+        values = [value if isinstance(value, int) else len(value) for value in values]
     return tuple(values), skipped
 
 

@@ -34,7 +34,8 @@ def prepare_data(data_dir, data_format, validation_percent, labels_offset):
     """Makes sure data_dir holds what data_format reads; returns the data format (None: the data's own).
 
     The built-in sample data (only in the default --data_dir) and this repo's records are made on demand;
-    a folder with no data found is a DataError saying what was looked for.
+    a folder with no data found is a DataError saying what was looked for. Prints what was found where it is
+    not this repo's own layout: the split of bare class folders, the labels of other tools' records.
     """
     try:
         layout = onu_input.data_layout(data_dir)
@@ -45,14 +46,17 @@ def prepare_data(data_dir, data_format, validation_percent, labels_offset):
         onu_sample_data.generate_dataset(data_dir)
         layout = onu_input.data_layout(data_dir)
     data_format = data_format or onu_input.default_data_format(data_dir)
-    description = onu_input.describe_labels(data_dir, labels_offset)
-    if description:
-        print(description, flush=True)
-    elif layout == 'class_folders':
+    if layout == 'class_folders':
         print(f'{data_dir} has class folders without a train/val split: holding out {validation_percent:g}% of the '
               f'photos for val by a hash of each file\'s path (--validation_percent; the same on every run).',
               flush=True)
-    if data_format != 'images' and not onu_input.has_records(data_dir, data_format, validation_percent):
+    converting = data_format != 'images' and not onu_input.has_records(data_dir, data_format, validation_percent,
+                                                                       labels_offset)
+    if converting or onu_input.reads_other_tools_records(data_dir, data_format):
+        description = onu_input.describe_labels(data_dir, labels_offset)  # '' for photos
+        if description:
+            print(description, flush=True)
+    if converting:
         print(f'{data_dir} has no {data_format} records: converting them now '
               f'(python convert_to_tfrecord.py --data_dir={data_dir} --format={data_format}).', flush=True)
         onu_records.convert(data_dir, formats=(data_format,), validation_percent=validation_percent,

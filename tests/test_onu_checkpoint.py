@@ -216,3 +216,14 @@ def test_a_restarted_evaluator_reports_each_checkpoint_once(tiny_run, tmp_path):
     with open(os.path.join(eval_dir, 'results.jsonl')) as f:
         steps = [json.loads(line)['step'] for line in f]
     assert steps == list(range(0, 13, 2))
+
+
+@pytest.mark.parametrize('change', [{'validation_percent': 20.0}, {'labels_offset': 1}, {'image_size': 48}])
+def test_resuming_needs_the_same_classes_labels_and_split(tiny_run, change):
+    saved = tiny_run.config.replace(validation_percent=10.0)
+    onu_checkpoint.check_resumable(tiny_run.train_dir, saved, saved)  # the same: resumes
+    with pytest.raises(onu_dataset.DataError) as error:
+        onu_checkpoint.check_resumable(tiny_run.train_dir, saved.replace(**change), saved)
+    (key, value), = change.items()
+    assert str(error.value).startswith(f'{tiny_run.train_dir} holds a run with {key}={getattr(saved, key)!r}, '
+                                       f'not {value!r}')

@@ -249,3 +249,16 @@ def test_records_dir_is_found_in_the_folder_or_in_the_cache(tmp_path):
     onu_dataset.write_manifest(cached, {'version': onu_dataset.MANIFEST_VERSION})
     assert onu_dataset.records_dir_for(data_dir) == cached
     assert onu_dataset.cached_records_dir(str(tmp_path / 'other' / 'data')) != cached  # same name, other folder
+
+
+def test_records_of_a_folder_turned_read_only_are_found_by_format(tmp_path):
+    data_dir = str(tmp_path / 'data')
+    in_folder = os.path.join(data_dir, onu_dataset.RECORDS_SUBDIR)
+    os.makedirs(in_folder)
+    onu_dataset.write_manifest(in_folder, {'version': onu_dataset.MANIFEST_VERSION, 'splits': {'train': {'raw': {}}}})
+    cached = onu_dataset.cached_records_dir(data_dir)
+    os.makedirs(cached)
+    onu_dataset.write_manifest(cached, {'version': onu_dataset.MANIFEST_VERSION, 'splits': {'train': {'encoded': {}}}})
+    assert onu_dataset.records_dirs(data_dir) == [in_folder, cached]
+    assert onu_dataset.records_dir_for(data_dir, 'raw') == in_folder == onu_dataset.records_dir_for(data_dir)
+    assert onu_dataset.records_dir_for(data_dir, 'encoded') == cached

@@ -16,6 +16,7 @@ from PIL import Image
 import onu_dataset
 import onu_input
 import onu_layouts
+import onu_records
 import onu_tfrecord
 from conftest import (LAYOUT_CLASS_NAMES, LAYOUT_CLASSES, LAYOUT_WRITERS, file_states, layout_photos, run_script,
                       write_inception_records, write_slim_records, write_study_records, write_tfrecord, _example)
@@ -220,7 +221,7 @@ def test_each_layout_trains_and_evaluates_every_val_example_once(layout, tmp_pat
     assert f'{layout} records' in trained.stdout
     config = json.load(open(os.path.join(train_dir, 'run_config.json')))
     assert (config['layout'], tuple(config['class_names'])) == (layout, LAYOUT_CLASS_NAMES[layout])
-    assert config['labels_offset'] == (1 if layout == 'inception' else 0)
+    assert config['labels_offset'] == (1 if layout == 'inception' else 0)  # what eval reads them with
     evaluated = run_script('onu_eval.py', f'--checkpoint_dir={train_dir}', f'--eval_dir={eval_dir}', '--run_once')
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     result = json.loads(open(os.path.join(eval_dir, 'results.jsonl')).readline())
@@ -260,3 +261,59 @@ def test_a_read_only_data_folder_trains_with_records_made_in_the_cache(tmp_path)
         assert file_states(source) == before
     finally:
         subprocess.run(['umount', mounted], check=True)
+
+
+def test_labels_files_are_placed_by_id_and_read_with_a_byte_order_mark(tmp_path):
+    photos = [p for p in layout_photos() if p.label != 1]  # no photo of the class without a name
+    write_slim_records(str(tmp_path), photos, LAYOUT_CLASSES)
+    (tmp_path / 'labels.txt').write_text('\ufeff0:daisy\n2:tulip\n', encoding='utf-8')
+    info = onu_input.dataset_info(str(tmp_path), 'encoded', 'train')
+    assert (info.labels_offset, info.class_names) == (0, ('daisy', 'class_1', 'tulip'))
+    (tmp_path / 'labels.txt').write_bytes('0:pâquerette\n'.encode('latin-1'))
+    onu_layouts._found.clear()
+    with pytest.raises(onu_dataset.DataError) as error:
+        onu_input.dataset_info(str(tmp_path), 'encoded', 'train')
+    assert _one_line(error).startswith(f'{tmp_path / "labels.txt"}: unreadable labels file')
+
+
+def test_files_without_a_single_record_are_a_one_line_error(tmp_path):
+    write_tfrecord(str(tmp_path / 'x_train.tfrecord'), [])
+    write_tfrecord(str(tmp_path / 'x_val.tfrecord'), [])
+    with pytest.raises(onu_dataset.DataError) as error:
+        onu_input.data_layout(str(tmp_path))
+    assert 'hold no complete record' in _one_line(error)
+
+
+def test_a_record_unlike_the_first_is_a_one_line_error_or_skipped_when_converting(tmp_path):
+    photos = layout_photos(train=2, val=1)
+    write_slim_records(str(tmp_path), photos, LAYOUT_CLASSES, num_shards=1)  # labels.txt: no scan of the records
+    shard = str(tmp_path / 'flowers_train_00000-of-00001.tfrecord')
+    records = list(onu_tfrecord.read_records(shard, 'NONE'))
+    write_tfrecord(shard, records[:2] + [_example({'image/encoded': photos[0].data})] + records[2:])  # no label
+    info = onu_input.dataset_info(str(tmp_path), 'encoded', 'train')
+    with pytest.raises(onu_dataset.DataError) as error:
+        with onu_input.damaged_records_as_data_error(info):
+            _eval_labels(info)
+    assert _one_line(error).startswith(f'{tmp_path}: a train record lacks what the first one holds')
+    manifest = onu_records.convert(str(tmp_path), formats=('encoded',), processes=1)
+    assert manifest['splits']['train']['encoded']['records'] == 6
+    assert manifest['skipped'] == [{'path': 'flowers_train_00000-of-00001.tfrecord#2', 'format': 'encoded',
+                                    'reason': "no 'image/class/label'", 'split': 'train'}]
+    # Without a labels file the records are scanned for their labels, and the one without says so at once.
+    os.remove(tmp_path / 'labels.txt')
+    shutil.rmtree(tmp_path / 'tfrecords')
+    onu_layouts._found.clear()
+    with pytest.raises(onu_dataset.DataError) as error:
+        onu_input.dataset_info(str(tmp_path), 'encoded', 'train')
+    assert _one_line(error).startswith(f'{shard}: record 3 has no image/class/label')
+
+
+def test_converted_records_must_match_the_labels_offset_asked(tmp_path):
+    photos = layout_photos()
+    data_dir = write_inception_records(str(tmp_path), photos, LAYOUT_CLASSES)
+    onu_records.convert(data_dir, formats=('raw',), processes=1)
+    assert onu_input.has_records(data_dir, 'raw', labels_offset=1) and onu_input.has_records(data_dir, 'raw')
+    assert not onu_input.has_records(data_dir, 'raw', labels_offset=0)  # training converts again
+    with pytest.raises(onu_dataset.DataError) as error:
+        onu_input.dataset_info(data_dir, 'raw', 'train', labels_offset=0)
+    assert '--labels_offset=1' in _one_line(error)
