@@ -29,6 +29,7 @@ import onu_input
 import onu_layouts
 import onu_model
 import onu_records
+import onu_training
 
 PRECISION_VARIANTS = ('mixed', 'xla')  # measured next to float32 by measure_training_variants
 TRAINING_VARIANTS = ('float32',) + PRECISION_VARIANTS
@@ -384,9 +385,14 @@ def _train_op(model_name, total_loss, global_step, num_examples_per_epoch, batch
 
 
 class TrainingRun:
-    """A training graph of model_name fed by way, in its own session: run warmup, then time windows."""
+    """A training graph of model_name fed by way, in its own session: run warmup, then time windows.
 
-    def __init__(self, model_name, way, info_of, batch_size, image_size, compute_dtype='float32', xla=False):
+    trace_every: trace every N-th step for its input wait, as training's LoggerHook does once per log line
+    (None: never), to measure what that costs.
+    """
+
+    def __init__(self, model_name, way, info_of, batch_size, image_size, compute_dtype='float32', xla=False,
+                 trace_every=None):
         info = info_of('images')
         self.graph = tf.Graph()
         with self.graph.as_default():
@@ -400,16 +406,28 @@ class TrainingRun:
             self.session.run([tf.compat.v1.global_variables_initializer(),
                               tf.compat.v1.local_variables_initializer()])
         self.windows, self.final_loss = [], None
+        self._trace_every, self._steps_run, self.wait_fractions = trace_every, 0, []
 
     def _run_step(self, options=None, run_metadata=None):
         """Runs one training step (traced when options ask for it)."""
         feed = next(self._feeds) if self._feeds else None
         _, self.final_loss = self.session.run(self._step, feed, options=options, run_metadata=run_metadata)
 
+    def waiting_step(self):
+        """Runs one step with a software trace, as training's LoggerHook does; records its input wait fraction."""
+        run_metadata = tf.compat.v1.RunMetadata()
+        started = time.perf_counter()
+        self._run_step(onu_training.traced_run_options(), run_metadata)
+        self.wait_fractions.append(onu_training.input_wait_fraction(run_metadata, time.perf_counter() - started))
+
     def run(self, steps):
-        """Runs steps training steps."""
+        """Runs steps training steps (every trace_every-th traced for its input wait)."""
         for _ in range(steps):
-            self._run_step()
+            self._steps_run += 1
+            if self._trace_every and self._steps_run % self._trace_every == 0:
+                self.waiting_step()
+            else:
+                self._run_step()
 
     def time_window(self, steps):
         """Times steps training steps; appends their sec/batch to windows."""
@@ -431,9 +449,12 @@ class TrainingRun:
         """Returns the median window and the details as a result dict; closes the session."""
         self.close()
         sec_per_batch = statistics.median(self.windows)
-        return {'sec_per_batch': sec_per_batch, 'examples_per_sec': batch_size / sec_per_batch,
-                'sec_per_batch_repeats': self.windows, 'batch_size': batch_size, 'image_size': image_size,
-                'final_loss': float(self.final_loss)}
+        result = {'sec_per_batch': sec_per_batch, 'examples_per_sec': batch_size / sec_per_batch,
+                  'sec_per_batch_repeats': self.windows, 'batch_size': batch_size, 'image_size': image_size,
+                  'final_loss': float(self.final_loss)}
+        if self.wait_fractions:
+            result.update(wait_fraction=statistics.median(self.wait_fractions), wait_fractions=self.wait_fractions)
+        return result
 
 
 def _interleaved_windows(runs, warmup, steps, repeats):
@@ -448,15 +469,29 @@ def _interleaved_windows(runs, warmup, steps, repeats):
             run.time_window(steps)
 
 
+WAIT_TRACED_STEPS = 10  # steps traced after the timed windows for the input wait training would log
+
+
 def measure_training(model_name, way, info_of, batch_size, image_size, warmup, steps, repeats, **options):
     """Sec/batch of training model_name fed by way: the median over repeats of steps steps each.
 
     The graph is onu_train's (inference, loss, train op with EMA) without its summaries;
-    options: TrainingRun's compute_dtype and xla.
+    options: TrainingRun's compute_dtype and xla. After the timed windows, WAIT_TRACED_STEPS steps run
+    traced as training's log lines trace theirs: wait_fraction, their median input wait.
     """
     run = TrainingRun(model_name, way, info_of, batch_size, image_size, **options)
     _interleaved_windows({model_name: run}, warmup, steps, repeats)
+    for _ in range(WAIT_TRACED_STEPS):
+        run.waiting_step()
     return run.result(batch_size, image_size)
+
+
+def measure_wait_tracing(model_name, way, info_of, batch_size, image_size, warmup, steps, repeats, trace_every):
+    """{untraced, traced: measure_training's result}: training with and without a traced step every trace_every,
+    their timed windows alternated: what measuring the input wait for every log line costs."""
+    runs = {'untraced': TrainingRun(model_name, way, info_of, batch_size, image_size),
+            'traced': TrainingRun(model_name, way, info_of, batch_size, image_size, trace_every=trace_every)}
+    return _interleaved_results(runs, warmup, steps, repeats, batch_size, image_size)
 
 
 def mixed_compute_dtype():

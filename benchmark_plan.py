@@ -25,6 +25,11 @@ SMALL_MODEL_TRAINING_WAYS = ('encoded_decoding', 'encoded_on_model', 'plain_tf_i
 # repo's encoded records (their windows alternated), with the small model.
 LAYOUT_WAYS = ('encoded', 'inception')
 LAYOUT_MODEL = 'small'
+# Issue 21's: the main-job rows fed by tf.data, whose logged input wait must rank them as their input-bound
+# fraction does; and what tracing one step per log line (--log_frequency's default) costs the main job.
+WAIT_RANKED_WAYS = ('encoded', 'encoded_decoding', 'plain_tf_image')
+FEED_DICT_WAYS = ('serial_cv2', 'study_serial')  # fed before each step: no iterator wait to measure
+WAIT_TRACE_EVERY = 10
 # variant -> what feeds: onu_input's default (decoded epoch cached), onu_input decoding every image
 # exactly or at a reduced DCT scale, onu_input with augmentation placed on the model, and the plain
 # tf.image pipeline.
@@ -273,6 +278,19 @@ def training_tasks(settings, info_of):
                                                       settings.repeats, interleave=model_name == 'small'),
                 lambda r: ', '.join(f'{name} {result["examples_per_sec"]:.1f}' for name, result in r.items())
                 + ' examples/sec', estimate * 3))
+    if LAYOUT_MODEL in settings.models:  # the same model as LAYOUT_MODEL: the main job
+        model_name = LAYOUT_MODEL
+        batch, size = settings.train_batch_size[model_name], settings.train_image_size[model_name]
+        warmup = settings.train_warmup_steps[model_name] + _epoch_batches(info_of('images'), batch)
+        steps = settings.train_steps[model_name]
+        tasks.append(Task(
+            ('wait_tracing', model_name), f'train {model_name} (batch {batch}, {size}x{size}) fed by encoded, with '
+                                          f'and without a step traced for its input wait every {WAIT_TRACE_EVERY}',
+            lambda: benchmark_measure.measure_wait_tracing(model_name, 'encoded', info_of, batch, size, warmup,
+                                                           steps, settings.repeats, WAIT_TRACE_EVERY),
+            lambda r: ', '.join(f'{name} {result["examples_per_sec"]:.1f}' for name, result in r.items()
+                                if name in ('untraced', 'traced')) + ' examples/sec',
+            _training_estimate(settings, model_name, warmup + 1 + steps * settings.repeats) * 2))
     if LAYOUT_MODEL in settings.models:
         model_name = LAYOUT_MODEL
         batch, size = settings.train_batch_size[model_name], settings.train_image_size[model_name]

@@ -213,6 +213,7 @@ def benchmark(settings, work_dir):
                          'source_bytes': rows['images']['disk_bytes'], 'measured_dir': data_dir},
                    rows=rows, augmentation=augmentation, precision=precision,
                    record_counting=benchmark_report.assemble_counting(results, settings),
+                   wait_tracing=benchmark_report.assemble_wait_tracing(results, settings),
                    step_profile=benchmark_report.assemble_step_profile(results),
                    targets=benchmark_report.evaluate_targets(rows, augmentation, precision, settings,
                                                              onu_dataset.worker_count()))

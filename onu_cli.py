@@ -37,6 +37,7 @@ HARMLESS_WARNING_MESSAGES = r'.*(deprecated|dtype argument)'
 NATIVE_START_UP_LINE = re.compile(r'([IW]\d{4} [\d:.]+ +\d+ \S+:\d+\] |'
                                   r'WARNING: All log messages before absl::InitializeLog\(\) |'
                                   r'E\d{4} .*\] failed call to cuInit: |'
+                                  r'E\d{4} .*\] oneDNN supports DT_UINT8 only |'
                                   r'To enable the following instructions: .* rebuild TensorFlow with)')
 
 
@@ -93,11 +94,19 @@ def import_tensorflow():
     with native_start_up_lines_dropped():
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
         tf.config.list_physical_devices('GPU')
+        # oneDNN says once per process, at its first uint8 transpose, that it leaves uint8 to Eigen: an error-level
+        # line that would otherwise appear at the first step of images mode (EXIF orientation). Said here, dropped.
+        tf.transpose(tf.zeros([1, 2, 1], tf.uint8), [1, 0, 2])
     return tf
 
 flags.DEFINE_boolean(VERBOSE_FLAG, False, 'Show everything: TensorFlow\'s C++ log, its INFO lines and '
                      'the deprecation warnings a normal run hides.')
 
+
+
+def show_progress():
+    """True when a progress bar can be seen: stdout and stderr both a terminal (never into logs or pipes)."""
+    return sys.stdout.isatty() and sys.stderr.isatty()
 
 
 def define_data_dir_flag():

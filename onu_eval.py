@@ -156,11 +156,6 @@ class Predictions:
         return onu_eval_summaries.misclassified(self.filenames, self.labels, self.probabilities)
 
 
-def show_progress():
-    """True when a progress bar can be seen: stdout and stderr both a terminal (never into logs or pipes)."""
-    return sys.stdout.isatty() and sys.stderr.isatty()
-
-
 def run_predictions(session, fetches, limit, max_mistakes):
     """Runs the eval graph over its input until the end (or limit examples); returns (Predictions, loss sum).
 
@@ -169,7 +164,7 @@ def run_predictions(session, fetches, limit, max_mistakes):
     stays bounded.
     """
     filenames, labels, probabilities, kept_images, chosen, loss_sum = [], [], [], {}, [], 0.0
-    with tqdm(total=limit, unit='photo', desc='evaluating', leave=False, disable=not show_progress()) as bar:
+    with tqdm(total=limit, unit='photo', desc='evaluating', leave=False, disable=not onu_cli.show_progress()) as bar:
         while len(labels) < limit:
             try:
                 batch = session.run(fetches)

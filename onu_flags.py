@@ -20,6 +20,7 @@ import onu_run_config
 import onu_training
 
 DEFAULT_TRAIN_DIR = '/tmp/onu_train'
+CACHE_CHOICES = ('auto', 'on', 'off')  # --cache_decoded_epoch
 
 onu_cli.define_data_dir_flag()
 onu_cli.define_split_flags()
@@ -125,6 +126,18 @@ def define_training_flags():
         lambda names: set(names) <= {f.name for f in dataclasses.fields(onu_input.AugmentOptions)},
         message='--augmentations takes a comma-separated subset of '
                 + ','.join(f.name for f in dataclasses.fields(onu_input.AugmentOptions)))
+    flags.DEFINE_enum('cache_decoded_epoch', 'auto', CACHE_CHOICES,
+                      'Keep one epoch of decoded, resized training images in memory and train every later epoch '
+                      'from it (on), or read and decode every step (off); auto: on when the epoch fits '
+                      f'{onu_input.DECODED_CACHE_BYTES // 2**30} GiB. With it on, the first epoch is decoded before '
+                      'step 1.')
+    flags.DEFINE_string('profile_steps', None,
+                        'START,STOP: write a TensorBoard profile of global steps START to STOP into --train_dir, '
+                        'with step markers, for the Profile tab (overview, input pipeline analyzer, trace viewer); '
+                        'on a cluster the chief profiles.')
+    flags.register_validator('profile_steps', lambda value: value is None or parse_profile_steps(value) is not None,
+                             message='--profile_steps takes START,STOP: two global steps with 1 <= START <= STOP, '
+                                     'e.g. --profile_steps=100,110')
     flags.DEFINE_enum('augment_on', 'input', onu_input.AUGMENT_PLACEMENTS,
                       'Where training augmentation runs: in the input pipeline on the CPU (input), or in '
                       'the training graph on the model\'s device, each GPU tower its own share (model); the '
@@ -159,6 +172,20 @@ def define_num_gpus_flag():
                          'towers run on the CPU.', lower_bound=1)
 
 
+def parse_profile_steps(value):
+    """Returns (start, stop) of a --profile_steps value START,STOP with 1 <= START <= STOP, or None if it is not one."""
+    parts = value.split(',')
+    if len(parts) != 2 or not all(part.strip().isdigit() for part in parts):
+        return None
+    start, stop = (int(part) for part in parts)
+    return (start, stop) if 1 <= start <= stop else None
+
+
+def cache_decoded_epoch():
+    """Returns --cache_decoded_epoch as onu_input.make_dataset's cache: None (auto), True or False."""
+    return {'auto': None, 'on': True, 'off': False}[FLAGS.cache_decoded_epoch]
+
+
 def augment_options():
     """Returns the onu_input.AugmentOptions selected by --augmentations."""
     names = set(FLAGS.augmentations)
@@ -172,12 +199,14 @@ def training_run_config(precision, info):
     if not FLAGS.model:
         print(f'--model not given: using {model_name} '
               f'({"a GPU is visible" if model_name != "small" else "no GPU visible"}).', flush=True)
+    image_size = FLAGS.image_size or onu_model.DEFAULT_IMAGE_SIZE[model_name]
     return onu_run_config.RunConfig(
-        model=model_name, image_size=FLAGS.image_size or onu_model.DEFAULT_IMAGE_SIZE[model_name],
+        model=model_name, image_size=image_size,
         class_names=info.class_names, num_examples_per_epoch=info.num_examples,
         data_dir=os.path.abspath(FLAGS.data_dir), data_format=info.data_format,
         layout=onu_input.data_layout(FLAGS.data_dir),
         labels_offset=info.data_labels_offset, validation_percent=info.validation_percent,
+        cache_decoded_epoch='on' if onu_input.uses_decoded_cache(info, image_size, cache_decoded_epoch()) else 'off',
         precision=precision.name, compute_dtype=precision.compute_dtype, max_steps=FLAGS.max_steps,
         moving_average_decay=FLAGS.moving_average_decay, flags=project_flag_values())
 
@@ -219,7 +248,8 @@ def training_hooks(run_config, role, resume_from, total_loss, global_step, learn
     hooks = onu_training.training_hooks(
         run_config, FLAGS.train_dir, role, scaffold, total_loss, global_step, learning_rate_tensor,
         examples_per_step, FLAGS.max_steps, FLAGS.log_frequency, FLAGS.save_checkpoint_secs,
-        FLAGS.save_checkpoint_steps, FLAGS.export_every_n_epochs)
+        FLAGS.save_checkpoint_steps, FLAGS.export_every_n_epochs,
+        parse_profile_steps(FLAGS.profile_steps) if FLAGS.profile_steps else None)
     return scaffold, hooks
 
 

@@ -33,6 +33,7 @@ import threading
 from absl import logging
 import numpy as np
 import tensorflow as tf
+from tqdm import tqdm
 
 import onu_dataset
 import onu_layouts
@@ -787,16 +788,35 @@ def _decoded_records(info, training, seed, deterministic, at_least=None, repeat=
 # ----------------------------------------------------------------------------------------------
 # Pipelines.
 
-def fits_in_cache(info, image_size):
-    """Returns True when one epoch of info's resized uint8 training images fits DECODED_CACHE_BYTES."""
-    return info.num_examples * image_size * image_size * 3 <= DECODED_CACHE_BYTES
+def decoded_epoch_bytes(info, image_size):
+    """Returns the bytes one epoch of info's resized uint8 training images takes in memory."""
+    return info.num_examples * image_size * image_size * 3
 
 
-def _training_examples(info, image_size, seed, deterministic, cache, reduced_decode):
+def uses_decoded_cache(info, image_size, cache=None):
+    """Returns whether training keeps the decoded epoch in memory: cache, or (None) when it fits DECODED_CACHE_BYTES."""
+    return decoded_epoch_bytes(info, image_size) <= DECODED_CACHE_BYTES if cache is None else bool(cache)
+
+
+def _cache_fill_progress(num_examples):
+    """Returns a function (for tf.numpy_function) that counts the examples decoded into the cache on a progress bar."""
+    bar = tqdm(total=num_examples, unit='photo', desc='decoding the first epoch into memory', leave=False)
+
+    def tick():
+        bar.update()
+        if bar.n >= num_examples:
+            bar.close()
+        return np.int64(bar.n)
+    return tick
+
+
+def _training_examples(info, image_size, seed, deterministic, cache, reduced_decode, cache_progress=False):
     """Returns an endless shuffled dataset of (uint8 [size, size, 3] image, label) for training.
 
     cache: decode one epoch, keep it in memory and reshuffle it every epoch, instead of reading and
-    decoding every epoch. reduced_decode: decode JPEGs at a reduced DCT scale (decode_image_bytes).
+    decoding every epoch (the epoch is the shuffle buffer, so the first batch waits for all of it;
+    cache_progress: show that on a progress bar). reduced_decode: decode JPEGs at a reduced DCT scale
+    (decode_image_bytes).
     """
     repeat = not cache
     at_least = image_size if reduced_decode else None
@@ -807,19 +827,27 @@ def _training_examples(info, image_size, seed, deterministic, cache, reduced_dec
     examples = examples.map(lambda image, label, name: (resize_for_training(image, image_size), label),
                             num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
     if cache:
+        if cache_progress:  # before the cache: each example passes here once, while the first epoch is decoded
+            tick = _cache_fill_progress(info.num_examples)
+
+            def counted(image, label):
+                with tf.control_dependencies([tf.numpy_function(tick, [], tf.int64, stateful=True)]):
+                    return tf.identity(image), label
+            examples = examples.map(counted)
         examples = examples.cache().shuffle(info.num_examples, seed=seed,
                                             reshuffle_each_iteration=True).repeat()
     return examples
 
 
 def make_dataset(info, batch_size, image_size, training, augment=True, seed=None,
-                 augment_on='input', cache=None, reduced_decode=False, with_filenames=False):
+                 augment_on='input', cache=None, reduced_decode=False, with_filenames=False, cache_progress=False):
     """Returns a tf.data.Dataset of batches for the split described by info.
 
     training: shuffle, repeat forever, drop the final partial batch, and give each image its
     augmentation draws. With augment_on='input' the batches are augmented here: (images, labels);
     with 'model' they are (uint8 images, labels, draws) for augment_batch on the model's device.
-    cache: keep the decoded epoch in memory (None: when fits_in_cache). reduced_decode: decode JPEGs
+    cache: keep the decoded epoch in memory (None: uses_decoded_cache decides; cache_progress: a progress
+    bar while the first epoch is decoded). reduced_decode: decode JPEGs
     at a reduced DCT scale: cheaper, but the pixels differ from eval's (see README).
     Otherwise read each example once in order, eval preprocessing, keep the partial batch;
     with_filenames: (images, labels, file names relative to the data dir).
@@ -840,9 +868,9 @@ def make_dataset(info, batch_size, image_size, training, augment=True, seed=None
             return example + (name,) if with_filenames else example
         examples = examples.map(preprocessed, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
         return examples.batch(batch_size).prefetch(tf.data.AUTOTUNE)
-    cache = fits_in_cache(info, image_size) if cache is None else cache
-    batches = _training_examples(info, image_size, seed, deterministic, cache, reduced_decode).batch(
-        batch_size, drop_remainder=True)
+    cache = uses_decoded_cache(info, image_size, cache)
+    batches = _training_examples(info, image_size, seed, deterministic, cache, reduced_decode,
+                                 cache_progress).batch(batch_size, drop_remainder=True)
     options = AugmentOptions.of(augment)
 
     def with_draws(batch, batch_seed):
@@ -863,33 +891,35 @@ def _next_batch(dataset):
 
 
 def distorted_inputs(info, batch_size, image_size, augment=True, seed=None, summaries=True, augment_on='input',
-                     cache=None, reduced_decode=False):
+                     cache=None, reduced_decode=False, cache_progress=False):
     """Returns training (images, labels) of info (a train DatasetInfo): shuffled, repeated, augmented, static batch.
 
     augment: True, False or AugmentOptions. summaries: add an image summary of a few inputs.
     augment_on='model': the pipeline stops at resized uint8 images, which are augmented here in the
-    caller's device scope (the model's) by the same augment_batch. cache, reduced_decode:
+    caller's device scope (the model's) by the same augment_batch. cache, reduced_decode, cache_progress:
     make_dataset's.
     """
     if augment_on == 'model':
         images, labels, draws = undistorted_inputs(info, batch_size, image_size, seed=seed, cache=cache,
-                                                   reduced_decode=reduced_decode)
+                                                   reduced_decode=reduced_decode, cache_progress=cache_progress)
         images = augment_batch(images, draws, augment)
     else:
         with tf.device(PIPELINE_DEVICE):
             images, labels = _next_batch(make_dataset(
                 info, batch_size, image_size, training=True, augment=augment, seed=seed, cache=cache,
-                reduced_decode=reduced_decode))
+                reduced_decode=reduced_decode, cache_progress=cache_progress))
     if summaries:
         add_input_summary(images)
     return images, labels
 
 
-def undistorted_inputs(info, batch_size, image_size, seed=None, cache=None, reduced_decode=False):
+def undistorted_inputs(info, batch_size, image_size, seed=None, cache=None, reduced_decode=False,
+                       cache_progress=False):
     """Returns training (uint8 images, labels, draws) of info: resized, not augmented, for augment_batch."""
     with tf.device(PIPELINE_DEVICE):
         return _next_batch(make_dataset(info, batch_size, image_size, training=True, seed=seed,
-                                        augment_on='model', cache=cache, reduced_decode=reduced_decode))
+                                        augment_on='model', cache=cache, reduced_decode=reduced_decode,
+                                        cache_progress=cache_progress))
 
 
 def inputs(info, batch_size, image_size, with_filenames=False):

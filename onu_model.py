@@ -444,6 +444,15 @@ def loss(logits, labels, end_points=None, label_smoothing=0.0):
     return total_loss
 
 
+def loss_name(loss_tensor):
+    """Returns the name loss() gives a loss term in TensorBoard (losses/<name>): cross_entropy, ..., total.
+
+    The term's op is named by its scope: cross_entropy/value, aux_cross_entropy/value, total_loss, ...
+    """
+    scope = loss_tensor.op.name.split('/')[0]
+    return {'total_loss': 'total', 'regularization_loss': 'regularization'}.get(scope, scope)
+
+
 def make_learning_rate(global_step, initial_learning_rate, schedule='exponential',
                        num_examples_per_epoch=None, batch_size=None, num_epochs_per_decay=2.0,
                        decay_factor=0.94):

@@ -128,11 +128,12 @@ def tower_inputs(info, devices, run_config, seed):
     """Returns the step's batch tuple of info (the train split): (images, labels), or (uint8 images, labels,
     draws) to augment per tower."""
     batch_size = FLAGS.batch_size * len(devices)
+    cache = {'cache': onu_flags.cache_decoded_epoch(), 'cache_progress': onu_cli.show_progress(),
+             'reduced_decode': FLAGS.reduced_decode}
     if FLAGS.augment_on == 'model':  # each tower augments its own slice on its own device
-        return onu_input.undistorted_inputs(info, batch_size, run_config.image_size, seed=seed,
-                                            reduced_decode=FLAGS.reduced_decode)
+        return onu_input.undistorted_inputs(info, batch_size, run_config.image_size, seed=seed, **cache)
     return onu_input.distorted_inputs(info, batch_size, run_config.image_size, augment=onu_flags.augment_options(),
-                                      seed=seed, reduced_decode=FLAGS.reduced_decode)
+                                      seed=seed, **cache)
 
 
 def train():

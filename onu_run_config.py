@@ -33,6 +33,7 @@ class RunConfig:
     layout: str = 'photos'  # onu_input.data_layout: photos, class_folders, records, or another tool's layout
     labels_offset: int = None  # other tools' records (or this repo's made from them): class = stored label - it
     validation_percent: float = None  # class_folders: the share of photos held out for val (onu_dataset.split_of)
+    cache_decoded_epoch: str = None  # 'on': one epoch of decoded images kept in memory (--cache_decoded_epoch)
     precision: str = 'float32'
     compute_dtype: str = 'float32'
     max_steps: int = None

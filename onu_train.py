@@ -58,7 +58,8 @@ def train():
             global_step = tf.compat.v1.train.get_or_create_global_step()
             images, labels = onu_input.distorted_inputs(
                 train_data, FLAGS.batch_size, run_config.image_size, augment=onu_flags.augment_options(),
-                seed=seed, augment_on=FLAGS.augment_on, reduced_decode=FLAGS.reduced_decode)
+                seed=seed, augment_on=FLAGS.augment_on, cache=onu_flags.cache_decoded_epoch(),
+                reduced_decode=FLAGS.reduced_decode, cache_progress=onu_cli.show_progress())
             logits, end_points = onu_model.inference(images, run_config.num_classes, run_config.model,
                                                      is_training=True, weight_decay=FLAGS.weight_decay)
             total_loss = onu_model.loss(logits, labels, end_points, FLAGS.label_smoothing)

@@ -15,6 +15,7 @@ import tensorflow as tf
 import onu_checkpoint
 import onu_dataset
 import onu_input
+import onu_model
 import onu_records
 import onu_run_config
 import onu_sample_data
@@ -73,6 +74,12 @@ def start_run(train_dir, run_config, is_chief):
     print(f'Training {run_config.model} at {size}x{size} on {run_config.num_examples_per_epoch} '
           f'{run_config.data_format} examples of {run_config.num_classes} classes '
           f'({", ".join(run_config.class_names)}) into {train_dir}', flush=True)
+    if run_config.cache_decoded_epoch == 'on':
+        epoch_bytes = run_config.num_examples_per_epoch * size * size * 3
+        memory = f'{epoch_bytes / 2**20:.1f} MB' if epoch_bytes >= 2**20 else f'{epoch_bytes / 2**10:.0f} KB'
+        print(f'Decoding the first epoch into memory before step 1: {run_config.num_examples_per_epoch} photos, '
+              f'{memory} at {size}x{size}; later epochs train from it (--cache_decoded_epoch=off reads and '
+              f'decodes every step instead).', flush=True)
 
 
 def resume_point(train_dir, is_chief):
@@ -105,8 +112,8 @@ def add_training_summaries(logits, labels, end_points, total_loss, losses=None, 
     losses = list(losses) + [total_loss]
     averages = tf.compat.v1.train.ExponentialMovingAverage(0.9, name='avg')
     average_op = averages.apply(losses)
-    for part in losses:
-        tf.compat.v1.summary.scalar(f'losses_averaged/{part.op.name}', averages.average(part))
+    for part in losses:  # named as loss() names them under losses/
+        tf.compat.v1.summary.scalar(f'losses_averaged/{onu_model.loss_name(part)}', averages.average(part))
     if histograms:
         for name, activation in end_points.items():
             tf.compat.v1.summary.histogram(f'activations/{name}', activation)
@@ -115,8 +122,41 @@ def add_training_summaries(logits, labels, end_points, total_loss, losses=None, 
     return average_op
 
 
+# The op a step waits in when its input pipeline has no batch ready (the iterator's get_next).
+INPUT_WAIT_OP = 'IteratorGetNext'
+WAIT_FRACTION_TAG = 'input/wait_fraction'
+
+
+def input_wait_seconds(run_metadata):
+    """Returns how long a traced step waited for its input: the iterator get_next ops' time, from start to end.
+
+    run_metadata: of a session.run with RunOptions(trace_level=SOFTWARE_TRACE). A get_next op ends when its
+    batch is there, so its time is the step's wait for the input pipeline (a few microseconds when it is ahead).
+    """
+    micros = 0
+    for device in run_metadata.step_stats.dev_stats:
+        for node in device.node_stats:
+            if node.node_name.rsplit('/', 1)[-1].startswith(INPUT_WAIT_OP):
+                micros += node.all_end_rel_micros
+    return micros / 1e6
+
+
+def input_wait_fraction(run_metadata, step_seconds):
+    """Returns the share of a traced step (step_seconds of wall clock) spent waiting for input, in [0, 1]."""
+    return min(1.0, max(0.0, input_wait_seconds(run_metadata) / max(step_seconds, 1e-9)))
+
+
+def traced_run_options():
+    """Returns the RunOptions of a step traced for its input wait: a software trace (no device trace, cheap)."""
+    return tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.SOFTWARE_TRACE)
+
+
 class LoggerHook(tf.compat.v1.train.SessionRunHook):
-    """Prints loss and speed every log_frequency steps, writes examples/sec to TensorBoard, counts steps."""
+    """Prints loss, speed and input wait every log_frequency steps, writes them to TensorBoard, counts steps.
+
+    The input wait is measured, not estimated: the last step of each interval runs with a software trace, and
+    the time its iterator's get_next took is divided by the step's wall clock (input_wait_fraction).
+    """
 
     def __init__(self, loss, global_step, examples_per_step, log_frequency, summary_dir=None):
         self._fetches = {'loss': loss, 'step': global_step}
@@ -124,17 +164,30 @@ class LoggerHook(tf.compat.v1.train.SessionRunHook):
         self._log_frequency = log_frequency
         self._summary_dir = summary_dir
         self.steps_run = 0
+        self.wait_fractions = []  # every measured input wait, in order
 
     def begin(self):
         self._last_step = None
         self._last_time = None
+        self._trace_next = False
+        self._run_started = None
 
     def before_run(self, run_context):
-        return tf.compat.v1.train.SessionRunArgs(self._fetches)
+        self._run_started = time.perf_counter()
+        options = traced_run_options() if self._trace_next else None
+        return tf.compat.v1.train.SessionRunArgs(self._fetches, options=options)
 
     def after_run(self, run_context, run_values):
+        if self._trace_next:
+            self.wait_fractions.append(input_wait_fraction(run_values.run_metadata,
+                                                           time.perf_counter() - self._run_started))
         self.steps_run += 1
         step = int(run_values.results['step']) + 1  # the fetched value was read before the update
+        self._log(step, run_values.results['loss'])
+        self._trace_next = self._logs_at(step + 1)
+
+    def _log(self, step, loss):
+        """Prints and writes the log line of step when one is due (the first step only starts the clock)."""
         now = time.time()
         if self._last_step is None:
             self._last_step, self._last_time = step, now
@@ -146,13 +199,73 @@ class LoggerHook(tf.compat.v1.train.SessionRunHook):
             return
         sec_per_batch = (now - self._last_time) / max(steps, 1)
         examples_per_sec = self._examples_per_step / sec_per_batch
-        print(f'{datetime.now()}: step {step}, loss = {run_values.results["loss"]:.4f} '
-              f'({examples_per_sec:.1f} examples/sec; {sec_per_batch:.3f} sec/batch)', flush=True)
+        wait = f'; {self.wait_fractions[-1]:.0%} waiting for input' if self.wait_fractions else ''
+        print(f'{datetime.now()}: step {step}, loss = {loss:.4f} '
+              f'({examples_per_sec:.1f} examples/sec; {sec_per_batch:.3f} sec/batch{wait})', flush=True)
         if self._summary_dir:
-            summary = tf.compat.v1.Summary(
-                value=[tf.compat.v1.Summary.Value(tag='examples/sec', simple_value=examples_per_sec)])
-            tf.compat.v1.summary.FileWriterCache.get(self._summary_dir).add_summary(summary, step)
+            values = [tf.compat.v1.Summary.Value(tag='examples/sec', simple_value=examples_per_sec)]
+            if self.wait_fractions:
+                values.append(tf.compat.v1.Summary.Value(tag=WAIT_FRACTION_TAG, simple_value=self.wait_fractions[-1]))
+            tf.compat.v1.summary.FileWriterCache.get(self._summary_dir).add_summary(
+                tf.compat.v1.Summary(value=values), step)
         self._last_step, self._last_time = step, now
+
+    def _logs_at(self, step):
+        """True if a log line is due at step (the step to trace for it)."""
+        return step % self._log_frequency == 0 or step - self._last_step >= self._log_frequency
+
+
+class ProfileHook(tf.compat.v1.train.SessionRunHook):
+    """Writes a TensorBoard profile of global steps start..stop into logdir, each step marked for the Profile tab.
+
+    The profiler (tf.profiler.experimental, TF2's: tf.compat.v1 has none) records from the first step of the
+    range this run reaches to stop; every session.run in it is a 'train' step (a Trace with its step number),
+    which the Profile tab's input pipeline analyzer needs. A run that ends inside the range stops the profiler.
+    """
+
+    def __init__(self, logdir, start, stop, global_step):
+        self._logdir = logdir
+        self._start, self._stop = start, stop
+        self._global_step = global_step
+        self._next_step = None
+        self._trace = None
+        self._active = False
+
+    def after_create_session(self, session, coord):
+        self._next_step = int(session.run(self._global_step)) + 1
+        if self._next_step > self._stop:
+            print(f'--profile_steps={self._start},{self._stop}: this run starts at step {self._next_step}, past '
+                  f'them; nothing is profiled.', flush=True)
+
+    def before_run(self, run_context):
+        step = self._next_step
+        if not self._active and self._start <= step <= self._stop:
+            tf.profiler.experimental.start(self._logdir)
+            self._active = True
+        if self._active:
+            self._trace = tf.profiler.experimental.Trace('train', step_num=step, _r=1)
+            self._trace.__enter__()
+        return tf.compat.v1.train.SessionRunArgs(self._global_step)
+
+    def after_run(self, run_context, run_values):
+        if self._trace is not None:
+            self._trace.__exit__(None, None, None)
+            self._trace = None
+        # The global step read in the same run may come before or after the update: never go back.
+        step, self._next_step = self._next_step, max(self._next_step + 1, int(run_values.results) + 1)
+        if self._active and step >= self._stop:
+            self._finish(step)
+
+    def end(self, session):
+        if self._active:
+            self._finish(self._next_step - 1)
+
+    def _finish(self, last_step):
+        """Stops the profiler and says where the profile is."""
+        tf.profiler.experimental.stop()
+        self._active = False
+        print(f'Profiled steps {max(self._start, 1)}-{last_step} into {self._logdir} (TensorBoard\'s Profile tab).',
+              flush=True)
 
 
 class NanLossHook(tf.compat.v1.train.SessionRunHook):
@@ -227,12 +340,13 @@ def make_scaffold(train_dir, resume_from, fine_tune_checkpoint, checkpoint_exclu
 
 def training_hooks(run_config, train_dir, role, scaffold, total_loss, global_step, learning_rate,
                    examples_per_step, max_steps, log_frequency, save_checkpoint_secs,
-                   save_checkpoint_steps, export_every_n_epochs):
+                   save_checkpoint_steps, export_every_n_epochs, profile_steps=None):
     """Returns the session hooks of a training run (role: an onu_cluster.Role).
 
     The chief saves through its own CheckpointSaverHook, which also saves when the session closes,
     so that a stop by signal keeps the current step; it goes first, where MonitoredTrainingSession's
-    own would. --export_every_n_epochs exports from it with onu_serving's listener.
+    own would. --export_every_n_epochs exports from it with onu_serving's listener. profile_steps:
+    (start, stop) global steps the chief profiles into train_dir (ProfileHook), or None.
     """
     hooks = [tf.compat.v1.train.StopAtStepHook(last_step=max_steps),
              NanLossHook(total_loss, global_step, learning_rate)] + role.hooks()
@@ -248,6 +362,8 @@ def training_hooks(run_config, train_dir, role, scaffold, total_loss, global_ste
             save_steps=save_checkpoint_steps, scaffold=scaffold, listeners=listeners))
     hooks.append(LoggerHook(total_loss, global_step, examples_per_step, log_frequency,
                             train_dir if role.is_chief else None))
+    if profile_steps and role.is_chief:
+        hooks.append(ProfileHook(train_dir, *profile_steps, global_step))
     hooks.append(StopOnSignalHook())
     return hooks
 

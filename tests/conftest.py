@@ -15,6 +15,7 @@
                     runs `python REPO_ROOT/script *args` (a name without .py: that tool on PATH) in
                     REPO_ROOT, output as text; env None: this process's environment, as it is.
   script_command(script, *args)  the command line run_script runs, for a test that needs a Popen.
+  run_on_a_terminal(command) -> (exit code, output): command with stdout and stderr on a pseudo-terminal.
   copy_train_dir(tiny_run, tmp_path, name='train', exports=True) -> a copy of tiny_run's train_dir, yours to change.
   file_states(*folders)  {path: (size, mtime in ns)} of every file below folders: what a test must not change.
   messy_data_dir    session-wide, read-only: the bad input of real photo folders; train/F603 holds them all.
@@ -195,6 +196,27 @@ def run_script(script, *args, timeout=SCRIPT_TIMEOUT_SECS, env=None):
                           env=env, cwd=REPO_ROOT)
 
 
+def run_on_a_terminal(command):
+    """Runs command with stdout and stderr on a pseudo-terminal; returns (exit code, everything it printed)."""
+    import fcntl, pty, struct, termios  # pylint: disable=import-outside-toplevel,multiple-imports  (POSIX only)
+    main_fd, terminal_fd = pty.openpty()
+    # 24 rows of 100 columns, as a terminal window has (a new pseudo-terminal is 0x0: no room for a bar).
+    fcntl.ioctl(terminal_fd, termios.TIOCSWINSZ, struct.pack('HHHH', 24, 100, 0, 0))
+    process = subprocess.Popen(command, stdout=terminal_fd, stderr=terminal_fd, cwd=REPO_ROOT)
+    os.close(terminal_fd)
+    output = b''
+    while True:
+        try:
+            chunk = os.read(main_fd, 65536)
+        except OSError:  # the terminal closed: the process has exited
+            break
+        if not chunk:
+            break
+        output += chunk
+    os.close(main_fd)
+    return process.wait(timeout=SCRIPT_TIMEOUT_SECS), output.decode(errors='replace')
+
+
 def copy_train_dir(tiny_run, tmp_path, name='train', exports=True):
     """Returns a copy of tiny_run's train_dir at tmp_path/name (exports=False: without its export folder)."""
     copy = str(tmp_path / name)
@@ -246,7 +268,8 @@ def tiny_run(tmp_path_factory):
 #       them (TensorBoard loads event files a few seconds after it starts); server.get_json(route,
 #       **params) and server.get_bytes(route, **params) read any other route.
 
-import json  # noqa: E402  (kept with the fixture it serves)
+import gzip  # noqa: E402  (kept with the fixture they serve)
+import json  # noqa: E402
 import re  # noqa: E402
 import time  # noqa: E402
 import urllib.error  # noqa: E402
@@ -294,8 +317,10 @@ class TensorBoardServer:
     def get_bytes(self, route, **params):
         """Returns the body of GET route?params."""
         query = '?' + urllib.parse.urlencode(params) if params else ''
-        with urllib.request.urlopen(self.url + route + query, timeout=10) as response:
-            return response.read()
+        with urllib.request.urlopen(self.url + route + query, timeout=30) as response:
+            body = response.read()
+            # The profile plugin compresses its answers whatever the request accepts.
+            return gzip.decompress(body) if response.headers.get('Content-Encoding') == 'gzip' else body
 
     def get_json(self, route, **params):
         """Returns the JSON answer of GET route?params."""

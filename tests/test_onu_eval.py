@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from conftest import REPO_ROOT, TINY_IMAGE_SIZE, copy_train_dir, run_script, script_command
+from conftest import REPO_ROOT, TINY_IMAGE_SIZE, copy_train_dir, run_on_a_terminal, run_script, script_command
 
 import onu_sample_data
 import onu_checkpoint
@@ -463,27 +463,6 @@ def test_tensorboard_lists_the_eval_pictures_and_pr_curves(polled_run, tensorboa
                                                           tag='eval/confusion_matrix_image')]
     assert steps == [record['step'] for record in results]  # one heatmap per evaluated checkpoint, at its step
     assert 'augmented_inputs' in ' '.join(server.wait_for_tags('images', 'train', []))
-
-
-def run_on_a_terminal(command):
-    """Runs command with stdout and stderr on a pseudo-terminal; returns (exit code, everything it printed)."""
-    import fcntl, pty, struct, termios  # pylint: disable=import-outside-toplevel,multiple-imports  (POSIX only)
-    main_fd, terminal_fd = pty.openpty()
-    # 24 rows of 100 columns, as a terminal window has (a new pseudo-terminal is 0x0: no room for a bar).
-    fcntl.ioctl(terminal_fd, termios.TIOCSWINSZ, struct.pack('HHHH', 24, 100, 0, 0))
-    process = subprocess.Popen(command, stdout=terminal_fd, stderr=terminal_fd, cwd=REPO_ROOT)
-    os.close(terminal_fd)
-    output = b''
-    while True:
-        try:
-            chunk = os.read(main_fd, 65536)
-        except OSError:  # the terminal closed: the process has exited
-            break
-        if not chunk:
-            break
-        output += chunk
-    os.close(main_fd)
-    return process.wait(timeout=TIMEOUT_SECS), output.decode(errors='replace')
 
 
 def test_progress_shows_on_a_terminal_only(polled_run, tmp_path):

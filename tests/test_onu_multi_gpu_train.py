@@ -143,7 +143,7 @@ def test_two_towers_on_the_cpu_train_once_per_step_with_the_effective_batch(mult
     assert set(np.round(rates, 6)) == {0.01, 0.005}  # decayed after 16 examples, i.e. 4 steps
     assert 'tower_0/losses/total' in tags and not any(tag.startswith('tower_1/') for tag in tags)
     assert any(tag.startswith('tower_0/augmented_inputs') for tag in tags), sorted(tags)
-    assert 'losses_averaged/total_loss' in tags and 'examples/sec' in tags
+    assert 'losses_averaged/total' in tags and 'examples/sec' in tags and 'input/wait_fraction' in tags
     run_config = onu_run_config.RunConfig.load(train_dir)
     assert run_config.model == 'small' and run_config.flags['num_gpus'] == 2
 

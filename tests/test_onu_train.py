@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import REPO_ROOT, TINY_RUN_NOTES, copy_train_dir, run_script, script_command
+from conftest import REPO_ROOT, TINY_RUN_NOTES, copy_train_dir, run_on_a_terminal, run_script, script_command
 
 import onu_dataset
 import onu_model
@@ -66,7 +66,15 @@ def test_training_writes_checkpoint_events_and_config(tiny_run):
         assert tag in tags, sorted(tags)
     assert all(0.0 <= v <= 1.0 for v in tags['training_batch/precision_at_1'])
     assert all(v > 0 for v in tags['examples/sec'])
-    assert any(tag.startswith('losses_averaged/') for tag in tags)
+    # One name per loss: the same under losses/ and losses_averaged/ (no op names such as cross_entropy/value).
+    assert {tag for tag in tags if tag.startswith('losses')} == {
+        'losses/cross_entropy', 'losses/regularization', 'losses/total', 'losses_averaged/cross_entropy',
+        'losses_averaged/total'}
+    # The input wait, measured on a traced step per log line: in every line and as a scalar, within [0, 1].
+    waits = [int(match) for match in re.findall(r'sec/batch; (\d+)% waiting for input\)', result.stdout)]
+    assert len(waits) == len(logged_steps(result.stdout)) and all(0 <= wait <= 100 for wait in waits)
+    assert len(tags['input/wait_fraction']) == len(waits) and all(0 <= v <= 1 for v in tags['input/wait_fraction'])
+    assert 'Decoding the first epoch into memory before step 1: 16 photos, 48 KB at 32x32' in result.stdout
     assert any(tag.startswith('augmented_inputs') for tag in tags)
     run_config = onu_run_config.RunConfig.load(train_dir)
     assert run_config.model == 'small'
@@ -75,6 +83,7 @@ def test_training_writes_checkpoint_events_and_config(tiny_run):
     assert run_config.num_classes == 2
     assert run_config.num_examples_per_epoch == 16
     assert run_config.data_format == 'encoded'
+    assert run_config.cache_decoded_epoch == 'on' and run_config.flags['cache_decoded_epoch'] == 'auto'
     assert run_config.flags['batch_size'] == 8
     assert run_config.flags['max_steps'] == 12
     assert 'checkpoint_path' not in run_config.flags  # deprecated spellings are not saved
@@ -316,3 +325,109 @@ def test_main_job_starts_quietly_and_verbose_shows_everything(tiny_run, tmp_path
     verbose = run_script('onu_train.py', *args, f'--train_dir={tmp_path / "verbose"}', '--verbose', env=env)
     assert verbose.returncode == 0, verbose.stderr[-3000:]
     assert [line for line in verbose.stderr.splitlines() if NOISE_LINE.search(line)]
+
+
+
+# ---------------------------------------------------------------------------------------------
+# Is my run starved? The input wait in the log, and a profile for TensorBoard's Profile tab.
+
+STARVED_STEPS, PROFILED = 30, (12, 28)
+
+
+@pytest.fixture(scope='module')
+def starved_and_cached(tmp_path_factory):
+    """Two runs on 16 photos of 3000x2000 read as images at 64x64, batch 8: decoding every step (starved), and from
+    the decoded-epoch cache; steps 12-28 of each profiled. Returns {'off': (train_dir, result), 'on': ...}."""
+    root = tmp_path_factory.mktemp('starved')
+    data_dir = str(root / 'big')
+    made = run_script('make_sample_data.py', f'--data_dir={data_dir}', '--train_per_class=8', '--val_per_class=1',
+                      '--photo_size=3000x2000')
+    assert made.returncode == 0, made.stderr
+    runs = {}
+    for cache in ('off', 'on'):
+        train_dir = str(root / f'train_{cache}')
+        runs[cache] = (train_dir, run_script(
+            'onu_train.py', f'--data_dir={data_dir}', f'--train_dir={train_dir}', '--data_format=images',
+            f'--cache_decoded_epoch={cache}', '--image_size=64', '--batch_size=8', '--model=small',
+            '--log_frequency=2', f'--max_steps={STARVED_STEPS}', f'--profile_steps={PROFILED[0]},{PROFILED[1]}',
+            timeout=TIMEOUT_SECS))
+        assert runs[cache][1].returncode == 0, runs[cache][1].stderr[-3000:]
+    return runs
+
+
+def _logged_waits(stdout, first_step):
+    """The logged input wait fractions of the steps from first_step on."""
+    return [int(wait) / 100 for step, wait in re.findall(r'step (\d+), loss = .*; (\d+)% waiting for input\)', stdout)
+            if int(step) >= first_step]
+
+
+def _input_share(server):
+    """The Profile tab's input pipeline analyzer over HTTP: (its step names, input time / step time)."""
+    deadline = time.monotonic() + 60
+    while not (runs := server.get_json('/data/plugin/profile/runs')) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert len(runs) == 1, runs
+    assert 'input_pipeline_analyzer' in server.get_json('/data/plugin/profile/run_tools', run=runs[0])
+    hosts = server.get_json('/data/plugin/profile/hosts', run=runs[0], tag='input_pipeline_analyzer')
+    table = server.get_json('/data/plugin/profile/data', run=runs[0], tag='input_pipeline_analyzer',
+                            host=hosts[0]['hostname'])[1]
+    columns = [column['id'] for column in table['cols']]
+    steps = [row['c'][0]['v'] for row in table['rows']]
+    input_ms = sum(row['c'][columns.index('infeedTimeMs')]['v'] for row in table['rows'])
+    step_ms = sum(row['c'][columns.index('stepTimeMs')]['v'] for row in table['rows'])
+    return steps, input_ms / step_ms
+
+
+def test_a_starved_run_says_so_in_its_log_and_its_profile_and_a_cached_one_does_not(starved_and_cached,
+                                                                                   tensorboard_server):
+    off, on = starved_and_cached['off'], starved_and_cached['on']
+    for train_dir, result in (off, on):
+        assert f'Profiled steps {PROFILED[0]}-{PROFILED[1]} into {train_dir}' in result.stdout
+        assert 'DT_UINT8' not in result.stderr  # oneDNN's note on uint8 is dropped with the start-up lines
+    assert 'Decoding the first epoch' not in off[1].stdout and 'Decoding the first epoch' in on[1].stdout
+    starved, cached = _logged_waits(off[1].stdout, 10), _logged_waits(on[1].stdout, 10)
+    assert len(starved) == len(cached) == 11  # steps 10, 12, ..., 30
+    assert np.median(starved) > 0.3 and np.median(cached) < 0.15, (starved, cached)
+    shares = {}
+    for cache, (train_dir, _) in starved_and_cached.items():
+        steps, shares[cache] = _input_share(tensorboard_server(logdir=train_dir))
+        # The Profile tab drops the first and the last step it recorded.
+        assert steps == [f'train {step}' for step in range(PROFILED[0] + 1, PROFILED[1])]
+    assert shares['off'] > 0.3 and shares['on'] < 0.15, shares
+
+
+def test_the_input_pipeline_analyzer_renders_in_a_headless_browser(starved_and_cached, tensorboard_server, tmp_path):
+    chromium = shutil.which('chromium')
+    if chromium is None:
+        pytest.skip('chromium is not installed (apt-get install chromium; .ci/run installs it)')
+    train_dir = starved_and_cached['off'][0]
+    server = tensorboard_server(logdir=train_dir)
+    _input_share(server)  # loaded
+    run = server.get_json('/data/plugin/profile/runs')[0]
+    page = (f'{server.url}/data/plugin/profile/index.html?tool=input_pipeline_analyzer&run={run}&host='
+            f'{server.get_json("/data/plugin/profile/hosts", run=run, tag="input_pipeline_analyzer")[0]["hostname"]}')
+    dom = subprocess.run([chromium, '--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+                          '--disable-background-networking', '--disable-component-update', '--disable-sync',
+                          f'--user-data-dir={tmp_path / "chromium"}', '--virtual-time-budget=25000', '--dump-dom', page],
+                         capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert 'Summary of input-pipeline analysis' in dom.stdout
+    assert re.search(r'HIGHLY input-bound because \d+\.\d% of the total step time sampled is waiting for input',
+                     dom.stdout), dom.stdout[-3000:]
+
+
+@pytest.mark.parametrize('value', ['7', '9,3', '0,4', 'a,b'])
+def test_a_bad_profile_steps_value_is_one_line(tmp_path, value):
+    result = run_train(f'--train_dir={tmp_path / "train"}', f'--profile_steps={value}')
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if f'--profile_steps={value}' in line]
+    assert len(lines) == 1 and 'START,STOP' in lines[0] and 'Traceback' not in result.stderr
+    assert not os.path.exists(tmp_path / 'train')
+
+
+def test_the_decoded_epoch_fills_with_a_progress_bar_on_a_terminal(tiny_run, tmp_path):
+    code, output = run_on_a_terminal(script_command(
+        'onu_train.py', *TINY_FLAGS, f'--data_dir={tiny_run.data_dir}', f'--train_dir={tmp_path / "train"}',
+        '--max_steps=2', '--cache_decoded_epoch=on'))
+    assert code == 0, output
+    assert 'decoding the first epoch into memory' in output and '/16 [' in output

@@ -1,0 +1,67 @@
+"""Tests of onu_training: the hooks that measure the input wait and profile steps, in real monitored sessions."""
+import glob
+import os
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import onu_training
+
+
+def _train(tmp_path, pipeline_sleep_secs, steps=12, log_frequency=3, more_hooks=lambda global_step: []):
+    """Runs steps of a small matmul model fed by a pipeline that sleeps per batch; returns its LoggerHook.
+
+    more_hooks(global_step) -> further hooks of the session.
+    """
+    with tf.Graph().as_default():
+        def slow(value):
+            time.sleep(pipeline_sleep_secs)  # stands for decoding: the batch is late by this much
+            return value
+        dataset = tf.data.Dataset.range(1000).map(
+            lambda index: tf.numpy_function(slow, [tf.cast(index, tf.float32)], tf.float32)).batch(1)
+        batch = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+        global_step = tf.compat.v1.train.get_or_create_global_step()
+        weights = tf.compat.v1.get_variable('weights', [400, 400])
+        work = tf.reduce_sum(tf.linalg.matmul(weights, weights) * tf.reduce_mean(batch))
+        loss = work * 0.0 + tf.reduce_mean(batch)
+        with tf.control_dependencies([work]):  # as apply_gradients: the step counts up once the work is done
+            train_op = global_step.assign_add(1)
+        logger = onu_training.LoggerHook(loss, global_step, 1, log_frequency, str(tmp_path))
+        with tf.compat.v1.train.MonitoredTrainingSession(hooks=[logger, *more_hooks(global_step)], checkpoint_dir=None,
+                                                         save_summaries_steps=None) as session:
+            for _ in range(steps):
+                session.run(train_op)
+    return logger
+
+
+def test_the_logged_wait_is_the_share_of_the_step_in_the_iterator(tmp_path, capsys):
+    starved = _train(tmp_path / 'starved', pipeline_sleep_secs=0.08)
+    fed = _train(tmp_path / 'fed', pipeline_sleep_secs=0.0)
+    for logger in (starved, fed):  # about one traced step per log line (3 steps), the first at step 3
+        assert 3 <= len(logger.wait_fractions) <= 6
+        assert all(0.0 <= value <= 1.0 for value in logger.wait_fractions)
+    assert min(starved.wait_fractions) > 0.6  # the 80 ms sleep, against a step of a few ms
+    assert np.median(fed.wait_fractions) < 0.3  # prefetched: only the first steps may wait
+    lines = [line for line in capsys.readouterr().out.splitlines() if ', loss = ' in line]
+    assert len(lines) >= 4 and all(line.endswith('% waiting for input)') for line in lines)
+
+
+def _profiles(logdir):
+    """The xplane files a profiler wrote into logdir."""
+    return glob.glob(os.path.join(str(logdir), 'plugins', 'profile', '*', '*.xplane.pb'))
+
+
+def test_the_profile_covers_the_steps_asked_and_only_those(tmp_path, capsys):
+    _train(tmp_path / 'run', 0.0, steps=8,
+           more_hooks=lambda global_step: [onu_training.ProfileHook(str(tmp_path / 'a'), 3, 5, global_step)])
+    assert len(_profiles(tmp_path / 'a')) == 1 and os.path.getsize(_profiles(tmp_path / 'a')[0]) > 0
+    assert f'Profiled steps 3-5 into {tmp_path / "a"}' in capsys.readouterr().out
+    # A run that ends inside the range stops the profiler with it; one past the range profiles nothing.
+    _train(tmp_path / 'run', 0.0, steps=4,
+           more_hooks=lambda global_step: [onu_training.ProfileHook(str(tmp_path / 'b'), 3, 50, global_step)])
+    assert len(_profiles(tmp_path / 'b')) == 1 and 'Profiled steps 3-4' in capsys.readouterr().out
+    _train(tmp_path / 'run', 0.0, steps=4,
+           more_hooks=lambda global_step: [onu_training.ProfileHook(str(tmp_path / 'c'), 6, 9, global_step)])
+    assert _profiles(tmp_path / 'c') == [] and 'Profiled' not in capsys.readouterr().out
