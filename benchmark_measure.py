@@ -480,10 +480,7 @@ def measure_training(model_name, way, info_of, batch_size, image_size, warmup, s
     traced as training's log lines trace theirs: wait_fraction, their median input wait.
     """
     run = TrainingRun(model_name, way, info_of, batch_size, image_size, **options)
-    _interleaved_windows({model_name: run}, warmup, steps, repeats)
-    for _ in range(WAIT_TRACED_STEPS):
-        run.waiting_step()
-    return run.result(batch_size, image_size)
+    return _interleaved_results({way: run}, warmup, steps, repeats, batch_size, image_size, WAIT_TRACED_STEPS)[way]
 
 
 def measure_wait_tracing(model_name, way, info_of, batch_size, image_size, warmup, steps, repeats, trace_every):
@@ -519,9 +516,13 @@ def measure_training_variants(model_name, way, info_of, batch_size, image_size, 
     return _interleaved_results(runs, warmup, steps, repeats, batch_size, image_size)
 
 
-def _interleaved_results(runs, warmup, steps, repeats, batch_size, image_size):
-    """{name: TrainingRun.result} of runs timed in alternating windows (_interleaved_windows)."""
+def _interleaved_results(runs, warmup, steps, repeats, batch_size, image_size, wait_steps=0):
+    """{name: TrainingRun.result} of runs timed in alternating windows (_interleaved_windows), each then running
+    wait_steps steps traced for their input wait."""
     _interleaved_windows(runs, warmup, steps, repeats)
+    for run in runs.values():
+        for _ in range(wait_steps):
+            run.waiting_step()
     return {name: run.result(batch_size, image_size) for name, run in runs.items()}
 
 
@@ -531,7 +532,7 @@ def measure_training_side_by_side(model_name, ways, info_of, batch_size, image_s
     For a ratio between ways that a slow spell of the machine cannot bias.
     """
     runs = {way: TrainingRun(model_name, way, info_of, batch_size, image_size) for way in ways}
-    return _interleaved_results(runs, warmup, steps, repeats, batch_size, image_size)
+    return _interleaved_results(runs, warmup, steps, repeats, batch_size, image_size, WAIT_TRACED_STEPS)
 
 
 # ----------------------------------------------------------------------------------------------

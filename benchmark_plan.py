@@ -278,32 +278,29 @@ def training_tasks(settings, info_of):
                                                       settings.repeats, interleave=model_name == 'small'),
                 lambda r: ', '.join(f'{name} {result["examples_per_sec"]:.1f}' for name, result in r.items())
                 + ' examples/sec', estimate * 3))
-    if LAYOUT_MODEL in settings.models:  # the same model as LAYOUT_MODEL: the main job
-        model_name = LAYOUT_MODEL
-        batch, size = settings.train_batch_size[model_name], settings.train_image_size[model_name]
-        warmup = settings.train_warmup_steps[model_name] + _epoch_batches(info_of('images'), batch)
-        steps = settings.train_steps[model_name]
-        tasks.append(Task(
-            ('wait_tracing', model_name), f'train {model_name} (batch {batch}, {size}x{size}) fed by encoded, with '
-                                          f'and without a step traced for its input wait every {WAIT_TRACE_EVERY}',
-            lambda: benchmark_measure.measure_wait_tracing(model_name, 'encoded', info_of, batch, size, warmup,
-                                                           steps, settings.repeats, WAIT_TRACE_EVERY),
-            lambda r: ', '.join(f'{name} {result["examples_per_sec"]:.1f}' for name, result in r.items()
-                                if name in ('untraced', 'traced')) + ' examples/sec',
-            _training_estimate(settings, model_name, warmup + 1 + steps * settings.repeats) * 2))
     if LAYOUT_MODEL in settings.models:
-        model_name = LAYOUT_MODEL
-        batch, size = settings.train_batch_size[model_name], settings.train_image_size[model_name]
-        warmup = settings.train_warmup_steps[model_name] + _epoch_batches(info_of('images'), batch)
-        steps = settings.train_steps[model_name]
-        tasks.append(Task(
-            ('layout', model_name), f'train {model_name} (batch {batch}, {size}x{size}) fed by '
-                                    f'{" and ".join(LAYOUT_WAYS)}, side by side',
-            lambda: benchmark_measure.measure_training_side_by_side(model_name, LAYOUT_WAYS, info_of, batch, size,
-                                                                    warmup, steps, settings.repeats),
-            lambda r: ', '.join(f'{way} {result["examples_per_sec"]:.1f}' for way, result in r.items())
-            + ' examples/sec', _training_estimate(settings, model_name, warmup + 1 + steps * settings.repeats) * 2))
+        tasks += _main_job_side_by_side_tasks(settings, info_of)
     return tasks
+
+
+def _main_job_side_by_side_tasks(settings, info_of):
+    """Tasks training LAYOUT_MODEL (the main job's) two ways at once, windows alternated: Inception/ImageNet shards
+    next to encoded records (issue 20), and with and without a step traced for its input wait (issue 21)."""
+    model_name = LAYOUT_MODEL
+    batch, size = settings.train_batch_size[model_name], settings.train_image_size[model_name]
+    warmup = settings.train_warmup_steps[model_name] + _epoch_batches(info_of('images'), batch)
+    steps, repeats = settings.train_steps[model_name], settings.repeats
+    measures = {
+        'layout': (f'fed by {" and ".join(LAYOUT_WAYS)}', lambda: benchmark_measure.measure_training_side_by_side(
+            model_name, LAYOUT_WAYS, info_of, batch, size, warmup, steps, repeats)),
+        'wait_tracing': (f'fed by encoded, with and without a step traced for its input wait every '
+                         f'{WAIT_TRACE_EVERY}', lambda: benchmark_measure.measure_wait_tracing(
+                             model_name, 'encoded', info_of, batch, size, warmup, steps, repeats, WAIT_TRACE_EVERY)),
+    }
+    return [Task((key, model_name), f'train {model_name} (batch {batch}, {size}x{size}) {what}, side by side', run,
+                 lambda r: ', '.join(f'{name} {result["examples_per_sec"]:.1f}' for name, result in r.items())
+                 + ' examples/sec', _training_estimate(settings, model_name, warmup + 1 + steps * repeats) * 2)
+            for key, (what, run) in measures.items()]
 
 
 def step_profile_tasks(settings, info_of):

@@ -72,7 +72,7 @@ def test_quick_run_measures_every_row(make_tiny_dataset, tmp_path):
     assert rows['raw']['pixel_bytes'] == 20 * 96 * 72 * 3 < rows['raw']['disk_bytes']
     assert rows['images']['disk_bytes'] < rows['encoded']['disk_bytes'] < rows['raw']['pixel_bytes']
     for path, number in _numbers(rows):
-        if not path.endswith('input_bound_fraction'):
+        if not path.endswith(('input_bound_fraction', 'wait_fraction')):
             assert number > 0, path
 
     # Training preprocessing at 32 (the pipelines' size) and 64 (the small model's): per size 3 ways x
@@ -115,12 +115,22 @@ def test_quick_run_measures_every_row(make_tiny_dataset, tmp_path):
     assert report['measurements']['count_records cold'][0]['records'] == 2000
     assert 'Finding and counting 20 TF-slim shards of 2,000 records' in markdown
 
+    # The input wait training would log, next to the input-bound fraction (serial loops: fed before each step);
+    # and the main job with and without a step traced for it.
+    for name in TRAINING_ROWS + benchmark_plan.SMALL_MODEL_TRAINING_WAYS + ('inception',):
+        entry = rows[name]['training']['small']
+        assert ('wait_fraction' in entry) == (name not in benchmark_plan.FEED_DICT_WAYS), name
+        assert 0 <= entry.get('wait_fraction', 0) <= 1, name
+    tracing = report['wait_tracing']
+    assert tracing['traced'] > 0 and tracing['untraced'] > 0 and tracing['trace_every'] == 10
+    assert '| logged input wait |' in markdown and 'Measuring the input wait as training logs it' in markdown
+
     # 4 storage + 1 Inception shards written + 2 countings + 9 pipeline (decode limit, 5 ways eval, 3 train)
-    # + 30 training preprocessing + 9 training measurements + 1 side by side + 2 of float32, mixed and XLA side
-    # by side + 1 step profile, one repeat each
-    assert report['other_processes']['measurements'] == 59 == len(report['measurements'])
+    # + 30 training preprocessing + 9 training measurements + 2 side by side (Inception shards, wait tracing)
+    # + 2 of float32, mixed and XLA side by side + 1 step profile, one repeat each
+    assert report['other_processes']['measurements'] == 60 == len(report['measurements'])
     assert report['hardware']['usable_cores'] >= 1 and report['hardware']['cpu_model']
-    assert {target['issue'] for target in report['targets']} == {2, 3, 12, 13, 20}  # 7's need Inception-ResNet-v2
+    assert {target['issue'] for target in report['targets']} == {2, 3, 12, 13, 20, 21}  # 7's need Inception-ResNet-v2
     assert all(isinstance(target['passed'], bool) for target in report['targets'])
     assert 'serial cv2 loop + feed_dict' in markdown and '| issue | target | measured | verdict |' in markdown
     assert markdown in done.stdout  # the tables are also printed
