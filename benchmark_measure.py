@@ -402,11 +402,13 @@ class TrainingRun:
             total_loss = onu_model.loss(logits, labels, end_points)
             train_op = _train_op(model_name, total_loss, global_step, info.num_examples, batch_size, compute_dtype)
             self._step = [train_op, total_loss]  # one fetch list throughout: a new one sets up a new executor
+            self._pipelines = tf.compat.v1.get_collection(onu_input.PIPELINE_MODEL_OPS)
             self.session = _session(onu_model.set_precision_options(onu_flags.session_config(), compute_dtype, xla))
             self.session.run([tf.compat.v1.global_variables_initializer(),
                               tf.compat.v1.local_variables_initializer()])
         self.windows, self.final_loss = [], None
         self._trace_every, self._steps_run, self.wait_fractions = trace_every, 0, []
+        self._pipeline_work = []  # (time, seconds of pipeline work, batches) at each waiting step
 
     def _run_step(self, options=None, run_metadata=None):
         """Runs one training step (traced when options ask for it)."""
@@ -414,11 +416,24 @@ class TrainingRun:
         _, self.final_loss = self.session.run(self._step, feed, options=options, run_metadata=run_metadata)
 
     def waiting_step(self):
-        """Runs one step with a software trace, as training's LoggerHook does; records its input wait fraction."""
+        """Runs one step with a software trace, as training's LoggerHook does; records its input wait fraction and
+        the input pipelines' work so far (for work_per_batch)."""
         run_metadata = tf.compat.v1.RunMetadata()
         started = time.perf_counter()
         self._run_step(onu_training.traced_run_options(), run_metadata)
-        self.wait_fractions.append(onu_training.input_wait_fraction(run_metadata, time.perf_counter() - started))
+        ended = time.perf_counter()
+        self.wait_fractions.append(onu_training.input_wait_fraction(run_metadata, ended - started))
+        totals = [onu_input.pipeline_seconds(model) for model in self.session.run(self._pipelines)]
+        self._pipeline_work.append((ended, sum(seconds for seconds, _ in totals),
+                                    max((batches for _, batches in totals), default=0)))
+
+    def work_per_batch(self):
+        """The input pipelines' seconds of work per batch between the first and the last waiting step, as training's
+        LoggerHook measures it between two log lines (None without two waiting steps or a pipeline)."""
+        if len(self._pipeline_work) < 2 or self._pipeline_work[-1][2] <= self._pipeline_work[0][2]:
+            return None
+        (_, first_work, first_batches), (_, last_work, last_batches) = self._pipeline_work[0], self._pipeline_work[-1]
+        return (last_work - first_work) / (last_batches - first_batches)
 
     def run(self, steps):
         """Runs steps training steps (every trace_every-th traced for its input wait)."""
@@ -454,6 +469,8 @@ class TrainingRun:
                   'final_loss': float(self.final_loss)}
         if self.wait_fractions:
             result.update(wait_fraction=statistics.median(self.wait_fractions), wait_fractions=self.wait_fractions)
+        if self.work_per_batch() is not None:
+            result['work_ms_per_batch'] = 1000 * self.work_per_batch()
         return result
 
 

@@ -168,11 +168,12 @@ def apply_deprecated_aliases():
         new.present = old.present
 
 
-def run_script(body, argv, takes_arguments=False, user_errors=(), failures=()):
+def run_script(body, argv, takes_arguments=False, user_errors=(), failures=(), completions=()):
     """Runs body() for a script's main; a user error becomes one `error: <message>` line, exit 2.
 
     user_errors: exception types whose message is for the user (onu_dataset.DataError and
-    flags.Error always are); failures: those that end a run that went wrong (one line, exit 1).
+    flags.Error always are); failures: those that end a run that went wrong (one line, exit 1);
+    completions: those that say there is nothing to do (their message on stdout, exit 0).
     """
     if len(argv) > 1 and not takes_arguments:
         print(f'error: unexpected arguments {argv[1:]}; see --help', file=sys.stderr)
@@ -190,3 +191,6 @@ def run_script(body, argv, takes_arguments=False, user_errors=(), failures=()):
     except tuple(failures) as e:
         print(f'error: {e}', file=sys.stderr)
         return 1
+    except tuple(completions) as e:
+        print(e, flush=True)
+        return 0

@@ -17,6 +17,7 @@ after --timeout_secs seconds without a new checkpoint, or after one evaluation w
 Model, image size, data and class names come from the training run's run_config.json; flags given
 on the command line override them.
 """
+import contextlib
 import dataclasses
 import json
 import os
@@ -309,8 +310,19 @@ def report(result, record, writer, eval_dir):
           flush=True)
     writer.add_summary(result_summary(result), result.step)
     writer.flush()
-    with open(os.path.join(eval_dir, RESULTS_FILENAME), 'a', encoding='utf-8') as f:
-        f.write(json.dumps(record, ensure_ascii=False) + '\n')
+    append_line(os.path.join(eval_dir, RESULTS_FILENAME), json.dumps(record, ensure_ascii=False))
+
+
+def append_line(path, line):
+    """Appends line to the file at path whole, or not at all: a write that fails is cut off again."""
+    size = os.path.getsize(path) if os.path.exists(path) else 0
+    try:
+        with open(path, 'a', encoding='utf-8') as f:
+            f.write(line + '\n')
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.truncate(path, size)
+        raise
 
 
 # ----------------------------------------------------------------------------------------------
@@ -494,23 +506,24 @@ def define_flags():
 
 
 def evaluate_from_flags():
-    """Evaluates the checkpoints the flags name, writing summaries and results to --eval_dir."""
+    """Evaluates the checkpoints the flags name, writing summaries and results to --eval_dir (one evaluator each)."""
+    onu_checkpoint.hold_folder(FLAGS.eval_dir, 'evaluation', 'eval_dir')
     use_device(FLAGS.device)
     precision = onu_flags.resolve_precision(FLAGS.precision, use_gpus=FLAGS.device == 'gpu')
-    os.makedirs(FLAGS.eval_dir, exist_ok=True)
-    writer = summary_writer(FLAGS.eval_dir)
-    try:
-        evaluate_checkpoints(writer, precision)
-    except KeyboardInterrupt:
-        print('Stopped.', file=sys.stderr)
-        return 130
-    finally:
-        writer.close()
+    with onu_checkpoint.stop_on_write_failure(FLAGS.eval_dir, 'evaluation'):
+        writer = summary_writer(FLAGS.eval_dir)
+        try:
+            evaluate_checkpoints(writer, precision)
+        except KeyboardInterrupt:
+            print('Stopped.', file=sys.stderr)
+            return 130
+        finally:
+            writer.close()
     return 0
 
 
 def main(argv):
-    return onu_cli.run_script(evaluate_from_flags, argv)
+    return onu_cli.run_script(evaluate_from_flags, argv, failures=(onu_checkpoint.WriteFailed,))
 
 
 if __name__ == '__main__':

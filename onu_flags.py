@@ -12,6 +12,7 @@ from absl import flags
 import tensorflow as tf
 
 import onu_cli
+import onu_checkpoint
 import onu_cluster
 import onu_dataset
 import onu_input
@@ -221,16 +222,22 @@ def training_role():
 
 
 def begin_training_run(precision, role):
-    """Makes the data ready, checks and saves the run configuration.
+    """Takes --train_dir (the chief), makes the data ready, checks and saves the run configuration.
+
+    RunComplete when the run has reached --max_steps already.
 
     Returns (RunConfig, the train split's onu_input.DatasetInfo, checkpoint resumed from).
     """
+    if role.is_chief:  # one trainer per --train_dir: refused, before anything is read or written, if in use
+        onu_checkpoint.hold_folder(FLAGS.train_dir, 'training', 'train_dir')
+    resume_from = onu_training.resume_point(FLAGS.train_dir, role.is_chief)
+    onu_training.check_not_complete(FLAGS.train_dir, resume_from, FLAGS.max_steps, role)
     data_format = onu_training.prepare_data(FLAGS.data_dir, FLAGS.data_format, FLAGS.validation_percent,
                                             FLAGS.labels_offset)
     info = onu_input.dataset_info(FLAGS.data_dir, data_format, 'train', FLAGS.validation_percent, FLAGS.labels_offset)
     run_config = training_run_config(precision, info)
     onu_training.start_run(FLAGS.train_dir, run_config, role.is_chief)
-    return run_config, info, onu_training.resume_point(FLAGS.train_dir, role.is_chief)
+    return run_config, info, resume_from
 
 
 def learning_rate(global_step, run_config, examples_per_step):

@@ -34,6 +34,7 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 from tqdm import tqdm
+from tensorflow.core.framework import model_pb2
 
 import onu_dataset
 import onu_layouts
@@ -885,9 +886,28 @@ def make_dataset(info, batch_size, image_size, training, augment=True, seed=None
     return batches.prefetch(tf.data.AUTOTUNE)
 
 
+# Graph collection of the ops that serialize each input iterator's tf.data model (PIPELINE_MODEL_OPS): its
+# nodes' processing times, the work the pipeline has done so far (pipeline_seconds).
+PIPELINE_MODEL_OPS = 'onu_input_pipeline_models'
+
+
 def _next_batch(dataset):
-    """Returns the tensors of a one-shot iterator over dataset."""
-    return tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+    """Returns the tensors of a one-shot iterator over dataset; its tf.data model op goes to PIPELINE_MODEL_OPS."""
+    iterator = tf.compat.v1.data.make_one_shot_iterator(dataset)
+    # pylint: disable=protected-access  (the v1 iterator's resource: the one handle to its tf.data model)
+    tf.compat.v1.add_to_collection(PIPELINE_MODEL_OPS,
+                                   tf.raw_ops.IteratorGetModelProto(iterator=iterator._iterator_resource))
+    return iterator.get_next()
+
+
+def pipeline_seconds(serialized_model):
+    """Returns (seconds of work the input pipeline's nodes have done, batches it has produced) from a serialized
+    tf.data model (an op of PIPELINE_MODEL_OPS): tf.data's own account, summed over its threads."""
+    model = model_pb2.ModelProto.FromString(serialized_model)
+    if not model.nodes:
+        return 0.0, 0
+    return (sum(node.processing_time for node in model.nodes.values()) / 1e9,
+            model.nodes[model.output].num_elements if model.output in model.nodes else 0)
 
 
 def distorted_inputs(info, batch_size, image_size, augment=True, seed=None, summaries=True, augment_on='input',

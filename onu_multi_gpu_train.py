@@ -24,6 +24,7 @@ from absl import app
 from absl import flags
 import tensorflow as tf
 
+import onu_checkpoint
 import onu_cluster
 import onu_flags
 import onu_input
@@ -209,7 +210,8 @@ def main(argv):
               f'use --num_gpus={num_gpus_visible} or fewer', file=sys.stderr)
         return 2
     return onu_cli.run_script(train, argv, user_errors=(onu_cluster.ClusterConfigError,),
-                              failures=(onu_training.NanLossError,))
+                              failures=(onu_training.NanLossError, onu_checkpoint.WriteFailed),
+                              completions=(onu_training.RunComplete,))
 
 
 if __name__ == '__main__':

@@ -201,7 +201,8 @@ class PeriodicExportListener(tf.compat.v1.train.CheckpointSaverListener):
     The checkpoint saver runs by seconds or steps, so a boundary is exported from the first
     checkpoint at or after it (save every epoch's worth of steps to land on it exactly). The export
     runs in a fresh graph; a failure is logged in one line and training goes on (the next boundary
-    exports again). Every attempt is appended to export_dir/exports.jsonl.
+    exports again), except a full disk or a read-only folder, which stops training (WriteFailed). Every
+    attempt is appended to export_dir/exports.jsonl.
     """
 
     def __init__(self, checkpoint_dir, run_config, export_dir, every_n_epochs, examples_per_step):
@@ -233,7 +234,11 @@ class PeriodicExportListener(tf.compat.v1.train.CheckpointSaverListener):
         try:
             entry['version_dir'] = export_saved_model(entry['checkpoint_path'], self._run_config,
                                                       self._export_dir)
-        except Exception as e:  # pylint: disable=broad-except  (an export must never stop training)
+        except Exception as e:  # pylint: disable=broad-except  (a failed export does not stop training...)
+            reason = onu_checkpoint.write_failure(e)
+            if reason is not None:  # ... unless the disk is full or read-only: then nothing else can be written
+                raise onu_checkpoint.write_failed(self._export_dir, reason, 'exporting a SavedModel',
+                                                  self._checkpoint_dir) from None
             entry['error'] = f'{type(e).__name__}: {onu_checkpoint.one_line(e)}'
             print(f'warning: export of step {step} failed ({entry["error"]}); training continues; '
                   f'retry with python onu_export.py --checkpoint_path={entry["checkpoint_path"]} '

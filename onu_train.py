@@ -28,6 +28,7 @@ from absl import app
 from absl import flags
 import tensorflow as tf
 
+import onu_checkpoint
 import onu_cluster
 import onu_flags
 import onu_input
@@ -88,7 +89,8 @@ def train():
 
 def main(argv):
     return onu_cli.run_script(train, argv, user_errors=(onu_cluster.ClusterConfigError,),
-                              failures=(onu_training.NanLossError,))
+                              failures=(onu_training.NanLossError, onu_checkpoint.WriteFailed),
+                              completions=(onu_training.RunComplete,))
 
 
 if __name__ == '__main__':

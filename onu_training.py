@@ -26,6 +26,10 @@ class NanLossError(Exception):
     """The loss became NaN or infinite; training stopped before saving those weights."""
 
 
+class RunComplete(Exception):
+    """The run in --train_dir has reached --max_steps: nothing to train. The message says how to go on."""
+
+
 def default_model_name():
     """Returns inception_resnet_v2 when TensorFlow sees a GPU, else small."""
     return 'inception_resnet_v2' if tf.config.list_physical_devices('GPU') else 'small'
@@ -69,7 +73,8 @@ def start_run(train_dir, run_config, is_chief):
     """Checks that train_dir's saved run can be resumed as run_config; the chief saves it; prints the run."""
     onu_checkpoint.check_resumable(train_dir, run_config, onu_run_config.RunConfig.load(train_dir))
     if is_chief:
-        run_config.save(train_dir)
+        with onu_checkpoint.stop_on_write_failure(train_dir, 'writing run_config.json', train_dir):
+            run_config.save(train_dir)
     size = run_config.image_size
     print(f'Training {run_config.model} at {size}x{size} on {run_config.num_examples_per_epoch} '
           f'{run_config.data_format} examples of {run_config.num_classes} classes '
@@ -80,6 +85,19 @@ def start_run(train_dir, run_config, is_chief):
         print(f'Decoding the first epoch into memory before step 1: {run_config.num_examples_per_epoch} photos, '
               f'{memory} at {size}x{size}; later epochs train from it (--cache_decoded_epoch=off reads and '
               f'decodes every step instead).', flush=True)
+
+
+def check_not_complete(train_dir, resume_from, max_steps, role):
+    """Raises RunComplete when the checkpoint training would resume from is at max_steps or past it.
+
+    Without it a finished run started again trains one more step (StopAtStepHook stops after a step). A
+    cluster worker first tells the parameter servers it is done.
+    """
+    step = onu_checkpoint.listed_step(resume_from) if resume_from else 0
+    if step >= max_steps:
+        role.finish(0)
+        raise RunComplete(f'{train_dir}: the run is complete at step {step} (--max_steps={max_steps}); to train '
+                          f'on, run it again with a larger --max_steps')
 
 
 def resume_point(train_dir, is_chief):
@@ -125,6 +143,7 @@ def add_training_summaries(logits, labels, end_points, total_loss, losses=None, 
 # The op a step waits in when its input pipeline has no batch ready (the iterator's get_next).
 INPUT_WAIT_OP = 'IteratorGetNext'
 WAIT_FRACTION_TAG = 'input/wait_fraction'
+WORK_TAG = 'input/work_ms_per_batch'
 
 
 def input_wait_seconds(run_metadata):
@@ -152,39 +171,58 @@ def traced_run_options():
 
 
 class LoggerHook(tf.compat.v1.train.SessionRunHook):
-    """Prints loss, speed and input wait every log_frequency steps, writes them to TensorBoard, counts steps.
+    """Prints loss, speed and what input costs every log_frequency steps, writes them to TensorBoard, counts steps.
 
-    The input wait is measured, not estimated: the last step of each interval runs with a software trace, and
-    the time its iterator's get_next took is divided by the step's wall clock (input_wait_fraction).
+    Both input measures are measured, not estimated. The last step of each interval runs with a software
+    trace: the time its iterator's get_next took over the step's wall clock is the share it waited for input
+    (input_wait_fraction). With it, the input pipelines' own account of their work (tf.data's model,
+    onu_input.PIPELINE_MODEL_OPS) gives their seconds of work per batch since the last log line. A GPU run
+    starved of input waits; a CPU run whose input keeps ahead shows its cost in the work, done on the cores
+    the model would use (tf.data counts its workers' busy time, waits for a core included).
     """
 
     def __init__(self, loss, global_step, examples_per_step, log_frequency, summary_dir=None):
         self._fetches = {'loss': loss, 'step': global_step}
+        self._pipelines = tf.compat.v1.get_collection(onu_input.PIPELINE_MODEL_OPS)
         self._examples_per_step = examples_per_step
         self._log_frequency = log_frequency
         self._summary_dir = summary_dir
         self.steps_run = 0
         self.wait_fractions = []  # every measured input wait, in order
+        self.work_per_batch = []  # every measured input work per batch (seconds), in order
 
     def begin(self):
         self._last_step = None
         self._last_time = None
         self._trace_next = False
         self._run_started = None
+        self._pipeline_work = None  # (seconds of work, batches) of the input pipelines at the last traced step
+        self._work_per_batch = None
 
     def before_run(self, run_context):
         self._run_started = time.perf_counter()
-        options = traced_run_options() if self._trace_next else None
-        return tf.compat.v1.train.SessionRunArgs(self._fetches, options=options)
+        if not self._trace_next:
+            return tf.compat.v1.train.SessionRunArgs(self._fetches)
+        return tf.compat.v1.train.SessionRunArgs(dict(self._fetches, pipelines=self._pipelines),
+                                                 options=traced_run_options())
 
     def after_run(self, run_context, run_values):
         if self._trace_next:
             self.wait_fractions.append(input_wait_fraction(run_values.run_metadata,
                                                            time.perf_counter() - self._run_started))
+            self._measure_pipeline_work(run_values.results['pipelines'])
         self.steps_run += 1
         step = int(run_values.results['step']) + 1  # the fetched value was read before the update
         self._log(step, run_values.results['loss'])
         self._trace_next = self._logs_at(step + 1)
+
+    def _measure_pipeline_work(self, serialized_models):
+        """Keeps the input pipelines' seconds of work per batch since the last traced step (None at the first)."""
+        totals = [onu_input.pipeline_seconds(model) for model in serialized_models]
+        work = (sum(seconds for seconds, _ in totals), max((batches for _, batches in totals), default=0))
+        if self._pipeline_work is not None and work[1] > self._pipeline_work[1]:
+            self._work_per_batch = (work[0] - self._pipeline_work[0]) / (work[1] - self._pipeline_work[1])
+        self._pipeline_work = work
 
     def _log(self, step, loss):
         """Prints and writes the log line of step when one is due (the first step only starts the clock)."""
@@ -199,15 +237,20 @@ class LoggerHook(tf.compat.v1.train.SessionRunHook):
             return
         sec_per_batch = (now - self._last_time) / max(steps, 1)
         examples_per_sec = self._examples_per_step / sec_per_batch
-        wait = f'; {self.wait_fractions[-1]:.0%} waiting for input' if self.wait_fractions else ''
+        input_text, scalars = '', {'examples/sec': examples_per_sec}
+        if self.wait_fractions:
+            input_text = f'; {self.wait_fractions[-1]:.0%} waiting for input'
+            scalars[WAIT_FRACTION_TAG] = self.wait_fractions[-1]
+        if self._work_per_batch is not None:
+            self.work_per_batch.append(self._work_per_batch)
+            input_text += f'; input work {1000 * self._work_per_batch:.0f} ms per batch'
+            scalars[WORK_TAG] = 1000 * self._work_per_batch
+            self._work_per_batch = None
         print(f'{datetime.now()}: step {step}, loss = {loss:.4f} '
-              f'({examples_per_sec:.1f} examples/sec; {sec_per_batch:.3f} sec/batch{wait})', flush=True)
+              f'({examples_per_sec:.1f} examples/sec; {sec_per_batch:.3f} sec/batch{input_text})', flush=True)
         if self._summary_dir:
-            values = [tf.compat.v1.Summary.Value(tag='examples/sec', simple_value=examples_per_sec)]
-            if self.wait_fractions:
-                values.append(tf.compat.v1.Summary.Value(tag=WAIT_FRACTION_TAG, simple_value=self.wait_fractions[-1]))
-            tf.compat.v1.summary.FileWriterCache.get(self._summary_dir).add_summary(
-                tf.compat.v1.Summary(value=values), step)
+            tf.compat.v1.summary.FileWriterCache.get(self._summary_dir).add_summary(tf.compat.v1.Summary(value=[
+                tf.compat.v1.Summary.Value(tag=tag, simple_value=value) for tag, value in scalars.items()]), step)
         self._last_step, self._last_time = step, now
 
     def _logs_at(self, step):
@@ -370,10 +413,12 @@ def training_hooks(run_config, train_dir, role, scaffold, total_loss, global_ste
 
 @contextlib.contextmanager
 def monitored_training_session(role, train_dir, scaffold, hooks, save_summaries_steps, info):
-    """Opens the MonitoredTrainingSession of a training run reading info; a damaged record becomes a DataError."""
+    """Opens the MonitoredTrainingSession of a training run reading info; a damaged record becomes a DataError,
+    a write that fails for lack of space or rights a WriteFailed."""
     stop_hook = _hook(hooks, StopOnSignalHook)
     try:
-        with onu_input.damaged_records_as_data_error(info):
+        with onu_checkpoint.stop_on_write_failure(train_dir, 'training', train_dir), \
+                onu_input.damaged_records_as_data_error(info):
             with tf.compat.v1.train.MonitoredTrainingSession(
                     master=role.master, is_chief=role.is_chief, checkpoint_dir=train_dir,
                     scaffold=scaffold, hooks=hooks, save_checkpoint_secs=None, save_checkpoint_steps=None,

@@ -182,7 +182,7 @@ def test_launcher_trains_asynchronously_and_the_chief_checkpoint_evaluates(clust
     steps = steps_run_by_workers(output)
     assert set(steps) == {0, 1} and min(steps.values()) >= 1, steps  # both advanced the global step
     assert sum(steps.values()) >= 30  # asynchronous: each worker step is one global step
-    waiting = {int(worker) for worker in re.findall(r'\[worker (\d+)\] [^\n]*% waiting for input\)', output)}
+    waiting = {int(worker) for worker in re.findall(r'\[worker (\d+)\] [^\n]*% waiting for input', output)}
     assert waiting == {0, 1}  # every worker logs its own input wait
     assert 'ps 0: every worker finished; stopping.' in output
     assert 'ps 0 stopped by itself (exit status 0).' in output

@@ -120,10 +120,11 @@ def test_quick_run_measures_every_row(make_tiny_dataset, tmp_path):
     for name in TRAINING_ROWS + benchmark_plan.SMALL_MODEL_TRAINING_WAYS + ('inception',):
         entry = rows[name]['training']['small']
         assert ('wait_fraction' in entry) == (name not in benchmark_plan.FEED_DICT_WAYS), name
-        assert 0 <= entry.get('wait_fraction', 0) <= 1, name
+        assert ('work_ms_per_batch' in entry) == (name not in benchmark_plan.FEED_DICT_WAYS + ('synthetic',)), name
+        assert 0 <= entry.get('wait_fraction', 0) <= 1 and entry.get('work_ms_per_batch', 1) > 0, name
     tracing = report['wait_tracing']
     assert tracing['traced'] > 0 and tracing['untraced'] > 0 and tracing['trace_every'] == 10
-    assert '| logged input wait |' in markdown and 'Measuring the input wait as training logs it' in markdown
+    assert '| logged: waiting, input work |' in markdown and 'Measuring what input costs as training logs' in markdown
 
     # 4 storage + 1 Inception shards written + 2 countings + 9 pipeline (decode limit, 5 ways eval, 3 train)
     # + 30 training preprocessing + 9 training measurements + 2 side by side (Inception shards, wait tracing)

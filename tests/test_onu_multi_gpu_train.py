@@ -131,7 +131,7 @@ def test_two_towers_on_the_cpu_train_once_per_step_with_the_effective_batch(mult
     assert '2 towers on the CPU (TensorFlow sees no GPU)' in result.stdout
     assert '2 examples per tower, 4 per step.' in result.stdout
     assert checkpoint_step(train_dir) == 6  # one global step per synchronous step of both towers
-    speeds = re.findall(r'\(([\d.]+) examples/sec; ([\d.]+) sec/batch; (\d+)% waiting for input\)', result.stdout)
+    speeds = re.findall(r'\(([\d.]+) examples/sec; ([\d.]+) sec/batch; (\d+)% waiting for input', result.stdout)
     assert speeds and all(0 <= int(wait) <= 100 for _, _, wait in speeds)
     for examples_per_sec, sec_per_batch, _ in speeds:
         examples_per_sec, sec_per_batch = float(examples_per_sec), float(sec_per_batch)

@@ -71,9 +71,14 @@ def test_training_writes_checkpoint_events_and_config(tiny_run):
         'losses/cross_entropy', 'losses/regularization', 'losses/total', 'losses_averaged/cross_entropy',
         'losses_averaged/total'}
     # The input wait, measured on a traced step per log line: in every line and as a scalar, within [0, 1].
-    waits = [int(match) for match in re.findall(r'sec/batch; (\d+)% waiting for input\)', result.stdout)]
+    logged = re.findall(r'sec/batch; (\d+)% waiting for input(?:; input work (\d+) ms per batch)?\)', result.stdout)
+    waits, works = [int(wait) for wait, _ in logged], [int(work) for _, work in logged if work]
     assert len(waits) == len(logged_steps(result.stdout)) and all(0 <= wait <= 100 for wait in waits)
     assert len(tags['input/wait_fraction']) == len(waits) and all(0 <= v <= 1 for v in tags['input/wait_fraction'])
+    # The input pipeline's work per batch (tf.data's own account), from the second log line on, where the
+    # pipeline made a batch since the last (at one step per line, with batches prefetched, not every time).
+    assert len(waits) // 2 <= len(works) <= len(waits) - 1 and len(tags['input/work_ms_per_batch']) == len(works)
+    assert all(v > 0 for v in tags['input/work_ms_per_batch'])
     assert 'Decoding the first epoch into memory before step 1: 16 photos, 48 KB at 32x32' in result.stdout
     assert any(tag.startswith('augmented_inputs') for tag in tags)
     run_config = onu_run_config.RunConfig.load(train_dir)
@@ -357,7 +362,7 @@ def starved_and_cached(tmp_path_factory):
 
 def _logged_waits(stdout, first_step):
     """The logged input wait fractions of the steps from first_step on."""
-    return [int(wait) / 100 for step, wait in re.findall(r'step (\d+), loss = .*; (\d+)% waiting for input\)', stdout)
+    return [int(wait) / 100 for step, wait in re.findall(r'step (\d+), loss = .*; (\d+)% waiting for input', stdout)
             if int(step) >= first_step]
 
 
@@ -388,6 +393,9 @@ def test_a_starved_run_says_so_in_its_log_and_its_profile_and_a_cached_one_does_
     starved, cached = _logged_waits(off[1].stdout, 10), _logged_waits(on[1].stdout, 10)
     assert len(starved) == len(cached) == 11  # steps 10, 12, ..., 30
     assert np.median(starved) > 0.3 and np.median(cached) < 0.15, (starved, cached)
+    works = {cache: [int(work) for work in re.findall(r'input work (\d+) ms per batch', result.stdout)]
+             for cache, (_, result) in starved_and_cached.items()}
+    assert np.median(works['off']) > 10 * np.median(works['on']), works  # decoding 3000x2000 photos, every step
     shares = {}
     for cache, (train_dir, _) in starved_and_cached.items():
         steps, shares[cache] = _input_share(tensorboard_server(logdir=train_dir))

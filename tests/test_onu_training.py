@@ -45,7 +45,7 @@ def test_the_logged_wait_is_the_share_of_the_step_in_the_iterator(tmp_path, caps
     assert min(starved.wait_fractions) > 0.6  # the 80 ms sleep, against a step of a few ms
     assert np.median(fed.wait_fractions) < 0.3  # prefetched: only the first steps may wait
     lines = [line for line in capsys.readouterr().out.splitlines() if ', loss = ' in line]
-    assert len(lines) >= 4 and all(line.endswith('% waiting for input)') for line in lines)
+    assert len(lines) >= 4 and all(line.endswith('% waiting for input)') for line in lines)  # no pipeline's work
 
 
 def _profiles(logdir):
