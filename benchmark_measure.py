@@ -369,7 +369,7 @@ def training_inputs(way, info_of, batch_size, image_size):
                 info_of(reads), batch_size, image_size, training=True,
                 cache=False if way == 'encoded_decoding' else None,
                 augment_on='model' if way == 'encoded_on_model' else 'input')
-        batch = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+        batch = onu_input.next_batch(dataset)  # as training reads it (its tf.data model with it)
     if way == 'encoded_on_model':
         return onu_input.augment_batch(batch[0], batch[2]), batch[1], None
     return batch[0], batch[1], None
@@ -408,7 +408,7 @@ class TrainingRun:
                               tf.compat.v1.local_variables_initializer()])
         self.windows, self.final_loss = [], None
         self._trace_every, self._steps_run, self.wait_fractions = trace_every, 0, []
-        self._pipeline_work = []  # (time, seconds of pipeline work, batches) at each waiting step
+        self._pipeline_work = []  # (seconds of pipeline work, batches) at each waiting step
 
     def _run_step(self, options=None, run_metadata=None):
         """Runs one training step (traced when options ask for it)."""
@@ -419,20 +419,16 @@ class TrainingRun:
         """Runs one step with a software trace, as training's LoggerHook does; records its input wait fraction and
         the input pipelines' work so far (for work_per_batch)."""
         run_metadata = tf.compat.v1.RunMetadata()
-        started = time.perf_counter()
         self._run_step(onu_training.traced_run_options(), run_metadata)
-        ended = time.perf_counter()
-        self.wait_fractions.append(onu_training.input_wait_fraction(run_metadata, ended - started))
-        totals = [onu_input.pipeline_seconds(model) for model in self.session.run(self._pipelines)]
-        self._pipeline_work.append((ended, sum(seconds for seconds, _ in totals),
-                                    max((batches for _, batches in totals), default=0)))
+        self.wait_fractions.append(onu_training.input_wait_fraction(run_metadata))
+        self._pipeline_work.append(onu_input.pipeline_work(self.session.run(self._pipelines)))
 
     def work_per_batch(self):
         """The input pipelines' seconds of work per batch between the first and the last waiting step, as training's
         LoggerHook measures it between two log lines (None without two waiting steps or a pipeline)."""
-        if len(self._pipeline_work) < 2 or self._pipeline_work[-1][2] <= self._pipeline_work[0][2]:
+        if len(self._pipeline_work) < 2 or self._pipeline_work[-1][1] <= self._pipeline_work[0][1]:
             return None
-        (_, first_work, first_batches), (_, last_work, last_batches) = self._pipeline_work[0], self._pipeline_work[-1]
+        (first_work, first_batches), (last_work, last_batches) = self._pipeline_work[0], self._pipeline_work[-1]
         return (last_work - first_work) / (last_batches - first_batches)
 
     def run(self, steps):

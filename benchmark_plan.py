@@ -61,7 +61,7 @@ class Settings:
     train_steps: dict        # model -> timed steps per repeat
     train_warmup_steps: dict  # model -> untimed steps first
     max_images_per_class: int
-    profile_steps: int       # traced steps of PROFILED_MODEL per precision
+    step_profile_steps: int  # traced steps of PROFILED_MODEL per precision
     count_shards: int = 1000      # the synthetic set of other tools' shards that is found and counted
     count_records: int = 100000
     validation_percent: float = onu_dataset.DEFAULT_VALIDATION_PERCENT  # bare class folders: split as training does
@@ -309,7 +309,7 @@ def step_profile_tasks(settings, info_of):
         return []
     model_name = PROFILED_MODEL
     batch, size = settings.train_batch_size[model_name], settings.train_image_size[model_name]
-    warmup, steps = settings.train_warmup_steps[model_name], settings.profile_steps
+    warmup, steps = settings.train_warmup_steps[model_name], settings.step_profile_steps
     return [Task(
         ('step_profile', model_name),
         f'profile {model_name} (batch {batch}, {size}x{size}) steps by kind of op: float32, mixed',

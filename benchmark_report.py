@@ -248,8 +248,8 @@ def evaluate_targets(rows, augmentation, precision, settings, cores):
             13, f'main job ({"mixed" if fast_path else "float32"}, encoded) / plain-TF float32 version '
                 '(plain tf.image pipeline + small CNN) examples/sec',
             main_job / rows['plain_tf_image']['training']['small']['examples_per_sec'], 2.0 if fast_path else 1.5))
-    if 'small' in models:
-        ranked = [rows[way]['training']['small'] for way in benchmark_plan.WAIT_RANKED_WAYS]
+    ranked = [rows[way].get('training', {}).get('small', {}) for way in benchmark_plan.WAIT_RANKED_WAYS]
+    if all('work_ms_per_batch' in entry for entry in ranked):
         order = sorted(range(len(ranked)), key=lambda i: ranked[i]['input_bound_fraction'])
         logged = sorted(range(len(ranked)), key=lambda i: ranked[i]['work_ms_per_batch'])
         targets.append(_target(21, 'main job fed by tf.data (encoded cached, encoded decoding, plain tf.image): the '

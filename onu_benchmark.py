@@ -53,7 +53,7 @@ FLAGS = flags.FLAGS
 PIPELINE_IMAGE_SIZE = 299  # the study's input size; pipelines use it unless --image_size is given
 QUICK_SETTINGS = {'repeats': 1, 'batches': 3, 'warmup_batches': 1, 'max_images_per_class': 32,
                   'train_steps': ['small:3', 'inception_resnet_v2:1'],
-                  'train_warmup_steps': ['small:1', 'inception_resnet_v2:1'], 'profile_steps': 2,
+                  'train_warmup_steps': ['small:1', 'inception_resnet_v2:1'], 'step_profile_steps': 2,
                   'count_shards': 20, 'count_records': 2000}
 FULL_RUN_MODELS = ('small', 'inception_resnet_v2')
 QUICK_MODELS = ('small',)
@@ -73,7 +73,7 @@ flags.DEFINE_list('train_steps', ['small:20', 'inception_resnet_v2:1'],
 flags.DEFINE_list('train_warmup_steps', ['small:5', 'inception_resnet_v2:2'],
                   'model:N untimed training steps first (the first steps set up the graph).')
 flags.DEFINE_list('train_batch_size', [], 'model:N batch size for training; default --batch_size.')
-flags.DEFINE_integer('profile_steps', 10,
+flags.DEFINE_integer('step_profile_steps', 10,
                      'Traced training steps of the small model per precision for the table of where its step '
                      'time goes (issue 13), after its --train_warmup_steps and as many untraced timed steps.',
                      lower_bound=1)
@@ -131,7 +131,7 @@ def settings_from_flags():
         train_warmup_steps={name: steps for name, steps in
                             _per_model(_flag_or_quick('train_warmup_steps'), 1).items() if name in models},
         max_images_per_class=_flag_or_quick('max_images_per_class'),
-        profile_steps=_flag_or_quick('profile_steps'), count_shards=_flag_or_quick('count_shards'),
+        step_profile_steps=_flag_or_quick('step_profile_steps'), count_shards=_flag_or_quick('count_shards'),
         count_records=_flag_or_quick('count_records'), validation_percent=FLAGS.validation_percent,
         labels_offset=FLAGS.labels_offset)
 

@@ -28,10 +28,13 @@ import errno
 import fcntl
 import glob
 import json
+import logging
 import os
 import re
 import socket
 import sys
+import threading
+import time
 
 from google.protobuf import text_format
 import tensorflow as tf
@@ -166,16 +169,17 @@ def checkpoint_step(path):
 
 def write_state(checkpoint_dir, paths):
     """Rewrites checkpoint_dir's state file to list paths (newest last) relative to the folder (if it lists others)."""
+    checkpoint_dir = os.path.abspath(checkpoint_dir)  # relative paths would be made relative twice
     names = [os.path.basename(path) for path in paths]
     state = text_format.MessageToString(tf.compat.v1.train.generate_checkpoint_state_proto(
-        checkpoint_dir, names[-1], all_model_checkpoint_paths=names))
+        checkpoint_dir, names[-1], all_model_checkpoint_paths=list(names)))  # it changes the list it is given
     try:
         with open(os.path.join(checkpoint_dir, STATE_FILENAME), encoding='utf-8') as f:
             if f.read() == state:
                 return  # a finished run started again writes nothing
     except (OSError, UnicodeDecodeError):
         pass
-    tf.compat.v1.train.update_checkpoint_state(checkpoint_dir, names[-1], all_model_checkpoint_paths=names)
+    tf.compat.v1.train.update_checkpoint_state(checkpoint_dir, names[-1], all_model_checkpoint_paths=list(names))
 
 
 def set_aside(damaged_path):
@@ -375,12 +379,22 @@ class WriteFailed(Exception):
     """A run folder could not be written (full disk, read-only, no rights); the message is one line."""
 
 
-def write_failure(error):
-    """Returns why a write failed ('the disk is full', ...) when error is such a failure, else None."""
-    if isinstance(error, OSError) and error.errno in WRITE_FAILURES:
-        return WRITE_FAILURES[error.errno]
-    message = str(getattr(error, 'message', '') or error)
-    return next((reason for words, reason in WRITE_FAILURE_WORDS.items() if words in message), None)
+def write_failure(error, folder=None):
+    """Returns why a write failed ('the disk is full', ...) when error is such a failure, else None.
+
+    folder: only a failure on a file in folder counts (a file it could not read elsewhere is another matter).
+    """
+    if isinstance(error, OSError):
+        reason = WRITE_FAILURES.get(error.errno)
+        path = error.filename
+    else:
+        message = str(getattr(error, 'message', '') or error)
+        reason = next((reason for words, reason in WRITE_FAILURE_WORDS.items() if words in message), None)
+        path = message
+    if reason is None or folder is None:
+        return reason
+    places = {folder, os.path.abspath(folder), os.path.realpath(folder)}
+    return reason if path is not None and any(place in str(path) for place in places) else None
 
 
 def write_failed(folder, reason, what, checkpoint_dir=None):
@@ -411,13 +425,40 @@ def _what_failed(error, default):
 def stop_on_write_failure(folder, what, checkpoint_dir=None):
     """Within it, a write that fails for lack of space or rights becomes WriteFailed: one line naming folder, the
     reason and (checkpoint_dir given) the newest complete checkpoint to resume from; other errors pass."""
+    _quiet_writer_thread_failures()
     try:
         yield
     except (tf.errors.OpError, OSError) as error:
-        reason = write_failure(error)
+        reason = write_failure(error, folder)
         if reason is None:
             raise
         raise write_failed(folder, reason, _what_failed(error, what), checkpoint_dir) from None
+
+
+class _WriterThreadFailure(logging.Filter):
+    """Drops TensorFlow's log line of an event-writer thread that failed to write (the run then stops with one)."""
+
+    def filter(self, record):
+        return not (record.getMessage().startswith('EventFileWriter writer thread error') and
+                    write_failure(Exception(record.getMessage())) is not None)
+
+
+def _quiet_writer_thread_failures():
+    """Keeps a write failure in TensorFlow's event-writer thread to the one line the main thread gives of it.
+
+    That thread logs the error and dies with a traceback; the next summary write raises the same error in the
+    main thread, where stop_on_write_failure turns it into WriteFailed.
+    """
+    if getattr(threading.excepthook, 'onu_quiet', False):
+        return
+    previous = threading.excepthook
+
+    def hook(args):
+        if write_failure(args.exc_value) is None:
+            previous(args)
+    hook.onu_quiet = True
+    threading.excepthook = hook
+    tf.get_logger().addFilter(_WriterThreadFailure())
 
 
 def _holder():
@@ -482,10 +523,14 @@ def hold_folder(folder, usage, flag, report=print):
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = _read_holder(fd)
+        holder = _read_holder(fd) or (time.sleep(0.5) or _read_holder(fd))  # it may be writing who it is
         os.close(fd)
         raise FolderInUse(f'{folder} is in use by {_describe_holder(holder)} for {usage}: stop it, or give '
                           f'another --{flag}') from None
+    if os.path.exists(path) and os.stat(path).st_ino != os.fstat(fd).st_ino:
+        # The folder was moved or deleted under a running process while this one opened its lock: start again.
+        os.close(fd)
+        return hold_folder(folder, usage, flag, report)
     previous = _read_holder(fd)
     if previous:
         report(f'{folder}: its lock names {_describe_holder(previous)}, which ended without releasing it '

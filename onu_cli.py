@@ -96,7 +96,11 @@ def import_tensorflow():
         tf.config.list_physical_devices('GPU')
         # oneDNN says once per process, at its first uint8 transpose, that it leaves uint8 to Eigen: an error-level
         # line that would otherwise appear at the first step of images mode (EXIF orientation). Said here, dropped.
-        tf.transpose(tf.zeros([1, 2, 1], tf.uint8), [1, 0, 2])
+        # A graph session without GPUs: TensorFlow's eager runtime stays uninitialised, so a script can still
+        # choose its devices (onu_eval's --device).
+        with tf.Graph().as_default():
+            with tf.compat.v1.Session(config=tf.compat.v1.ConfigProto(device_count={'GPU': 0})) as session:
+                session.run(tf.transpose(tf.zeros([1, 2, 1], tf.uint8), [1, 0, 2]))
     return tf
 
 flags.DEFINE_boolean(VERBOSE_FLAG, False, 'Show everything: TensorFlow\'s C++ log, its INFO lines and '

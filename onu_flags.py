@@ -89,7 +89,8 @@ def define_training_flags():
                         'Where checkpoints, event files and run_config.json go; training resumes from it.')
     flags.DEFINE_integer('max_steps', 2000, 'Global step at which training stops (counted across restarts).',
                          lower_bound=1)
-    flags.DEFINE_integer('log_frequency', 10, 'Print loss and speed every this many steps.', lower_bound=1)
+    flags.DEFINE_integer('log_frequency', 10, 'Print loss, speed and what input costs (waiting, work) every this '
+                         'many steps.', lower_bound=1)
     flags.DEFINE_integer('save_checkpoint_secs', 120, 'Save a checkpoint every this many seconds.')
     flags.DEFINE_integer('save_checkpoint_steps', None,
                          'Save a checkpoint every this many steps (replaces --save_checkpoint_secs).')
@@ -230,14 +231,13 @@ def begin_training_run(precision, role):
     """
     if role.is_chief:  # one trainer per --train_dir: refused, before anything is read or written, if in use
         onu_checkpoint.hold_folder(FLAGS.train_dir, 'training', 'train_dir')
-    resume_from = onu_training.resume_point(FLAGS.train_dir, role.is_chief)
-    onu_training.check_not_complete(FLAGS.train_dir, resume_from, FLAGS.max_steps, role)
+    onu_training.check_not_complete(FLAGS.train_dir, FLAGS.max_steps, role)
     data_format = onu_training.prepare_data(FLAGS.data_dir, FLAGS.data_format, FLAGS.validation_percent,
                                             FLAGS.labels_offset)
     info = onu_input.dataset_info(FLAGS.data_dir, data_format, 'train', FLAGS.validation_percent, FLAGS.labels_offset)
     run_config = training_run_config(precision, info)
     onu_training.start_run(FLAGS.train_dir, run_config, role.is_chief)
-    return run_config, info, resume_from
+    return run_config, info, onu_training.resume_point(FLAGS.train_dir, role.is_chief)
 
 
 def learning_rate(global_step, run_config, examples_per_step):

@@ -789,25 +789,29 @@ def _decoded_records(info, training, seed, deterministic, at_least=None, repeat=
 # ----------------------------------------------------------------------------------------------
 # Pipelines.
 
-def decoded_epoch_bytes(info, image_size):
-    """Returns the bytes one epoch of info's resized uint8 training images takes in memory."""
-    return info.num_examples * image_size * image_size * 3
+def decoded_epoch_bytes(num_examples, image_size):
+    """Returns the bytes one epoch of num_examples resized uint8 training images takes in memory."""
+    return num_examples * image_size * image_size * 3
 
 
 def uses_decoded_cache(info, image_size, cache=None):
     """Returns whether training keeps the decoded epoch in memory: cache, or (None) when it fits DECODED_CACHE_BYTES."""
-    return decoded_epoch_bytes(info, image_size) <= DECODED_CACHE_BYTES if cache is None else bool(cache)
+    return decoded_epoch_bytes(info.num_examples, image_size) <= DECODED_CACHE_BYTES if cache is None else bool(cache)
 
 
 def _cache_fill_progress(num_examples):
-    """Returns a function (for tf.numpy_function) that counts the examples decoded into the cache on a progress bar."""
-    bar = tqdm(total=num_examples, unit='photo', desc='decoding the first epoch into memory', leave=False)
+    """Returns a function (for tf.numpy_function) that counts the examples decoded into the cache on a progress bar,
+    shown from the first of them on."""
+    bars = []
 
     def tick():
-        bar.update()
-        if bar.n >= num_examples:
-            bar.close()
-        return np.int64(bar.n)
+        if not bars:
+            bars.append(tqdm(total=num_examples, unit='photo', desc='decoding the first epoch into memory',
+                             leave=False))
+        bars[0].update()
+        if bars[0].n >= num_examples:
+            bars[0].close()
+        return np.int64(bars[0].n)
     return tick
 
 
@@ -886,13 +890,13 @@ def make_dataset(info, batch_size, image_size, training, augment=True, seed=None
     return batches.prefetch(tf.data.AUTOTUNE)
 
 
-# Graph collection of the ops that serialize each input iterator's tf.data model (PIPELINE_MODEL_OPS): its
-# nodes' processing times, the work the pipeline has done so far (pipeline_seconds).
+# Graph collection of the ops that serialize each input iterator's tf.data model (next_batch): its nodes'
+# processing times, the work the pipeline has done so far (pipeline_work).
 PIPELINE_MODEL_OPS = 'onu_input_pipeline_models'
 
 
-def _next_batch(dataset):
-    """Returns the tensors of a one-shot iterator over dataset; its tf.data model op goes to PIPELINE_MODEL_OPS."""
+def next_batch(dataset):
+    """Returns the tensors of a one-shot iterator over dataset (its tf.data model's op goes to PIPELINE_MODEL_OPS)."""
     iterator = tf.compat.v1.data.make_one_shot_iterator(dataset)
     # pylint: disable=protected-access  (the v1 iterator's resource: the one handle to its tf.data model)
     tf.compat.v1.add_to_collection(PIPELINE_MODEL_OPS,
@@ -900,14 +904,16 @@ def _next_batch(dataset):
     return iterator.get_next()
 
 
-def pipeline_seconds(serialized_model):
-    """Returns (seconds of work the input pipeline's nodes have done, batches it has produced) from a serialized
-    tf.data model (an op of PIPELINE_MODEL_OPS): tf.data's own account, summed over its threads."""
-    model = model_pb2.ModelProto.FromString(serialized_model)
-    if not model.nodes:
-        return 0.0, 0
-    return (sum(node.processing_time for node in model.nodes.values()) / 1e9,
-            model.nodes[model.output].num_elements if model.output in model.nodes else 0)
+def pipeline_work(serialized_models):
+    """Returns (seconds of work the input pipelines' nodes have done, batches produced) from their serialized tf.data
+    models (the values of PIPELINE_MODEL_OPS): tf.data's own account, summed over its threads and pipelines."""
+    seconds, batches = 0.0, 0
+    for serialized in serialized_models:
+        model = model_pb2.ModelProto.FromString(serialized)
+        seconds += sum(node.processing_time for node in model.nodes.values()) / 1e9
+        if model.output in model.nodes:
+            batches = max(batches, model.nodes[model.output].num_elements)
+    return seconds, batches
 
 
 def distorted_inputs(info, batch_size, image_size, augment=True, seed=None, summaries=True, augment_on='input',
@@ -925,7 +931,7 @@ def distorted_inputs(info, batch_size, image_size, augment=True, seed=None, summ
         images = augment_batch(images, draws, augment)
     else:
         with tf.device(PIPELINE_DEVICE):
-            images, labels = _next_batch(make_dataset(
+            images, labels = next_batch(make_dataset(
                 info, batch_size, image_size, training=True, augment=augment, seed=seed, cache=cache,
                 reduced_decode=reduced_decode, cache_progress=cache_progress))
     if summaries:
@@ -937,7 +943,7 @@ def undistorted_inputs(info, batch_size, image_size, seed=None, cache=None, redu
                        cache_progress=False):
     """Returns training (uint8 images, labels, draws) of info: resized, not augmented, for augment_batch."""
     with tf.device(PIPELINE_DEVICE):
-        return _next_batch(make_dataset(info, batch_size, image_size, training=True, seed=seed,
+        return next_batch(make_dataset(info, batch_size, image_size, training=True, seed=seed,
                                         augment_on='model', cache=cache, reduced_decode=reduced_decode,
                                         cache_progress=cache_progress))
 
@@ -949,7 +955,7 @@ def inputs(info, batch_size, image_size, with_filenames=False):
     labels, file names relative to the data dir, or <shard>#<index> for records that name none).
     """
     with tf.device(PIPELINE_DEVICE):
-        return _next_batch(make_dataset(info, batch_size, image_size, training=False,
+        return next_batch(make_dataset(info, batch_size, image_size, training=False,
                                         with_filenames=with_filenames))
 
 

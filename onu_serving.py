@@ -235,7 +235,7 @@ class PeriodicExportListener(tf.compat.v1.train.CheckpointSaverListener):
             entry['version_dir'] = export_saved_model(entry['checkpoint_path'], self._run_config,
                                                       self._export_dir)
         except Exception as e:  # pylint: disable=broad-except  (a failed export does not stop training...)
-            reason = onu_checkpoint.write_failure(e)
+            reason = onu_checkpoint.write_failure(e, self._export_dir)
             if reason is not None:  # ... unless the disk is full or read-only: then nothing else can be written
                 raise onu_checkpoint.write_failed(self._export_dir, reason, 'exporting a SavedModel',
                                                   self._checkpoint_dir) from None

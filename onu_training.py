@@ -80,24 +80,47 @@ def start_run(train_dir, run_config, is_chief):
           f'{run_config.data_format} examples of {run_config.num_classes} classes '
           f'({", ".join(run_config.class_names)}) into {train_dir}', flush=True)
     if run_config.cache_decoded_epoch == 'on':
-        epoch_bytes = run_config.num_examples_per_epoch * size * size * 3
+        epoch_bytes = onu_input.decoded_epoch_bytes(run_config.num_examples_per_epoch, size)
         memory = f'{epoch_bytes / 2**20:.1f} MB' if epoch_bytes >= 2**20 else f'{epoch_bytes / 2**10:.0f} KB'
         print(f'Decoding the first epoch into memory before step 1: {run_config.num_examples_per_epoch} photos, '
               f'{memory} at {size}x{size}; later epochs train from it (--cache_decoded_epoch=off reads and '
               f'decodes every step instead).', flush=True)
 
 
-def check_not_complete(train_dir, resume_from, max_steps, role):
-    """Raises RunComplete when the checkpoint training would resume from is at max_steps or past it.
+def _complete_message(train_dir, step, max_steps):
+    """The line that says a run has reached --max_steps and how to go on."""
+    return (f'{train_dir}: the run is complete at step {step} (--max_steps={max_steps}); to train on, run it again '
+            f'with a larger --max_steps')
 
-    Without it a finished run started again trains one more step (StopAtStepHook stops after a step). A
-    cluster worker first tells the parameter servers it is done.
+
+def check_not_complete(train_dir, max_steps, role):
+    """On one machine: raises RunComplete when train_dir's newest readable checkpoint is at max_steps or past it.
+
+    Without it a finished run started again trains one more step (StopAtStepHook stops after a step). Nothing
+    is written. On a cluster the workers may not see the chief's folder: RunCompleteHook stops them instead.
     """
-    step = onu_checkpoint.listed_step(resume_from) if resume_from else 0
+    if role.task is not None:
+        return
+    newest, _ = onu_checkpoint.newest_readable(train_dir)
+    step = onu_checkpoint.listed_step(newest) if newest else 0
     if step >= max_steps:
-        role.finish(0)
-        raise RunComplete(f'{train_dir}: the run is complete at step {step} (--max_steps={max_steps}); to train '
-                          f'on, run it again with a larger --max_steps')
+        raise RunComplete(_complete_message(train_dir, step, max_steps))
+
+
+class RunCompleteHook(tf.compat.v1.train.SessionRunHook):
+    """On a cluster: every worker stops before its first step when the restored global step has reached last_step
+    (the chief restores it, the others read it from the parameter servers)."""
+
+    def __init__(self, global_step, last_step):
+        self._global_step = global_step
+        self._last_step = last_step
+        self.complete_at = None
+
+    def after_create_session(self, session, coord):
+        step = int(session.run(self._global_step))
+        if step >= self._last_step:
+            self.complete_at = step
+            coord.request_stop()
 
 
 def resume_point(train_dir, is_chief):
@@ -160,9 +183,20 @@ def input_wait_seconds(run_metadata):
     return micros / 1e6
 
 
-def input_wait_fraction(run_metadata, step_seconds):
-    """Returns the share of a traced step (step_seconds of wall clock) spent waiting for input, in [0, 1]."""
-    return min(1.0, max(0.0, input_wait_seconds(run_metadata) / max(step_seconds, 1e-9)))
+def traced_step_seconds(run_metadata):
+    """Returns how long a traced step ran: from its first op's start to its last op's end (other hooks' work and
+    the session's own overhead around it left out)."""
+    starts, ends = [], []
+    for device in run_metadata.step_stats.dev_stats:
+        for node in device.node_stats:
+            starts.append(node.all_start_micros)
+            ends.append(node.all_start_micros + node.all_end_rel_micros)
+    return (max(ends) - min(starts)) / 1e6 if starts else 0.0
+
+
+def input_wait_fraction(run_metadata):
+    """Returns the share of a traced step spent waiting for input, in [0, 1]."""
+    return min(1.0, max(0.0, input_wait_seconds(run_metadata) / max(traced_step_seconds(run_metadata), 1e-9)))
 
 
 def traced_run_options():
@@ -195,12 +229,11 @@ class LoggerHook(tf.compat.v1.train.SessionRunHook):
         self._last_step = None
         self._last_time = None
         self._trace_next = False
-        self._run_started = None
+        self._wait_fraction = None  # measured since the last line (on a cluster the step to trace is a guess)
         self._pipeline_work = None  # (seconds of work, batches) of the input pipelines at the last traced step
         self._work_per_batch = None
 
     def before_run(self, run_context):
-        self._run_started = time.perf_counter()
         if not self._trace_next:
             return tf.compat.v1.train.SessionRunArgs(self._fetches)
         return tf.compat.v1.train.SessionRunArgs(dict(self._fetches, pipelines=self._pipelines),
@@ -208,8 +241,8 @@ class LoggerHook(tf.compat.v1.train.SessionRunHook):
 
     def after_run(self, run_context, run_values):
         if self._trace_next:
-            self.wait_fractions.append(input_wait_fraction(run_values.run_metadata,
-                                                           time.perf_counter() - self._run_started))
+            self.wait_fractions.append(input_wait_fraction(run_values.run_metadata))
+            self._wait_fraction = self.wait_fractions[-1]
             self._measure_pipeline_work(run_values.results['pipelines'])
         self.steps_run += 1
         step = int(run_values.results['step']) + 1  # the fetched value was read before the update
@@ -218,8 +251,7 @@ class LoggerHook(tf.compat.v1.train.SessionRunHook):
 
     def _measure_pipeline_work(self, serialized_models):
         """Keeps the input pipelines' seconds of work per batch since the last traced step (None at the first)."""
-        totals = [onu_input.pipeline_seconds(model) for model in serialized_models]
-        work = (sum(seconds for seconds, _ in totals), max((batches for _, batches in totals), default=0))
+        work = onu_input.pipeline_work(serialized_models)
         if self._pipeline_work is not None and work[1] > self._pipeline_work[1]:
             self._work_per_batch = (work[0] - self._pipeline_work[0]) / (work[1] - self._pipeline_work[1])
         self._pipeline_work = work
@@ -238,9 +270,10 @@ class LoggerHook(tf.compat.v1.train.SessionRunHook):
         sec_per_batch = (now - self._last_time) / max(steps, 1)
         examples_per_sec = self._examples_per_step / sec_per_batch
         input_text, scalars = '', {'examples/sec': examples_per_sec}
-        if self.wait_fractions:
-            input_text = f'; {self.wait_fractions[-1]:.0%} waiting for input'
-            scalars[WAIT_FRACTION_TAG] = self.wait_fractions[-1]
+        if self._wait_fraction is not None:
+            input_text = f'; {self._wait_fraction:.0%} waiting for input'
+            scalars[WAIT_FRACTION_TAG] = self._wait_fraction
+            self._wait_fraction = None
         if self._work_per_batch is not None:
             self.work_per_batch.append(self._work_per_batch)
             input_text += f'; input work {1000 * self._work_per_batch:.0f} ms per batch'
@@ -263,7 +296,8 @@ class ProfileHook(tf.compat.v1.train.SessionRunHook):
 
     The profiler (tf.profiler.experimental, TF2's: tf.compat.v1 has none) records from the first step of the
     range this run reaches to stop; every session.run in it is a 'train' step (a Trace with its step number),
-    which the Profile tab's input pipeline analyzer needs. A run that ends inside the range stops the profiler.
+    which the Profile tab's input pipeline analyzer needs. A run that ends inside the range, or fails there,
+    stops the profiler (close()).
     """
 
     def __init__(self, logdir, start, stop, global_step):
@@ -272,7 +306,7 @@ class ProfileHook(tf.compat.v1.train.SessionRunHook):
         self._global_step = global_step
         self._next_step = None
         self._trace = None
-        self._active = False
+        self._first = None  # the first step profiled, once the profiler runs
 
     def after_create_session(self, session, coord):
         self._next_step = int(session.run(self._global_step)) + 1
@@ -282,33 +316,40 @@ class ProfileHook(tf.compat.v1.train.SessionRunHook):
 
     def before_run(self, run_context):
         step = self._next_step
-        if not self._active and self._start <= step <= self._stop:
+        if self._first is None and self._start <= step <= self._stop:
             tf.profiler.experimental.start(self._logdir)
-            self._active = True
-        if self._active:
+            self._first = step
+        if self._first is not None and step <= self._stop:
             self._trace = tf.profiler.experimental.Trace('train', step_num=step, _r=1)
             self._trace.__enter__()
         return tf.compat.v1.train.SessionRunArgs(self._global_step)
 
     def after_run(self, run_context, run_values):
+        self._end_trace()
+        # The global step read in the same run may come before or after the update: never go back.
+        step, self._next_step = self._next_step, max(self._next_step + 1, int(run_values.results) + 1)
+        if self._first is not None and step >= self._stop:
+            self.close(step)
+
+    def end(self, session):
+        self.close(self._next_step - 1)
+
+    def _end_trace(self):
+        """Ends the current step's trace, if one is open."""
         if self._trace is not None:
             self._trace.__exit__(None, None, None)
             self._trace = None
-        # The global step read in the same run may come before or after the update: never go back.
-        step, self._next_step = self._next_step, max(self._next_step + 1, int(run_values.results) + 1)
-        if self._active and step >= self._stop:
-            self._finish(step)
 
-    def end(self, session):
-        if self._active:
-            self._finish(self._next_step - 1)
-
-    def _finish(self, last_step):
-        """Stops the profiler and says where the profile is."""
+    def close(self, last_step=None):
+        """Stops the profiler if it runs and says where the profile is (called as well when training fails)."""
+        if self._first is None:
+            return
+        self._end_trace()
         tf.profiler.experimental.stop()
-        self._active = False
-        print(f'Profiled steps {max(self._start, 1)}-{last_step} into {self._logdir} (TensorBoard\'s Profile tab).',
-              flush=True)
+        last = min(last_step or self._next_step - 1, self._stop)
+        print(f'Profiled steps {self._first}-{last} into {self._logdir} (TensorBoard\'s Profile tab).', flush=True)
+        self._first = None
+        self._start = self._stop + 1  # once
 
 
 class NanLossHook(tf.compat.v1.train.SessionRunHook):
@@ -393,6 +434,8 @@ def training_hooks(run_config, train_dir, role, scaffold, total_loss, global_ste
     """
     hooks = [tf.compat.v1.train.StopAtStepHook(last_step=max_steps),
              NanLossHook(total_loss, global_step, learning_rate)] + role.hooks()
+    if role.task is not None:
+        hooks.append(RunCompleteHook(global_step, max_steps))
     if role.is_chief:
         listeners = []
         if export_every_n_epochs:
@@ -416,6 +459,7 @@ def monitored_training_session(role, train_dir, scaffold, hooks, save_summaries_
     """Opens the MonitoredTrainingSession of a training run reading info; a damaged record becomes a DataError,
     a write that fails for lack of space or rights a WriteFailed."""
     stop_hook = _hook(hooks, StopOnSignalHook)
+    profile = next((hook for hook in hooks if isinstance(hook, ProfileHook)), None)
     try:
         with onu_checkpoint.stop_on_write_failure(train_dir, 'training', train_dir), \
                 onu_input.damaged_records_as_data_error(info):
@@ -428,12 +472,17 @@ def monitored_training_session(role, train_dir, scaffold, hooks, save_summaries_
                 yield session
     finally:
         stop_hook.restore()
+        if profile is not None:  # a failed step never reaches the hook's end(): the profile of it is kept
+            profile.close()
 
 
 def finish(hooks, role, train_dir, max_steps):
     """Prints how training ended, tells a cluster; returns the exit code: 0, or 128 + the stopping signal."""
     logger, stop = _hook(hooks, LoggerHook), _hook(hooks, StopOnSignalHook)
-    if stop.received is None:
+    complete = next((hook.complete_at for hook in hooks if isinstance(hook, RunCompleteHook)), None)
+    if complete is not None:
+        print(_complete_message(train_dir, complete, max_steps), flush=True)
+    elif stop.received is None:
         print(f'Training stopped at step {max_steps}; checkpoints in {train_dir}', flush=True)
     elif role.is_chief:
         saved = onu_checkpoint.list_checkpoints(train_dir)[-1]

@@ -199,6 +199,16 @@ def test_launcher_trains_asynchronously_and_the_chief_checkpoint_evaluates(clust
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     assert f'step {checkpoint_step(train_dir)}, precision @ 1 = ' in evaluated.stdout
 
+    # The finished run started again: no worker trains, each says so, and the parameter servers stop.
+    final = checkpoint_step(train_dir)
+    again = run_script('run_local_cluster.py', '--num_workers=2', *CLUSTER_FLAGS, f'--data_dir={cluster_data_dir}',
+                       f'--train_dir={train_dir}', f'--max_steps={final}', '--timeout_secs=240',
+                       timeout=PROCESS_TIMEOUT_SECS)
+    assert again.returncode == 0, again.stdout[-4000:] + again.stderr[-2000:]
+    assert again.stdout.count(f'{train_dir}: the run is complete at step {final} (--max_steps={final})') == 2
+    assert steps_run_by_workers(again.stdout) == {0: 0, 1: 0} and 'ps 0 stopped by itself' in again.stdout
+    assert checkpoint_step(train_dir) == final
+
 
 def test_synchronous_workers_configured_by_tf_config_all_exit_promptly(cluster_data_dir, tmp_path):
     train_dir = str(tmp_path / 'train')

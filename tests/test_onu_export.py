@@ -1,5 +1,6 @@
 """Tests of onu_export.py: conftest's shared tiny run (a real training run exporting every 2 epochs, 4
 steps, with a checkpoint every 2 steps), exported again and compared with the eval graph."""
+import errno
 import json
 import os
 import subprocess
@@ -184,7 +185,7 @@ def test_listener_exports_at_boundaries_and_a_failure_does_not_block_the_next(
     os.makedirs(checkpoint_dir)
     listener = onu_serving.PeriodicExportListener(checkpoint_dir, tiny_run.config, export_dir,
                                                  every_n_epochs=1, examples_per_step=BATCH_SIZE)
-    failures = [OSError('No space left on device')]
+    failures = [OSError(errno.EIO, 'Input/output error')]
     publish = onu_serving._publish
 
     def publish_or_fail(temp_dir, version_dir):
@@ -204,11 +205,17 @@ def test_listener_exports_at_boundaries_and_a_failure_does_not_block_the_next(
         log = [json.loads(line) for line in f]
     assert [(e['step'], e['epoch'], 'error' in e) for e in log] == [(2, 1, True), (4, 2, False),
                                                                      (10, 5, False)]
-    assert 'No space left on device' in log[0]['error']
+    assert 'Input/output error' in log[0]['error']
     warnings = [line for line in capsys.readouterr().err.splitlines() if 'warning:' in line]
     assert len(warnings) == 1
     assert 'export of step 2 failed' in warnings[0]
     assert f'--checkpoint_path={checkpoint(tiny_run, 2)}' in warnings[0]
+    # A full disk is another matter: nothing more can be written, training stops with one line.
+    failures.append(OSError(errno.ENOSPC, 'No space left on device', os.path.join(export_dir, '.tmp-12')))
+    tf.compat.v1.train.update_checkpoint_state(checkpoint_dir, checkpoint(tiny_run, 12))
+    with pytest.raises(onu_checkpoint.WriteFailed) as error:
+        listener.after_save(None, 12)
+    assert str(error.value).startswith(f'{export_dir}: the disk is full (exporting a SavedModel); ')
 
 
 def test_listener_does_not_export_the_checkpoint_training_resumes_from(tiny_run, tmp_path):
