@@ -377,7 +377,7 @@ def training_inputs(way, info_of, batch_size, image_size):
 
 def _train_op(model_name, total_loss, global_step, num_examples_per_epoch, batch_size, compute_dtype):
     """Returns onu_train's train op with its defaults: momentum, exponential decay, moving averages."""
-    learning_rate = onu_model.make_learning_rate(global_step, onu_model.DEFAULT_LEARNING_RATE[model_name],
+    learning_rate = onu_model.make_learning_rate(global_step, onu_model.model_spec(model_name).learning_rate,
                                                  'exponential', num_examples_per_epoch, batch_size)
     optimizer = onu_model.make_optimizer('momentum', learning_rate, compute_dtype=compute_dtype)
     grads_and_vars = optimizer.compute_gradients(total_loss, var_list=onu_model.variables_to_train(None))

@@ -39,10 +39,9 @@ KERAS_AUGMENTATION = {'keras_layers': ' by Keras layers', 'keras_reader': ' by o
 PIPELINE_WAYS = ('encoded', 'raw', 'images', 'serial_cv2') + KERAS_WAYS  # in table and plot order
 # Issue 13's question (why the small model gains little from bfloat16) is asked of this model.
 PROFILED_MODEL = 'small'
-# Rough costs for the progress estimate, replaced by measured durations as the run goes.
+# Rough costs for the progress estimate, replaced by measured durations as the run goes (a model's: its
+# onu_model.ModelSpec prior_sec_per_step_32 and prior_build_seconds).
 PRIOR_IMAGES_PER_SEC = {'pipeline': 150.0, 'serial_cv2': 60.0, 'convert_raw': 80.0, 'convert_encoded': 400.0}
-PRIOR_SEC_PER_STEP_32 = {'small': 0.5, 'inception_resnet_v2': 16.0}  # batch 32, the model's image size
-PRIOR_BUILD_SECONDS = {'small': 3.0, 'inception_resnet_v2': 40.0}
 PRIOR_FRESH_PYTHON_SECONDS = 5.0  # starting a FreshPython (it imports TensorFlow) at its first call
 
 
@@ -90,7 +89,7 @@ def _epoch_batches(info, batch_size):
 
 def augmentation_sizes(pipeline_image_size):
     """Returns the image sides training preprocessing is measured at: the pipelines' and the small model's."""
-    return tuple(dict.fromkeys((pipeline_image_size, onu_model.DEFAULT_IMAGE_SIZE['small'])))
+    return tuple(dict.fromkeys((pipeline_image_size, onu_model.MODELS['small'].image_size)))
 
 
 def conversion_tasks(data_dir, work_dir, paths, repeats, converter):
@@ -240,9 +239,9 @@ def augmentation_tasks(settings, data_dir, info_of):
 def _training_estimate(settings, model_name, steps):
     """Returns the prior seconds of building model_name's training graph and running steps steps."""
     batch, size = settings.train_batch_size[model_name], settings.train_image_size[model_name]
-    step_seconds = (PRIOR_SEC_PER_STEP_32[model_name] * batch / 32
-                    * (size / onu_model.DEFAULT_IMAGE_SIZE[model_name]) ** 2)
-    return PRIOR_BUILD_SECONDS[model_name] + step_seconds * steps
+    spec = onu_model.model_spec(model_name)
+    step_seconds = spec.prior_sec_per_step_32 * batch / 32 * (size / spec.image_size) ** 2
+    return spec.prior_build_seconds + step_seconds * steps
 
 
 def training_tasks(settings, info_of):

@@ -51,11 +51,23 @@ import onu_model
 FLAGS = flags.FLAGS
 
 PIPELINE_IMAGE_SIZE = 299  # the study's input size; pipelines use it unless --image_size is given
+
+
+def per_model_steps(field, at_most=None):
+    """Returns a model:N item for every registered model, N its ModelSpec field (at most at_most if given)."""
+    items = []
+    for name, spec in onu_model.MODELS.items():
+        steps = getattr(spec, field)
+        items.append(f'{name}:{steps if at_most is None else min(steps, at_most)}')
+    return items
+
+
 QUICK_SETTINGS = {'repeats': 1, 'batches': 3, 'warmup_batches': 1, 'max_images_per_class': 32,
-                  'train_steps': ['small:3', 'inception_resnet_v2:1'],
-                  'train_warmup_steps': ['small:1', 'inception_resnet_v2:1'], 'step_profile_steps': 2,
+                  'train_steps': per_model_steps('benchmark_steps', at_most=3),
+                  'train_warmup_steps': per_model_steps('benchmark_warmup_steps', at_most=1), 'step_profile_steps': 2,
                   'count_shards': 20, 'count_records': 2000}
-FULL_RUN_MODELS = ('small', 'inception_resnet_v2')
+# Every registered model, the quickest first (its rows come first in the report).
+FULL_RUN_MODELS = tuple(sorted(onu_model.MODELS, key=lambda name: onu_model.MODELS[name].prior_sec_per_step_32))
 QUICK_MODELS = ('small',)
 MEASUREMENT_MODULE = 'benchmark_measure'  # what the FreshPython processes run
 
@@ -68,9 +80,8 @@ flags.DEFINE_integer('repeats', 3, 'Repeats of every measurement; tables show me
 flags.DEFINE_integer('batches', 20, 'Timed batches per input-pipeline measurement.', lower_bound=1)
 flags.DEFINE_integer('warmup_batches', 5, 'Untimed batches before each input-pipeline measurement.',
                      lower_bound=0)
-flags.DEFINE_list('train_steps', ['small:20', 'inception_resnet_v2:1'],
-                  'model:N timed training steps per repeat.')
-flags.DEFINE_list('train_warmup_steps', ['small:5', 'inception_resnet_v2:2'],
+flags.DEFINE_list('train_steps', per_model_steps('benchmark_steps'), 'model:N timed training steps per repeat.')
+flags.DEFINE_list('train_warmup_steps', per_model_steps('benchmark_warmup_steps'),
                   'model:N untimed training steps first (the first steps set up the graph).')
 flags.DEFINE_list('train_batch_size', [], 'model:N batch size for training; default --batch_size.')
 flags.DEFINE_integer('step_profile_steps', 10,
@@ -100,7 +111,7 @@ def _is_per_model_list(values, lowest):
 for _name, _lowest in (('train_steps', 1), ('train_warmup_steps', 0), ('train_batch_size', 1)):
     flags.register_validator(_name, lambda values, lowest=_lowest: _is_per_model_list(values, lowest),
                              message=f'--{_name} takes model:N items with N >= {_lowest}, '
-                                     f'e.g. small:20,inception_resnet_v2:2')
+                                     f'e.g. {",".join(per_model_steps("benchmark_steps"))}')
 
 
 def _per_model(values, default):
@@ -123,7 +134,7 @@ def settings_from_flags():
         data_dir=FLAGS.data_dir, image_size=FLAGS.image_size or PIPELINE_IMAGE_SIZE, batch_size=FLAGS.batch_size,
         repeats=_flag_or_quick('repeats'), batches=_flag_or_quick('batches'),
         warmup_batches=_flag_or_quick('warmup_batches'), models=models,
-        train_image_size={name: FLAGS.image_size or onu_model.DEFAULT_IMAGE_SIZE[name] for name in models},
+        train_image_size={name: FLAGS.image_size or onu_model.MODELS[name].image_size for name in models},
         train_batch_size={name: size for name, size in _per_model(FLAGS.train_batch_size, FLAGS.batch_size).items()
                           if name in models},
         train_steps={name: steps for name, steps in _per_model(_flag_or_quick('train_steps'), 1).items()

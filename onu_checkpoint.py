@@ -330,12 +330,12 @@ def warm_start_saver(checkpoint_path, exclude_scopes, report=print):
         path = (list_checkpoints(checkpoint_path) or [None])[-1] or tf.train.latest_checkpoint(checkpoint_path)
         if not path:
             raise onu_dataset.DataError(f'{checkpoint_path}: no checkpoint in this folder; '
-                                        f'give a checkpoint file prefix to --checkpoint_path')
+                                        f'give a checkpoint file prefix to --fine_tune_checkpoint')
     try:
         shapes = tf.train.load_checkpoint(path).get_variable_to_shape_map()
     except READ_ERRORS as e:
         raise onu_dataset.DataError(f'{checkpoint_path}: not a readable checkpoint '
-                                    f'({one_line(e)}); check --checkpoint_path') from None
+                                    f'({one_line(e)}); check --fine_tune_checkpoint') from None
     exclude_scopes = onu_model.scope_list(exclude_scopes)
     restore_map, excluded, missing = {}, [], []
     for var in tf.compat.v1.model_variables() or tf.compat.v1.trainable_variables():
@@ -355,7 +355,7 @@ def warm_start_saver(checkpoint_path, exclude_scopes, report=print):
         report(f'  not in the checkpoint (freshly initialised): {name}')
     if not restore_map:
         raise onu_dataset.DataError(f'{path}: no model variable matches this checkpoint; '
-                                    f'check --model and --checkpoint_path')
+                                    f'check --model and --fine_tune_checkpoint')
     return tf.compat.v1.train.Saver(restore_map), path
 
 

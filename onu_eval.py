@@ -113,7 +113,7 @@ def eval_run_config(checkpoint_dir):
     overrides = {name: onu_flags.value_or_saved(name, saved)
                  for name in ('model', 'data_dir', 'data_format', 'image_size', 'labels_offset', 'validation_percent')}
     run_config = run_config.replace(**overrides)
-    return run_config.replace(image_size=run_config.image_size or onu_model.DEFAULT_IMAGE_SIZE[run_config.model],
+    return run_config.replace(image_size=run_config.image_size or onu_model.model_spec(run_config.model).image_size,
                               data_format=run_config.data_format or onu_input.default_data_format(run_config.data_dir))
 
 

@@ -23,6 +23,12 @@ import onu_training
 DEFAULT_TRAIN_DIR = '/tmp/onu_train'
 CACHE_CHOICES = ('auto', 'on', 'off')  # --cache_decoded_epoch
 
+
+def model_defaults(field):
+    """Returns each registered model's ModelSpec field for a help text: 'inception_resnet_v2 299, small 64'."""
+    return ', '.join(f'{name} {getattr(spec, field):g}' for name, spec in onu_model.MODELS.items())
+
+
 onu_cli.define_data_dir_flag()
 onu_cli.define_split_flags()
 flags.DEFINE_enum('data_format', None, onu_dataset.DATA_FORMATS,
@@ -30,9 +36,10 @@ flags.DEFINE_enum('data_format', None, onu_dataset.DATA_FORMATS,
                   '(raw) or of the original file bytes (encoded); default: encoded for photos (converted on '
                   'demand), the records\' own format for records.')
 flags.DEFINE_enum('model', None, onu_model.MODEL_NAMES,
-                  'Network to train; default inception_resnet_v2 when a GPU is visible, else small.')
-flags.DEFINE_integer('image_size', None, 'Side of the square model input; default: the model\'s own.',
-                     lower_bound=16)
+                  f'Network to train; default {onu_model.DEFAULT_MODEL_WITH_GPU} when a GPU is visible, else '
+                  f'{onu_model.DEFAULT_MODEL_WITHOUT_GPU}.')
+flags.DEFINE_integer('image_size', None, 'Side of the square model input; default: the model\'s own '
+                     f'({model_defaults("image_size")}).', lower_bound=16)
 flags.DEFINE_integer('batch_size', 32, 'Images per batch.', lower_bound=1)
 
 FLAGS = flags.FLAGS
@@ -91,7 +98,9 @@ def define_training_flags():
                          lower_bound=1)
     flags.DEFINE_integer('log_frequency', 10, 'Print loss, speed and what input costs (waiting, work) every this '
                          'many steps.', lower_bound=1)
-    flags.DEFINE_integer('save_checkpoint_secs', 120, 'Save a checkpoint every this many seconds.')
+    flags.DEFINE_integer('save_checkpoint_secs', 120, 'Save a checkpoint every this many seconds (0: none by time; '
+                         'a checkpoint is still saved at the start, at the end and when stopped by a signal).',
+                         lower_bound=0)
     flags.DEFINE_integer('save_checkpoint_steps', None,
                          'Save a checkpoint every this many steps (replaces --save_checkpoint_secs).')
     flags.DEFINE_integer('keep_checkpoint_max', 5, 'How many recent checkpoints to keep.', lower_bound=1)
@@ -107,19 +116,21 @@ def define_training_flags():
                         'Checkpoint (or folder) to fine-tune from when train_dir has no checkpoint yet, '
                         'e.g. inception_resnet_v2_2016_08_30.ckpt.')
     flags.DEFINE_list('checkpoint_exclude_scopes', [],
-                      'Variable scopes not restored from --fine_tune_checkpoint, e.g. '
-                      'InceptionResnetV2/Logits,InceptionResnetV2/AuxLogits.')
+                      'Variable scopes not restored from --fine_tune_checkpoint; to fine-tune to other classes, '
+                      'the classifier\'s: ' + '; '.join(f'{name}: {",".join(spec.classifier_scopes)}'
+                                                       for name, spec in onu_model.MODELS.items()) + '.')
     flags.DEFINE_list('trainable_scopes', [], 'Train only variables in these scopes (default: all).')
     flags.DEFINE_enum('optimizer', 'momentum', onu_model.OPTIMIZER_NAMES, 'Optimizer.')
     flags.DEFINE_float('learning_rate', None, 'Initial learning rate; default: the model\'s own '
-                       f'({onu_model.DEFAULT_LEARNING_RATE}).')
+                       f'({model_defaults("learning_rate")}).')
     flags.DEFINE_enum('learning_rate_schedule', 'exponential', onu_model.LR_SCHEDULES,
                       'fixed, or exponential decay every --num_epochs_per_decay epochs.')
     flags.DEFINE_float('num_epochs_per_decay', 2.0, 'Epochs between learning-rate decays.')
     flags.DEFINE_float('learning_rate_decay_factor', 0.94, 'Learning-rate decay factor.')
     flags.DEFINE_float('moving_average_decay', onu_model.DEFAULT_MOVING_AVERAGE_DECAY,
                        'Decay of the moving averages of the weights that eval restores (0: none).')
-    flags.DEFINE_float('weight_decay', None, 'L2 weight decay; default: the model\'s own.')
+    flags.DEFINE_float('weight_decay', None, 'L2 weight decay; default: the model\'s own '
+                       f'({model_defaults("weight_decay")}).')
     flags.DEFINE_float('label_smoothing', 0.0, 'Label smoothing of the cross-entropy.')
     flags.DEFINE_list('augmentations', [f.name for f in dataclasses.fields(onu_input.AugmentOptions)],
                       'Training augmentations to apply (empty: none).')
@@ -200,8 +211,9 @@ def training_run_config(precision, info):
     model_name = FLAGS.model or onu_training.default_model_name()
     if not FLAGS.model:
         print(f'--model not given: using {model_name} '
-              f'({"a GPU is visible" if model_name != "small" else "no GPU visible"}).', flush=True)
-    image_size = FLAGS.image_size or onu_model.DEFAULT_IMAGE_SIZE[model_name]
+              f'({"a GPU is visible" if model_name == onu_model.DEFAULT_MODEL_WITH_GPU else "no GPU visible"}).',
+              flush=True)
+    image_size = FLAGS.image_size or onu_model.model_spec(model_name).image_size
     return onu_run_config.RunConfig(
         model=model_name, image_size=image_size,
         class_names=info.class_names, num_examples_per_epoch=info.num_examples,
@@ -243,7 +255,7 @@ def begin_training_run(precision, role):
 def learning_rate(global_step, run_config, examples_per_step):
     """Returns the learning-rate tensor of the learning-rate flags, an epoch being run_config's examples."""
     return onu_model.make_learning_rate(
-        global_step, FLAGS.learning_rate or onu_model.DEFAULT_LEARNING_RATE[run_config.model],
+        global_step, FLAGS.learning_rate or onu_model.model_spec(run_config.model).learning_rate,
         FLAGS.learning_rate_schedule, run_config.num_examples_per_epoch, examples_per_step,
         FLAGS.num_epochs_per_decay, FLAGS.learning_rate_decay_factor)
 

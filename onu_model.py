@@ -1,10 +1,12 @@
 """Builds the ONU classifiers, their loss and their train op (the CIFAR-10 tutorial's cifar10.py role).
 
-Models (chosen by name, see MODEL_NAMES), both fed float32 RGB images in [-1, 1]:
+Models (chosen by name), both fed float32 RGB images in [-1, 1]:
   inception_resnet_v2  Szegedy et al. 2016, "Inception-v4, Inception-ResNet and the Impact of
                        Residual Connections on Learning", with TF-slim's scope, end-point and
                        variable names, so the published inception_resnet_v2_2016_08_30.ckpt restores.
   small                a CIFAR-10-tutorial-sized CNN with batch norm for CPUs and quick runs.
+A model is one entry of MODELS (a ModelSpec: its builder, arg scope and every setting that differs between
+models); the flags' defaults and help, the benchmark and the tests read it, so adding a model adds one entry.
 
     logits, end_points = inference(images, num_classes, 'small', is_training=True)
     total_loss = loss(logits, labels, end_points)
@@ -31,11 +33,6 @@ import sys
 import tensorflow as tf
 import tf_slim as slim
 
-MODEL_NAMES = ('inception_resnet_v2', 'small')
-DEFAULT_IMAGE_SIZE = {'inception_resnet_v2': 299, 'small': 64}
-DEFAULT_WEIGHT_DECAY = {'inception_resnet_v2': 0.00004, 'small': 0.0005}
-DEFAULT_DROPOUT_KEEP_PROB = {'inception_resnet_v2': 0.8, 'small': 0.5}
-DEFAULT_LEARNING_RATE = {'inception_resnet_v2': 0.01, 'small': 0.02}
 OPTIMIZER_NAMES = ('momentum', 'sgd', 'rmsprop', 'adam')
 LR_SCHEDULES = ('exponential', 'fixed')
 DEFAULT_MOVING_AVERAGE_DECAY = 0.9999
@@ -49,7 +46,6 @@ IRV2_SCOPE = 'InceptionResnetV2'
 IRV2_END_POINTS = ('Conv2d_1a_3x3', 'Conv2d_2a_3x3', 'Conv2d_2b_3x3', 'MaxPool_3a_3x3',
                    'Conv2d_3b_1x1', 'Conv2d_4a_3x3', 'MaxPool_5a_3x3', 'Mixed_5b', 'Mixed_6a',
                    'PreAuxLogits', 'Mixed_7a', 'Conv2d_7b_1x1')
-SMALL_SCOPE = 'SmallNet'
 
 # TF 2.21's tf.compat.v1.layers (behind slim.batch_norm) lazily imports this module name, but
 # tf-keras 2.21 ships the module under its src/ package; an alias under the expected name fixes it.
@@ -300,13 +296,12 @@ def _classifier_head(net, num_classes, dropout_keep_prob, is_training, end_point
 
 
 @_fast_graph_building
-def inception_resnet_v2(inputs, num_classes=1001, is_training=True,
-                        dropout_keep_prob=DEFAULT_DROPOUT_KEEP_PROB['inception_resnet_v2'], reuse=None,
-                        scope=IRV2_SCOPE, create_aux_logits=True, activation_fn=tf.nn.relu):
+def inception_resnet_v2(inputs, num_classes, is_training, dropout_keep_prob, reuse=None, scope=IRV2_SCOPE,
+                        create_aux_logits=True, activation_fn=tf.nn.relu):
     """Builds Inception-ResNet-v2 with its classifier; returns (logits, end_points).
 
     With num_classes 0 or None it returns the globally pooled 1536-d features instead of logits.
-    Use it inside inception_resnet_v2_arg_scope().
+    Use it inside inception_resnet_v2_arg_scope(), or through inference() with its MODELS entry's settings.
     """
     with tf.compat.v1.variable_scope(scope, IRV2_SCOPE, [inputs], reuse=reuse) as var_scope:
         with slim.arg_scope([slim.batch_norm, slim.dropout], is_training=is_training):
@@ -323,9 +318,6 @@ def inception_resnet_v2(inputs, num_classes=1001, is_training=True,
                 logits = _classifier_head(net, num_classes, dropout_keep_prob, is_training,
                                           end_points, 'AvgPool_1a_8x8')
     return logits, end_points
-
-
-inception_resnet_v2.default_image_size = DEFAULT_IMAGE_SIZE['inception_resnet_v2']
 
 
 def _conv_bn_arg_scope(weight_decay, batch_norm_decay, batch_norm_epsilon, activation_fn,
@@ -345,9 +337,8 @@ def _conv_bn_arg_scope(weight_decay, batch_norm_decay, batch_norm_epsilon, activ
             return scope
 
 
-def inception_resnet_v2_arg_scope(weight_decay=DEFAULT_WEIGHT_DECAY['inception_resnet_v2'],
-                                  batch_norm_decay=0.9997, batch_norm_epsilon=0.001, activation_fn=tf.nn.relu,
-                                  batch_norm_scale=False):
+def inception_resnet_v2_arg_scope(weight_decay, batch_norm_decay=0.9997, batch_norm_epsilon=0.001,
+                                  activation_fn=tf.nn.relu, batch_norm_scale=False):
     """Returns the arg_scope Inception-ResNet-v2 is built (and its checkpoint was trained) with."""
     return _conv_bn_arg_scope(weight_decay, batch_norm_decay, batch_norm_epsilon, activation_fn,
                               batch_norm_scale)
@@ -361,14 +352,14 @@ SMALL_DEPTHS = (32, 64, 128, 256)
 
 
 @_fast_graph_building
-def small_net(inputs, num_classes, is_training=True, dropout_keep_prob=DEFAULT_DROPOUT_KEEP_PROB['small'],
-              reuse=None, scope=SMALL_SCOPE):
+def small_net(inputs, num_classes, is_training, dropout_keep_prob, reuse, scope):
     """Builds the small CNN (four 3x3 conv+BN layers, 2x2 pooling between, global pool, dropout, linear).
 
-    Works at any input size; returns (logits, end_points). Use it inside small_net_arg_scope().
+    Works at any input size; returns (logits, end_points). Use it inside small_net_arg_scope(), or through
+    inference() with its MODELS entry's settings.
     """
     end_points = {}
-    with tf.compat.v1.variable_scope(scope, SMALL_SCOPE, [inputs], reuse=reuse):
+    with tf.compat.v1.variable_scope(scope, values=[inputs], reuse=reuse):
         with slim.arg_scope([slim.batch_norm, slim.dropout], is_training=is_training):
             net = inputs
             for index, depth in enumerate(SMALL_DEPTHS, start=1):
@@ -381,46 +372,81 @@ def small_net(inputs, num_classes, is_training=True, dropout_keep_prob=DEFAULT_D
     return logits, end_points
 
 
-small_net.default_image_size = DEFAULT_IMAGE_SIZE['small']
-
-
-def small_net_arg_scope(weight_decay=DEFAULT_WEIGHT_DECAY['small'], batch_norm_decay=0.99,
-                        batch_norm_epsilon=0.001):
+def small_net_arg_scope(weight_decay, batch_norm_decay=0.99, batch_norm_epsilon=0.001):
     """Returns the small model's arg_scope; its batch-norm statistics adapt within a short run."""
     return _conv_bn_arg_scope(weight_decay, batch_norm_decay, batch_norm_epsilon, tf.nn.relu,
                               batch_norm_scale=True)
 
 
 # ---------------------------------------------------------------------------------------------
-# inference, loss, train
+# The registry: one entry per model, with everything that differs between models
 # ---------------------------------------------------------------------------------------------
 
-def check_model_name(model_name):
-    """Raises ValueError naming the choices when model_name is not a known model."""
-    if model_name not in MODEL_NAMES:
-        raise ValueError(f'unknown model {model_name!r}; choose one of {", ".join(MODEL_NAMES)}')
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """A registered model: how inference() builds it and every setting that differs between models.
 
+    build(images, num_classes, is_training=, dropout_keep_prob=, reuse=, scope=) returns (logits,
+    end_points); inference() calls it inside arg_scope(weight_decay). A model with aux_logits also
+    takes create_aux_logits= and puts an 'AuxLogits' end point, which loss() adds with AUX_LOSS_WEIGHT.
+    """
+    name: str                     # --model's spelling, saved in run_config.json
+    build: object
+    arg_scope: object
+    scope: str                    # the variable scope of every variable of the model
+    classifier_scopes: tuple      # the layers sized by the class count: excluded to fine-tune to other classes
+    image_size: int               # --image_size's default: the side of the square input
+    learning_rate: float          # --learning_rate's default
+    weight_decay: float           # --weight_decay's default
+    dropout_keep_prob: float
+    prior_sec_per_step_32: float  # the benchmark's first guess of a training step at batch 32 and image_size
+    prior_build_seconds: float    # the benchmark's first guess of building the training graph
+    benchmark_steps: int          # onu_benchmark.py --train_steps's default: timed steps per repeat
+    benchmark_warmup_steps: int   # onu_benchmark.py --train_warmup_steps's default
+    aux_logits: bool = False      # build takes create_aux_logits (an auxiliary classifier)
+
+
+MODELS = {spec.name: spec for spec in (
+    ModelSpec(name='inception_resnet_v2', build=inception_resnet_v2, arg_scope=inception_resnet_v2_arg_scope,
+              scope=IRV2_SCOPE, classifier_scopes=(f'{IRV2_SCOPE}/Logits', f'{IRV2_SCOPE}/AuxLogits'),
+              image_size=299, learning_rate=0.01, weight_decay=0.00004, dropout_keep_prob=0.8,
+              prior_sec_per_step_32=16.0, prior_build_seconds=40.0, benchmark_steps=1, benchmark_warmup_steps=2,
+              aux_logits=True),
+    ModelSpec(name='small', build=small_net, arg_scope=small_net_arg_scope,
+              scope='SmallNet', classifier_scopes=('SmallNet/Logits',),
+              image_size=64, learning_rate=0.02, weight_decay=0.0005, dropout_keep_prob=0.5,
+              prior_sec_per_step_32=0.5, prior_build_seconds=3.0, benchmark_steps=20, benchmark_warmup_steps=5),
+)}
+MODEL_NAMES = tuple(MODELS)
+# --model's default where TensorFlow sees a GPU, and where it sees none.
+DEFAULT_MODEL_WITH_GPU = 'inception_resnet_v2'
+DEFAULT_MODEL_WITHOUT_GPU = 'small'
+
+
+def model_spec(model_name):
+    """Returns the ModelSpec registered as model_name; ValueError naming the registered models otherwise."""
+    if model_name not in MODELS:
+        raise ValueError(f'unknown model {model_name!r}; choose one of {", ".join(MODEL_NAMES)}')
+    return MODELS[model_name]
+
+
+# ---------------------------------------------------------------------------------------------
+# inference, loss, train
+# ---------------------------------------------------------------------------------------------
 
 def inference(images, num_classes, model_name, is_training, weight_decay=None, dropout_keep_prob=None,
               create_aux_logits=True, reuse=None):
     """Builds model_name on images (float32 [batch, h, w, 3] in [-1, 1]); returns (logits, end_points).
 
-    weight_decay and dropout_keep_prob default to the model's own (DEFAULT_WEIGHT_DECAY,
-    DEFAULT_DROPOUT_KEEP_PROB); create_aux_logits applies to inception_resnet_v2 only.
+    weight_decay and dropout_keep_prob default to the model's own (its MODELS entry); create_aux_logits
+    applies to the models with an auxiliary classifier (ModelSpec.aux_logits).
     """
-    check_model_name(model_name)
-    if weight_decay is None:
-        weight_decay = DEFAULT_WEIGHT_DECAY[model_name]
-    if dropout_keep_prob is None:
-        dropout_keep_prob = DEFAULT_DROPOUT_KEEP_PROB[model_name]
-    if model_name == 'inception_resnet_v2':
-        with slim.arg_scope(inception_resnet_v2_arg_scope(weight_decay=weight_decay)):
-            return inception_resnet_v2(images, num_classes, is_training=is_training,
-                                       dropout_keep_prob=dropout_keep_prob, reuse=reuse,
-                                       create_aux_logits=create_aux_logits)
-    with slim.arg_scope(small_net_arg_scope(weight_decay=weight_decay)):
-        return small_net(images, num_classes, is_training=is_training,
-                         dropout_keep_prob=dropout_keep_prob, reuse=reuse)
+    spec = model_spec(model_name)
+    options = {'create_aux_logits': create_aux_logits} if spec.aux_logits else {}
+    with slim.arg_scope(spec.arg_scope(spec.weight_decay if weight_decay is None else weight_decay)):
+        return spec.build(images, num_classes, is_training=is_training, reuse=reuse, scope=spec.scope,
+                          dropout_keep_prob=spec.dropout_keep_prob if dropout_keep_prob is None else dropout_keep_prob,
+                          **options)
 
 
 def loss(logits, labels, end_points=None, label_smoothing=0.0):
@@ -524,8 +550,9 @@ def variables_to_train(trainable_scopes=None):
         return variables
     for scope in scopes:
         if not any(in_scopes(v.op.name, [scope]) for v in variables):
+            examples = ' or '.join(spec.classifier_scopes[0] for spec in MODELS.values())
             raise ValueError(f'trainable scope {scope!r} matches no trainable variable; scopes look '
-                             f'like {IRV2_SCOPE}/Logits or {SMALL_SCOPE}/conv4')
+                             f'like {examples}')
     return [v for v in variables if in_scopes(v.op.name, scopes)]
 
 

@@ -31,8 +31,10 @@ class RunComplete(Exception):
 
 
 def default_model_name():
-    """Returns inception_resnet_v2 when TensorFlow sees a GPU, else small."""
-    return 'inception_resnet_v2' if tf.config.list_physical_devices('GPU') else 'small'
+    """Returns onu_model.DEFAULT_MODEL_WITH_GPU when TensorFlow sees a GPU, else DEFAULT_MODEL_WITHOUT_GPU."""
+    if tf.config.list_physical_devices('GPU'):
+        return onu_model.DEFAULT_MODEL_WITH_GPU
+    return onu_model.DEFAULT_MODEL_WITHOUT_GPU
 
 
 def prepare_data(data_dir, data_format, validation_percent, labels_offset):
@@ -422,6 +424,17 @@ def make_scaffold(train_dir, resume_from, fine_tune_checkpoint, checkpoint_exclu
     return tf.compat.v1.train.Scaffold(init_fn=init_fn, saver=onu_checkpoint.training_saver(keep_checkpoint_max))
 
 
+# CheckpointSaverHook needs a period; --save_checkpoint_secs=0 (no saves by time) gets one of ~32 years.
+NO_PERIODIC_SAVE_SECS = 10 ** 9
+
+
+def checkpoint_period(save_checkpoint_secs, save_checkpoint_steps):
+    """Returns CheckpointSaverHook's (save_secs, save_steps): the steps if given, else the seconds (0: never)."""
+    if save_checkpoint_steps:
+        return None, save_checkpoint_steps
+    return save_checkpoint_secs or NO_PERIODIC_SAVE_SECS, None
+
+
 def training_hooks(run_config, train_dir, role, scaffold, total_loss, global_step, learning_rate,
                    examples_per_step, max_steps, log_frequency, save_checkpoint_secs,
                    save_checkpoint_steps, export_every_n_epochs, profile_steps=None):
@@ -442,10 +455,9 @@ def training_hooks(run_config, train_dir, role, scaffold, total_loss, global_ste
             listeners.append(onu_serving.PeriodicExportListener(
                 train_dir, run_config, onu_serving.default_export_dir(train_dir), export_every_n_epochs,
                 examples_per_step))
-        save_secs = None if save_checkpoint_steps else save_checkpoint_secs
+        save_secs, save_steps = checkpoint_period(save_checkpoint_secs, save_checkpoint_steps)
         hooks.insert(0, tf.compat.v1.train.CheckpointSaverHook(
-            train_dir, save_secs=save_secs if save_secs or save_checkpoint_steps else 10 ** 9,
-            save_steps=save_checkpoint_steps, scaffold=scaffold, listeners=listeners))
+            train_dir, save_secs=save_secs, save_steps=save_steps, scaffold=scaffold, listeners=listeners))
     hooks.append(LoggerHook(total_loss, global_step, examples_per_step, log_frequency,
                             train_dir if role.is_chief else None))
     if profile_steps and role.is_chief:

@@ -11,6 +11,10 @@
                     2, ..., 12; SavedModels exported at 4, 8, 12; the encoded records made by that run; a
                     user's notes.txt in train_dir.
                     Attributes: data_dir, train_dir, export_dir, result (CompletedProcess), config (RunConfig).
+  tiny_run_of(model_name) -> the tiny run of that registered model: tiny_run itself for its model, else the same
+                    run (flags, steps, data) with --model, made once per session; read-only too, same attributes.
+  script_tested_models()  the registered models the script tests train, evaluate and export for real: all but
+                    HEAVY_MODELS, which test_onu_model.py builds and trains in-process.
   run_script(script, *args, timeout=300, env=None) -> CompletedProcess
                     runs `python REPO_ROOT/script *args` (a name without .py: that tool on PATH) in
                     REPO_ROOT, output as text; env None: this process's environment, as it is.
@@ -217,6 +221,17 @@ def run_on_a_terminal(command):
     return process.wait(timeout=SCRIPT_TIMEOUT_SECS), output.decode(errors='replace')
 
 
+# Inception-ResNet-v2 needs inputs of 75x75 or more, builds for most of a minute and writes ~700 MB per
+# checkpoint (weights, moving averages, momentum): too heavy for real script runs in the tests.
+HEAVY_MODELS = ('inception_resnet_v2',)
+
+
+def script_tested_models():
+    """Returns the registered models the script tests run for real: every one but HEAVY_MODELS, in registry order."""
+    import onu_model  # pylint: disable=import-outside-toplevel  (TensorFlow: only in the test files that use it)
+    return [name for name in onu_model.MODEL_NAMES if name not in HEAVY_MODELS]
+
+
 def copy_train_dir(tiny_run, tmp_path, name='train', exports=True):
     """Returns a copy of tiny_run's train_dir at tmp_path/name (exports=False: without its export folder)."""
     copy = str(tmp_path / name)
@@ -256,6 +271,25 @@ def tiny_run(tmp_path_factory):
     after = file_states(data_dir, train_dir)
     changed = sorted(path for path in before.keys() | after.keys() if before.get(path) != after.get(path))
     assert not changed, f'tests changed the shared tiny_run (copy it with shutil.copytree first): {changed}'
+
+
+@pytest.fixture(scope='session')
+def tiny_run_of(tiny_run, tmp_path_factory):
+    """Factory: tiny_run_of(model_name) -> tiny_run for its own model, else tiny_run's training of that model."""
+    import onu_serving  # pylint: disable=import-outside-toplevel  (TensorFlow: only where the runs are used)
+    runs = {tiny_run.config.model: tiny_run}
+
+    def run_of(model_name):
+        if model_name not in runs:
+            train_dir = str(tmp_path_factory.mktemp(f'tiny_run_{model_name}') / 'train')
+            result = run_script('onu_train.py', *TINY_RUN_FLAGS, f'--max_steps={TINY_RUN_STEPS}',
+                                f'--model={model_name}', f'--data_dir={tiny_run.data_dir}', f'--train_dir={train_dir}')
+            assert result.returncode == 0, result.stderr[-3000:]
+            runs[model_name] = types.SimpleNamespace(
+                data_dir=tiny_run.data_dir, train_dir=train_dir, result=result,
+                export_dir=onu_serving.default_export_dir(train_dir), config=onu_run_config.RunConfig.load(train_dir))
+        return runs[model_name]
+    return run_of
 
 
 # ----------------------------------------------------------------------------------------------

@@ -68,6 +68,21 @@ def test_list_checkpoints_and_their_steps(tiny_run):
     assert onu_checkpoint.find_checkpoint(train_dir) == prefix(train_dir, 12)
 
 
+def test_warm_start_errors_name_the_fine_tune_checkpoint_flag(tiny_run, tmp_path):
+    empty, notes = tmp_path / 'empty', tmp_path / 'notes.txt'
+    empty.mkdir()
+    notes.write_text('not a checkpoint')
+    with tf.Graph().as_default():
+        tf.compat.v1.get_variable('Other/weights', [2])  # a model with none of the shared run's variables
+        for source, words in ((empty, 'no checkpoint in this folder'), (notes, 'not a readable checkpoint'),
+                              (tiny_run.train_dir, 'no model variable matches this checkpoint')):
+            with pytest.raises(onu_dataset.DataError) as error:
+                onu_checkpoint.warm_start_saver(str(source), [], report=lambda line: None)
+            message = str(error.value)
+            assert words in message and '--fine_tune_checkpoint' in message, message
+            assert '--checkpoint_path' not in message and '\n' not in message, message
+
+
 @pytest.mark.parametrize('kind', DAMAGE)
 def test_damaged_checkpoints_are_found_and_set_aside_never_deleted(tiny_run, tmp_path, kind):
     train_dir = copy_run(tiny_run, tmp_path)

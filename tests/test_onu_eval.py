@@ -11,7 +11,8 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from conftest import REPO_ROOT, TINY_IMAGE_SIZE, copy_train_dir, run_on_a_terminal, run_script, script_command
+from conftest import (REPO_ROOT, TINY_IMAGE_SIZE, copy_train_dir, run_on_a_terminal, run_script, script_command,
+                      script_tested_models)
 
 import onu_sample_data
 import onu_checkpoint
@@ -96,7 +97,7 @@ def event_summaries(eval_dir):
 # ----------------------------------------------------------------------------------------------
 # The independent computation: photos decoded with PIL, weights loaded by hand, metrics in numpy.
 
-def reference_logits(checkpoint_path, data_dir, image_size, shadows, split='val'):
+def reference_logits(checkpoint_path, data_dir, image_size, shadows, split='val', model_name='small'):
     """Returns (labels, logits) of the split's photos, each variable loaded from its shadow or raw value."""
     reader = tf.train.load_checkpoint(checkpoint_path)
     photos = [(label, path) for label, name in enumerate(CLASS_NAMES)
@@ -104,7 +105,8 @@ def reference_logits(checkpoint_path, data_dir, image_size, shadows, split='val'
     with tf.Graph().as_default():
         image = tf.compat.v1.placeholder(tf.uint8, [None, None, 3])
         model_input = onu_input.preprocess_for_eval(image, image_size)[tf.newaxis]
-        logits, _ = onu_model.inference(model_input, len(CLASS_NAMES), 'small', is_training=False)
+        logits, _ = onu_model.inference(model_input, len(CLASS_NAMES), model_name, is_training=False,
+                                        create_aux_logits=False)
         with tf.compat.v1.Session() as session:
             for var in tf.compat.v1.global_variables():
                 var.load(reader.get_tensor(var.op.name + (SHADOW_SUFFIX if shadows else '')), session)
@@ -249,6 +251,28 @@ def test_num_examples_evaluates_the_first_examples_and_at_most_the_split(handmad
     assert first_two.confusion.sum(axis=1).tolist() == [2, 0]  # val is read in class order
     everything = onu_eval.evaluate(path, config, 'val', batch_size=3, num_examples=99)
     assert everything.num_examples == onu_input.dataset_info(tiny_data_dir, 'encoded', 'val').num_examples
+
+
+def test_num_examples_that_cut_a_batch_average_the_loss_over_those_examples_only(polled_run):
+    data_dir, train_dir, eval_dir, _ = polled_run
+    path = read_results(eval_dir)[-1]['checkpoint']  # a few steps in: every example has a sizeable loss
+    labels, logits = reference_logits(path, data_dir, IMAGE_SIZE, shadows=True)
+    run_config = onu_run_config.RunConfig.load(train_dir)
+    for num_examples in (3, 6):  # batches of 4: the first one cut, then the second
+        result = onu_eval.evaluate(path, run_config, 'val', batch_size=4, num_examples=num_examples)
+        assert result.num_examples == num_examples
+        assert_matches(result, reference_metrics(labels[:num_examples], logits[:num_examples]))
+
+
+@pytest.mark.parametrize('model_name', script_tested_models())
+def test_every_model_evaluates_as_a_numpy_computation_with_its_moving_averages(tiny_run_of, model_name):
+    run = tiny_run_of(model_name)
+    path = onu_checkpoint.list_checkpoints(run.train_dir)[-1]
+    result = onu_eval.evaluate(path, run.config, 'val', batch_size=3)
+    assert result.weights == onu_checkpoint.WEIGHTS_AVERAGED
+    assert result.num_examples == len(CLASS_NAMES) * 4  # tiny_run's 4 val photos per class
+    assert_matches(result, reference_metrics(*reference_logits(path, run.data_dir, run.config.image_size,
+                                                               shadows=True, model_name=model_name)))
 
 
 def test_data_with_other_classes_than_the_training_run_is_a_clear_error(handmade_checkpoints, tiny_data_dir):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import run_script
+from conftest import run_script, script_tested_models
 
 import onu_checkpoint
 import onu_dataset
@@ -42,11 +42,11 @@ def read_bytes(paths):
 
 
 def eval_graph_softmax(checkpoint_path, moving_average_decay, data_dir, data_format='images',
-                       split='val'):
-    """Returns (softmax, images) of the eval input and small model on a split, restored as eval does."""
+                       split='val', model_name='small'):
+    """Returns (softmax, images) of the eval input and model_name on a split, restored as eval does."""
     with tf.Graph().as_default():
         images, _ = onu_input.inputs(onu_input.dataset_info(data_dir, data_format, split), 64, IMAGE_SIZE)
-        logits, _ = onu_model.inference(images, 2, 'small', is_training=False)
+        logits, _ = onu_model.inference(images, 2, model_name, is_training=False, create_aux_logits=False)
         probabilities = tf.nn.softmax(logits)
         saver = tf.compat.v1.train.Saver(
             onu_checkpoint.variables_to_restore(moving_average_decay, checkpoint_path))
@@ -67,31 +67,36 @@ def listing(directory):
     return sorted(os.listdir(directory))
 
 
-def test_training_exports_a_version_every_n_epochs(tiny_run):
-    assert listing(tiny_run.export_dir) == ['12', '4', '8', onu_serving.EXPORT_LOG_FILENAME]
-    assert [step for step, _ in onu_serving.version_dirs(tiny_run.export_dir)] == [4, 8, 12]
-    with open(os.path.join(tiny_run.export_dir, onu_serving.EXPORT_LOG_FILENAME)) as f:
+@pytest.mark.parametrize('model_name', script_tested_models())
+def test_training_exports_a_version_every_n_epochs(tiny_run_of, model_name):
+    run = tiny_run_of(model_name)
+    assert listing(run.export_dir) == ['12', '4', '8', onu_serving.EXPORT_LOG_FILENAME]
+    assert [step for step, _ in onu_serving.version_dirs(run.export_dir)] == [4, 8, 12]
+    with open(os.path.join(run.export_dir, onu_serving.EXPORT_LOG_FILENAME)) as f:
         log = [json.loads(line) for line in f]
     assert [(e['step'], e['epoch'], e['checkpoint_path']) for e in log] == [
-        (step, step / 2, checkpoint(tiny_run, step)) for step in (4, 8, 12)]
+        (step, step / 2, checkpoint(run, step)) for step in (4, 8, 12)]
     assert all('error' not in entry for entry in log)
-    for step, version_dir in onu_serving.version_dirs(tiny_run.export_dir):
+    for step, version_dir in onu_serving.version_dirs(run.export_dir):
         info = onu_serving.load_export_config(version_dir)
         assert info.export['global_step'] == step
-        assert info.export['checkpoint_path'] == checkpoint(tiny_run, step)
+        assert info.export['checkpoint_path'] == checkpoint(run, step)
         assert info.export['weights'] == onu_checkpoint.WEIGHTS_AVERAGED
+        assert info.model == model_name
         assert info.class_names == ('F603', 'F663N') and info.image_size == IMAGE_SIZE
         assert onu_dataset.read_labels(os.path.join(version_dir, 'assets.extra', 'labels.txt')) == [
             'F603', 'F663N']
-    assert tiny_run.result.stdout.count('Exported ') == 3
+    assert run.result.stdout.count('Exported ') == 3
 
 
-def test_saved_model_equals_eval_graph_softmax_with_moving_averages(tiny_run):
-    version_dir = os.path.join(tiny_run.export_dir, str(MAX_STEPS))
-    paths = val_files(tiny_run)
+@pytest.mark.parametrize('model_name', script_tested_models())
+def test_saved_model_equals_eval_graph_softmax_with_moving_averages(tiny_run_of, model_name):
+    run = tiny_run_of(model_name)
+    version_dir = os.path.join(run.export_dir, str(MAX_STEPS))
+    paths = val_files(run)
     served = serve(version_dir, onu_serving.SERVING_SIGNATURE, image_bytes=read_bytes(paths))
-    expected, eval_images = eval_graph_softmax(checkpoint(tiny_run, MAX_STEPS),
-                                               tiny_run.config.moving_average_decay, tiny_run.data_dir)
+    expected, eval_images = eval_graph_softmax(checkpoint(run, MAX_STEPS), run.config.moving_average_decay,
+                                               run.data_dir, model_name=model_name)
 
     assert served['probabilities'].shape == (len(paths), 2)
     np.testing.assert_allclose(served['probabilities'], expected, atol=1e-5)
@@ -102,7 +107,7 @@ def test_saved_model_equals_eval_graph_softmax_with_moving_averages(tiny_run):
     from_images = serve(version_dir, onu_serving.IMAGES_SIGNATURE, images=eval_images)
     np.testing.assert_allclose(from_images['probabilities'], expected, atol=1e-5)
     # The raw weights give other outputs: the comparison above would catch a wrong restore.
-    raw, _ = eval_graph_softmax(checkpoint(tiny_run, MAX_STEPS), 0, tiny_run.data_dir)
+    raw, _ = eval_graph_softmax(checkpoint(run, MAX_STEPS), 0, run.data_dir, model_name=model_name)
     assert np.abs(raw - expected).max() > 1e-3
 
 

@@ -1,4 +1,5 @@
-"""Tests of onu_model: the batch-norm work-around, both networks, the loss, the train op, moving averages."""
+"""Tests of onu_model: the batch-norm work-around, the registry and every model in it, the loss, the train op,
+moving averages."""
 
 import importlib
 import math
@@ -13,6 +14,9 @@ import onu_checkpoint
 import onu_model
 
 IRV2 = 'inception_resnet_v2'
+# The side of the inputs a model takes a train step on where it is not 32 (Inception-ResNet-v2's reductions
+# need 75x75 at least).
+TRAIN_STEP_SIZE = {IRV2: 75}
 
 # The published inception_resnet_v2_2016_08_30.ckpt, written as its convolutions:
 # "scope kernel_height kernel_width input_depth output_depth", scopes relative to InceptionResnetV2/.
@@ -131,12 +135,23 @@ def variable_values(session, variables):
 
 
 @pytest.fixture(scope='module')
-def irv2_299():
-    """Inception-ResNet-v2 with 1001 classes built (not run) on a 2x299x299x3 input: (graph, end_points)."""
-    graph = tf.Graph()
-    with graph.as_default():
-        images = tf.compat.v1.placeholder(tf.float32, [2, 299, 299, 3])
-        _, end_points = onu_model.inference(images, 1001, IRV2, is_training=False)
+def models_at_default_size():
+    """Every registered model with 1001 classes built (not run) on 2 inputs of its default size, each in its own
+    graph: {model name: (graph, logits, end_points)}."""
+    built = {}
+    for name, spec in onu_model.MODELS.items():
+        graph = tf.Graph()
+        with graph.as_default():
+            images = tf.compat.v1.placeholder(tf.float32, [2, spec.image_size, spec.image_size, 3])
+            built[name] = (graph, *onu_model.inference(images, 1001, name, is_training=False))
+    return built
+
+
+@pytest.fixture(scope='module')
+def irv2_299(models_at_default_size):
+    """Inception-ResNet-v2 built on a 2x299x299x3 input: (graph, end_points)."""
+    graph, _, end_points = models_at_default_size[IRV2]
+    assert onu_model.MODELS[IRV2].image_size == 299
     return graph, end_points
 
 
@@ -166,6 +181,50 @@ def test_building_a_model_leaves_tensorflow_settings_as_they_were():
         onu_model.inference(tf.zeros([1, 32, 32, 3]), 2, 'small', is_training=True)
     assert tf.compat.v1.control_flow_v2_enabled() == control_flow_v2
     assert isinstance(tf.constant(1) == tf.constant(1), tf.Tensor)  # TF2 elementwise equality still on
+
+
+# --- the registry: every model ---
+
+def test_every_model_has_its_own_scope_and_the_defaults_are_registered():
+    scopes = [spec.scope for spec in onu_model.MODELS.values()]
+    assert len(set(scopes)) == len(scopes)  # no model restores another's variables
+    assert {onu_model.DEFAULT_MODEL_WITH_GPU, onu_model.DEFAULT_MODEL_WITHOUT_GPU} <= set(onu_model.MODELS)
+
+
+@pytest.mark.parametrize('model_name', onu_model.MODEL_NAMES)
+def test_every_registered_model_has_every_setting(model_name):
+    spec = onu_model.MODELS[model_name]
+    assert spec.name == model_name and callable(spec.build) and callable(spec.arg_scope)
+    assert spec.image_size > 0 and spec.learning_rate > 0 and spec.weight_decay >= 0
+    assert 0 < spec.dropout_keep_prob <= 1
+    assert spec.prior_sec_per_step_32 > 0 and spec.prior_build_seconds > 0
+    assert spec.benchmark_steps >= 1 and spec.benchmark_warmup_steps >= 0
+    assert spec.classifier_scopes and all(scope.startswith(spec.scope + '/') for scope in spec.classifier_scopes)
+
+
+@pytest.mark.parametrize('model_name', onu_model.MODEL_NAMES)
+def test_every_model_builds_at_its_default_size_under_its_scope(models_at_default_size, model_name):
+    spec = onu_model.MODELS[model_name]
+    graph, logits, _ = models_at_default_size[model_name]
+    assert logits.shape.as_list() == [2, 1001]
+    variables = graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+    assert variables and all(v.op.name.startswith(spec.scope + '/') for v in variables)
+    for scope in spec.classifier_scopes:  # each ends in a layer of one output per class
+        weights = [v for v in variables if v.op.name.startswith(scope + '/') and v.op.name.endswith('/weights')]
+        assert weights and weights[-1].shape[-1] == 1001, scope
+    assert graph.get_collection(tf.compat.v1.GraphKeys.REGULARIZATION_LOSSES)  # its weight decay
+
+
+def test_an_unknown_model_is_one_line_naming_the_registered_ones():
+    expected = f"unknown model 'resnet'; choose one of {', '.join(onu_model.MODEL_NAMES)}"
+    with pytest.raises(ValueError) as error:
+        onu_model.model_spec('resnet')
+    assert str(error.value) == expected and '\n' not in str(error.value)
+    with tf.Graph().as_default():
+        with pytest.raises(ValueError) as error:
+            onu_model.inference(tf.zeros([1, 8, 8, 3]), 2, 'resnet', is_training=True)
+        assert not tf.compat.v1.global_variables()  # refused before anything is built
+    assert str(error.value) == expected
 
 
 # --- Inception-ResNet-v2 ---
@@ -250,18 +309,21 @@ def train_op_for(total_loss, global_step, num_examples_per_epoch, batch_size, op
     return onu_model.build_train_op(opt, grads_and_vars, global_step, moving_average_decay)
 
 
-def test_irv2_train_step_updates_weights_batch_norm_statistics_and_moving_averages():
+@pytest.mark.parametrize('model_name', onu_model.MODEL_NAMES)
+def test_a_train_step_of_every_model_updates_weights_batch_norm_statistics_and_moving_averages(model_name):
+    size = TRAIN_STEP_SIZE.get(model_name, 32)
     with tf.Graph().as_default():
-        images = tf.constant(np.random.RandomState(1).uniform(-1, 1, [2, 75, 75, 3]).astype(np.float32))
+        images = tf.constant(np.random.RandomState(1).uniform(-1, 1, [2, size, size, 3]).astype(np.float32))
         global_step = tf.compat.v1.train.get_or_create_global_step()
-        logits, end_points = onu_model.inference(images, 2, IRV2, is_training=True)
+        logits, end_points = onu_model.inference(images, 2, model_name, is_training=True)
         total_loss = onu_model.loss(logits, tf.constant([0, 1]), end_points)
         train_op = train_op_for(total_loss, global_step, 10, 2, optimizer='sgd', learning_rate=0.001,
                                 lr_schedule='fixed')
-        watched = [tf.compat.v1.global_variables(name)[0] for name in (
-            'InceptionResnetV2/Conv2d_1a_3x3/weights', 'InceptionResnetV2/Conv2d_1a_3x3/BatchNorm/moving_mean',
-            'InceptionResnetV2/AuxLogits/Logits/weights', 'InceptionResnetV2/Repeat_1/block17_20/Conv2d_1x1/biases')]
+        trainable = tf.compat.v1.trainable_variables()
+        statistics = [v for v in tf.compat.v1.model_variables() if v.op.name.endswith('/moving_mean')]
+        watched = [trainable[0], trainable[-1]] + statistics[:1]  # first layer, classifier, batch norm
         shadows = {v.op.name for v in tf.compat.v1.global_variables() if v.op.name.endswith('/ExponentialMovingAverage')}
+        averaged = {v.op.name for v in onu_model.averaged_variables()}
         with tf.compat.v1.Session(config=fast_session_config()) as session:
             session.run(tf.compat.v1.global_variables_initializer())
             before = variable_values(session, watched)
@@ -271,15 +333,13 @@ def test_irv2_train_step_updates_weights_batch_norm_statistics_and_moving_averag
     assert math.isfinite(loss_value) and step == 1
     for name in before:
         assert not np.allclose(before[name], after[name]), name
-    model_names = {name for name in published_checkpoint_variables(num_classes=2)
-                   if 'AuxLogits/Conv2d_2a_5x5' not in name}  # its kernel follows the input size
-    assert {name + '/ExponentialMovingAverage' for name in model_names} <= shadows
+    assert shadows == {name + '/ExponentialMovingAverage' for name in averaged}
 
 
 # --- the small model ---
 
 def test_small_model_shapes_at_default_and_other_sizes():
-    size = onu_model.DEFAULT_IMAGE_SIZE['small']
+    size = onu_model.MODELS['small'].image_size
     with tf.Graph().as_default():
         logits, end_points = onu_model.inference(tf.zeros([4, size, size, 3]), 2, 'small', is_training=True)
         names = {v.op.name for v in tf.compat.v1.global_variables()}
@@ -291,12 +351,6 @@ def test_small_model_shapes_at_default_and_other_sizes():
     with tf.Graph().as_default():
         other, _ = onu_model.inference(tf.zeros([3, 100, 80, 3]), 7, 'small', is_training=False)
     assert other.shape.as_list() == [3, 7]
-
-
-def test_inference_rejects_unknown_model():
-    with tf.Graph().as_default():
-        with pytest.raises(ValueError, match='unknown model .resnet.*inception_resnet_v2, small'):
-            onu_model.inference(tf.zeros([1, 8, 8, 3]), 2, 'resnet', is_training=True)
 
 
 # --- loss ---

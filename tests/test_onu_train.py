@@ -1,5 +1,6 @@
 """Tests of onu_train.py: the shared tiny run (conftest's tiny_run), copies of it and new runs on its data."""
 import json
+import math
 import os
 import re
 import shutil
@@ -11,7 +12,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import REPO_ROOT, TINY_RUN_NOTES, copy_train_dir, run_on_a_terminal, run_script, script_command
+from conftest import (REPO_ROOT, TINY_RUN_NOTES, TINY_RUN_STEPS, copy_train_dir, run_on_a_terminal, run_script,
+                      script_command, script_tested_models)
 
 import onu_dataset
 import onu_model
@@ -94,6 +96,35 @@ def test_training_writes_checkpoint_events_and_config(tiny_run):
     assert 'checkpoint_path' not in run_config.flags  # deprecated spellings are not saved
     with open(os.path.join(train_dir, 'notes.txt')) as f:
         assert f.read() == TINY_RUN_NOTES  # training never clears the user's train_dir
+
+
+def test_the_learning_rate_decays_by_epochs_of_the_train_split(tiny_run):
+    # 16 train photos at batch 8: an epoch is 2 steps, so with the defaults (x0.94 every 2 epochs) the rate
+    # decays every 4 steps and 12 steps see 3 rates. Epochs of the val split's 8 photos would show 6.
+    assert tiny_run.config.num_examples_per_epoch == 16
+    assert {name: tiny_run.config.flags[name] for name in ('learning_rate_schedule', 'num_epochs_per_decay',
+                                                           'learning_rate_decay_factor', 'batch_size')} == {
+        'learning_rate_schedule': 'exponential', 'num_epochs_per_decay': 2.0, 'learning_rate_decay_factor': 0.94,
+        'batch_size': 8}
+    initial = onu_model.MODELS[tiny_run.config.model].learning_rate
+    rates = event_tags(tiny_run.train_dir)['learning_rate']
+    decays = [round(math.log(rate / initial, 0.94)) for rate in rates]
+    assert rates == pytest.approx([initial * 0.94 ** decay for decay in decays], rel=1e-5)
+    assert set(decays) in ({0, 1, 2}, {0, 1, 2, 3}), rates
+
+
+@pytest.mark.parametrize('model_name', script_tested_models())
+def test_every_model_trains_into_checkpoints_with_the_moving_averages_eval_restores(tiny_run_of, model_name):
+    run = tiny_run_of(model_name)
+    assert run.result.returncode == 0, run.result.stderr[-3000:]
+    assert (run.config.model, run.config.image_size) == (model_name, 32)
+    assert logged_steps(run.result.stdout) == list(range(2, TINY_RUN_STEPS + 1))
+    assert checkpoint_step(run.train_dir) == TINY_RUN_STEPS
+    scope = onu_model.MODELS[model_name].scope
+    saved = {name for name, _ in tf.train.list_variables(tf.train.latest_checkpoint(run.train_dir))}
+    weights = {name for name in saved
+               if name.startswith(scope + '/') and not name.endswith(('/ExponentialMovingAverage', '/Momentum'))}
+    assert weights and {name + '/ExponentialMovingAverage' for name in weights} <= saved
 
 
 def test_restart_resumes_from_saved_global_step(tiny_run, tmp_path):
@@ -298,11 +329,13 @@ def test_xla_trains_and_writes_the_same_variables(tiny_run, tmp_path):
     assert onu_run_config.RunConfig.load(xla_dir).flags['xla'] is True
 
 
-def test_bad_precision_is_a_one_line_error(tiny_run, tmp_path):
-    result = run_train(f'--data_dir={tiny_run.data_dir}', f'--train_dir={tmp_path / "bad"}', '--precision=half')
+@pytest.mark.parametrize('flag, choices', [('--precision=half', 'auto|float32|mixed'),
+                                           ('--model=resnet', '|'.join(onu_model.MODEL_NAMES))])
+def test_a_bad_precision_or_model_is_a_one_line_error(tiny_run, tmp_path, flag, choices):
+    result = run_train(f'--data_dir={tiny_run.data_dir}', f'--train_dir={tmp_path / "bad"}', flag)
     assert result.returncode != 0
-    lines = [line for line in result.stderr.splitlines() if '--precision=half' in line]
-    assert len(lines) == 1 and 'auto|float32|mixed' in lines[0]
+    lines = [line for line in result.stderr.splitlines() if flag in line]
+    assert len(lines) == 1 and choices in lines[0]
     assert 'Traceback' not in result.stderr and not os.path.exists(tmp_path / 'bad')
 
 

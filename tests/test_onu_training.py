@@ -1,4 +1,5 @@
-"""Tests of onu_training: the hooks that measure the input wait and profile steps, in real monitored sessions."""
+"""Tests of onu_training: the hooks that measure the input wait and profile steps, and the checkpoint saver's
+period, in real monitored sessions."""
 import glob
 import os
 import time
@@ -7,6 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import onu_checkpoint
 import onu_training
 
 
@@ -65,3 +67,22 @@ def test_the_profile_covers_the_steps_asked_and_only_those(tmp_path, capsys):
     _train(tmp_path / 'run', 0.0, steps=4,
            more_hooks=lambda global_step: [onu_training.ProfileHook(str(tmp_path / 'c'), 6, 9, global_step)])
     assert _profiles(tmp_path / 'c') == [] and 'Profiled' not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize('save_checkpoint_secs, save_checkpoint_steps, saved_steps', [
+    (0, None, [0, 5]),      # no saves by time: the first and the last only
+    (600, None, [0, 5]),
+    (600, 2, [0, 2, 4, 5]),  # steps replace seconds
+])
+def test_the_checkpoint_saver_saves_by_time_or_steps_and_never_by_time_at_0(tmp_path, save_checkpoint_secs,
+                                                                           save_checkpoint_steps, saved_steps):
+    save_secs, save_steps = onu_training.checkpoint_period(save_checkpoint_secs, save_checkpoint_steps)
+    with tf.Graph().as_default():
+        global_step = tf.compat.v1.train.get_or_create_global_step()
+        train_op = global_step.assign_add(1)
+        saver = tf.compat.v1.train.CheckpointSaverHook(str(tmp_path), save_secs=save_secs, save_steps=save_steps)
+        with tf.compat.v1.train.MonitoredTrainingSession(hooks=[saver], checkpoint_dir=None,
+                                                         save_summaries_steps=None) as session:
+            for _ in range(5):
+                session.run(train_op)
+    assert [onu_checkpoint.listed_step(path) for path in onu_checkpoint.list_checkpoints(str(tmp_path))] == saved_steps
