@@ -96,6 +96,9 @@ class StudySerialLoop:
         self.batch_size = batch_size
         self.image_size = image_size
         self._rng = np.random.default_rng(seed)
+        rotation, contrast = onu_input.augmentation_named('rotation'), onu_input.augmentation_named('contrast')
+        self._degrees = (math.degrees(rotation.low), math.degrees(rotation.high))
+        self._contrast = (contrast.low, contrast.high)
         with tf.device(onu_input.PIPELINE_DEVICE):
             self.image_batch = tf.compat.v1.placeholder(tf.float32, [None, image_size, image_size, 3],
                                                         name='study_images')
@@ -108,10 +111,10 @@ class StudySerialLoop:
         cv2 = _import_cv2()
         image = cv2.imread(path, cv2.IMREAD_COLOR)
         height, width = image.shape[:2]
-        angle = self._rng.uniform(-onu_input.MAX_ROTATION_DEGREES, onu_input.MAX_ROTATION_DEGREES)
+        angle = self._rng.uniform(*self._degrees)
         rotation = cv2.getRotationMatrix2D((width / 2, height / 2), angle, 1.0)
         image = cv2.warpAffine(image, rotation, (width, height), borderValue=(128, 128, 128))
-        image = cv2.convertScaleAbs(image, alpha=self._rng.uniform(*onu_input.CONTRAST_RANGE),
+        image = cv2.convertScaleAbs(image, alpha=self._rng.uniform(*self._contrast),
                                     beta=self._rng.uniform(-32, 32))
         image = cv2.resize(image, (self.image_size, self.image_size), interpolation=cv2.INTER_LINEAR)
         return image / np.float32(255.0)
@@ -154,48 +157,81 @@ def _plain_decoded_examples(info):
     return records.shuffle(256).map(parse, num_parallel_calls=tf.data.AUTOTUNE)
 
 
+def _in_registry_order(implementations, baseline):
+    """Returns {name: implementation} for every augmentation of onu_input.AUGMENTATIONS, in its order.
+
+    A baseline keeps its own implementation of each augmentation; one it lacks stops it with one line.
+    """
+    missing = [name for name in onu_input.augmentation_names() if name not in implementations]
+    if missing:
+        raise NotImplementedError(f'{baseline} has no implementation of the augmentation {", ".join(missing)}: '
+                                  f'add one to benchmark_baselines.py')
+    return {name: implementations[name] for name in onu_input.augmentation_names()}
+
+
+def _drawn_between(name):
+    """Returns (low, high) of the parameter onu_input's augmentation name draws."""
+    augmentation = onu_input.augmentation_named(name)
+    return augmentation.low, augmentation.high
+
+
+def plain_tf_image_augmentations(image_size):
+    """Returns {name: per-image op on a float [image_size, image_size, 3] image in [0, 1]}: tf.image's random ops
+    (and one ImageProjectiveTransformV3 rotation) at onu_input's ranges, in onu_input.AUGMENTATIONS' order."""
+    def rotate(image):
+        """Returns the image rotated by a random angle, bilinear, grey corners."""
+        angle = tf.random.uniform([1], *_drawn_between('rotation'))
+        return tf.raw_ops.ImageProjectiveTransformV3(
+            images=image[tf.newaxis], transforms=onu_input.rotation_transforms(angle, image_size, image_size),
+            output_shape=[image_size, image_size], fill_value=onu_input.ROTATION_FILL_VALUE,
+            interpolation='BILINEAR', fill_mode='CONSTANT')[0]
+    return _in_registry_order({
+        'saturation': lambda image: tf.image.random_saturation(image, *_drawn_between('saturation')),
+        'brightness': lambda image: tf.image.random_brightness(image, _drawn_between('brightness')[1]),
+        'contrast': lambda image: tf.image.random_contrast(image, *_drawn_between('contrast')),
+        'hue': lambda image: tf.image.random_hue(image, _drawn_between('hue')[1]),
+        'rotation': rotate,
+    }, 'the plain tf.image pipeline')
+
+
 def plain_tf_image_dataset(info, batch_size, image_size):
     """The obvious tf.data code for the same training input: the yardstick of onu_input's pipeline.
 
-    Per image: full-size decode (or the raw pixels), resize, tf.image.random_saturation,
-    random_brightness, random_contrast and random_hue, one ImageProjectiveTransformV3 rotation,
-    clip, [-1, 1]. This was onu_input's own algorithm before the batched augmentation.
+    Per image: full-size decode (or the raw pixels), resize, each augmentation's tf.image op
+    (plain_tf_image_augmentations: random_saturation, random_brightness, random_contrast and random_hue, one
+    ImageProjectiveTransformV3 rotation), clip, [-1, 1]. This was onu_input's own algorithm before the batched
+    augmentation.
     """
-    max_angle = math.radians(onu_input.MAX_ROTATION_DEGREES)
+    augmentations = plain_tf_image_augmentations(image_size)
 
     def augment(image, label):
         """Returns the image resized, augmented with per-image tf.image ops, in [-1, 1]."""
         image = tf.image.resize(image, [image_size, image_size]) / 255.0
-        image = tf.image.random_saturation(image, *onu_input.SATURATION_RANGE)
-        image = tf.image.random_brightness(image, onu_input.BRIGHTNESS_MAX_DELTA)
-        image = tf.image.random_contrast(image, *onu_input.CONTRAST_RANGE)
-        image = tf.image.random_hue(image, onu_input.HUE_MAX_DELTA)
-        angle = tf.random.uniform([1], -max_angle, max_angle)
-        image = tf.raw_ops.ImageProjectiveTransformV3(
-            images=image[tf.newaxis], transforms=onu_input.rotation_transforms(angle, image_size, image_size),
-            output_shape=[image_size, image_size], fill_value=onu_input.ROTATION_FILL_VALUE,
-            interpolation='BILINEAR', fill_mode='CONSTANT')[0]
+        for op in augmentations.values():
+            image = op(image)
         return onu_input.to_model_range(tf.clip_by_value(image, 0.0, 1.0)), label
     examples = _plain_decoded_examples(info).map(augment, num_parallel_calls=tf.data.AUTOTUNE)
     return examples.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
 def keras_augmentation_layers():
-    """Returns Keras's own augmentation layers set to onu_input's ranges, for images in [0, 1]."""
+    """Returns {name: Keras's own augmentation layer} set to onu_input's ranges, for images in [0, 1], in
+    onu_input.AUGMENTATIONS' order."""
     import keras  # pylint: disable=import-outside-toplevel
-    low, high = onu_input.SATURATION_RANGE
-    return [
+    low, high = _drawn_between('saturation')
+    contrast_low, contrast_high = _drawn_between('contrast')
+    return _in_registry_order({
         # RandomSaturation scales saturation by f / (1 - f): these bounds give low..high.
-        keras.layers.RandomSaturation((low / (1 + low), high / (1 + high)), value_range=(0, 1)),
-        keras.layers.RandomBrightness(onu_input.BRIGHTNESS_MAX_DELTA, value_range=(0, 1)),
+        'saturation': keras.layers.RandomSaturation((low / (1 + low), high / (1 + high)), value_range=(0, 1)),
+        'brightness': keras.layers.RandomBrightness(_drawn_between('brightness')[1], value_range=(0, 1)),
         # A single float f would draw contrast from [1, 1 + f] only: the pair gives [1 - f, 1 + f].
-        keras.layers.RandomContrast((1 - onu_input.CONTRAST_RANGE[0], onu_input.CONTRAST_RANGE[1] - 1),
-                                    value_range=(0, 1)),
+        'contrast': keras.layers.RandomContrast((1 - contrast_low, contrast_high - 1), value_range=(0, 1)),
         # RandomHue shifts the hue by up to factor / 2 of the hue circle, either way.
-        keras.layers.RandomHue(2 * onu_input.HUE_MAX_DELTA, value_range=(0, 1)),
-        keras.layers.RandomRotation(onu_input.MAX_ROTATION_DEGREES / 360, fill_mode='constant',
-                                    fill_value=onu_input.ROTATION_FILL_VALUE, interpolation='bilinear'),
-    ]
+        'hue': keras.layers.RandomHue(2 * _drawn_between('hue')[1], value_range=(0, 1)),
+        # RandomRotation's factor is a share of a full turn.
+        'rotation': keras.layers.RandomRotation(_drawn_between('rotation')[1] / (2 * math.pi), fill_mode='constant',
+                                                fill_value=onu_input.ROTATION_FILL_VALUE, interpolation='bilinear'),
+    }, 'the Keras layers baseline')
 
 
 def keras_dataset(data_dir, class_names, batch_size, image_size, augmentation):
@@ -211,7 +247,7 @@ def keras_dataset(data_dir, class_names, batch_size, image_size, augmentation):
         os.path.join(data_dir, 'train'), labels='inferred', label_mode='int', class_names=list(class_names),
         color_mode='rgb', batch_size=batch_size, image_size=(image_size, image_size), shuffle=True,
         interpolation='bilinear', verbose=False)
-    layers = keras_augmentation_layers() if augmentation == 'keras_layers' else []
+    layers = list(keras_augmentation_layers().values()) if augmentation == 'keras_layers' else []
 
     def preprocess(images, labels):
         """Returns a Keras batch augmented as augmentation says, in [-1, 1], with int32 labels."""

@@ -132,13 +132,11 @@ def define_training_flags():
     flags.DEFINE_float('weight_decay', None, 'L2 weight decay; default: the model\'s own '
                        f'({model_defaults("weight_decay")}).')
     flags.DEFINE_float('label_smoothing', 0.0, 'Label smoothing of the cross-entropy.')
-    flags.DEFINE_list('augmentations', [f.name for f in dataclasses.fields(onu_input.AugmentOptions)],
+    flags.DEFINE_list('augmentations', list(onu_input.augmentation_names()),
                       'Training augmentations to apply (empty: none).')
     flags.register_validator(
-        'augmentations',
-        lambda names: set(names) <= {f.name for f in dataclasses.fields(onu_input.AugmentOptions)},
-        message='--augmentations takes a comma-separated subset of '
-                + ','.join(f.name for f in dataclasses.fields(onu_input.AugmentOptions)))
+        'augmentations', lambda names: set(names) <= set(onu_input.augmentation_names()),
+        message='--augmentations takes a comma-separated subset of ' + ','.join(onu_input.augmentation_names()))
     flags.DEFINE_enum('cache_decoded_epoch', 'auto', CACHE_CHOICES,
                       'Keep one epoch of decoded, resized training images in memory and train every later epoch '
                       'from it (on), or read and decode every step (off); auto: on when the epoch fits '
@@ -201,9 +199,7 @@ def cache_decoded_epoch():
 
 def augment_options():
     """Returns the onu_input.AugmentOptions selected by --augmentations."""
-    names = set(FLAGS.augmentations)
-    return onu_input.AugmentOptions(
-        **{f.name: f.name in names for f in dataclasses.fields(onu_input.AugmentOptions)})
+    return onu_input.AugmentOptions(FLAGS.augmentations)
 
 
 def training_run_config(precision, info):

@@ -17,7 +17,8 @@ Images are float32 [batch, size, size, 3] in [-1, 1] (what Inception checkpoints
 int32 [batch]. preprocess_for_eval is the one eval/serving preprocessing; export reuses it with
 decode_image_bytes. Training decodes and resizes each photo to uint8, keeps the decoded epoch in
 memory when it fits, and augments whole batches with augment_batch (one XLA function, per-image
-draws), in the pipeline or, with augment_on='model', on the model's device:
+draws; the augmentations are the entries of AUGMENTATIONS), in the pipeline or, with augment_on='model',
+on the model's device:
 
     images, labels, draws = undistorted_inputs(info, 32, 299)   # uint8, for the model
     images = augment_batch(images, draws)
@@ -29,6 +30,8 @@ import math
 import os
 import re
 import threading
+import typing
+import zlib
 
 from absl import logging
 import numpy as np
@@ -39,15 +42,16 @@ from tensorflow.core.framework import model_pb2
 import onu_dataset
 import onu_layouts
 
-# The study's augmentations and their magnitudes.
-SATURATION_RANGE = (0.8, 1.2)
-BRIGHTNESS_MAX_DELTA = 32.0 / 255.0
-CONTRAST_RANGE = (0.8, 1.2)
-HUE_MAX_DELTA = 0.2
-MAX_ROTATION_DEGREES = 10.0
-NUM_DRAWS = 5  # uniform draws per image: saturation, brightness, contrast, hue, angle
 # Corners uncovered by a rotation: mid grey, which is 0 in the model's [-1, 1] range.
 ROTATION_FILL_VALUE = 0.5
+# Where an augmentation's op runs (augment_batch runs them in this order) and what it takes; parameters are
+# [batch], one per image, and weight is [batch, h, w, 1]: covered, or ones when no pixel is uncovered.
+#   geometry  op(images, covered, parameters) -> (images, covered): moves pixels. images: the uint8 batch, or
+#             float in [0, 1] once an op resampled it; covered: the share of each pixel the photo covers, or None
+#             while it covers them all (the rest becomes ROTATION_FILL_VALUE at the end).
+#   hsv       op(hsv, weight, parameters) -> hsv: on the HSV channels, all such ops in one HSV round trip.
+#   rgb       op(images, weight, parameters) -> images: on float RGB in [0, 1], unclipped.
+AUGMENTATION_SPACES = ('geometry', 'hsv', 'rgb')
 
 # Shuffling records holds them in memory: the buffer is sized to this many bytes of records.
 SHUFFLE_BUFFER_BYTES = 256 * 2**20
@@ -70,25 +74,66 @@ DECODED_CACHE_BYTES = 2 * 2**30
 
 
 @dataclasses.dataclass(frozen=True)
+class Augmentation:
+    """One training augmentation (an entry of AUGMENTATIONS): its name, as --augmentations spells it; the range
+    [low, high] its per-image parameter is drawn from, uniformly; where its batched op runs (one of
+    AUGMENTATION_SPACES) and the op."""
+    name: str
+    low: float
+    high: float
+    space: str
+    apply: typing.Callable
+
+    def __post_init__(self):
+        _check_choice(f'the space of augmentation {self.name}', self.space, AUGMENTATION_SPACES)
+
+    @property
+    def stream(self):
+        """Returns the id of this augmentation's seed stream: a hash of its name, the same in every process."""
+        return zlib.crc32(self.name.encode())
+
+
+@dataclasses.dataclass(frozen=True)
 class AugmentOptions:
-    """Which training augmentations are on (magnitudes are the module constants)."""
-    saturation: bool = True
-    brightness: bool = True
-    contrast: bool = True
-    hue: bool = True
-    rotation: bool = True
+    """Which training augmentations are on: names of AUGMENTATIONS (their ranges are the registry's)."""
+    names: frozenset
+
+    def __post_init__(self):
+        object.__setattr__(self, 'names', frozenset(self.names))
+        unknown = sorted(self.names - set(augmentation_names()))
+        if unknown:
+            raise ValueError(f'unknown augmentation {", ".join(unknown)}; the augmentations are '
+                             f'{", ".join(augmentation_names())}')
+
+    @classmethod
+    def all(cls):
+        """Returns options with every augmentation on."""
+        return cls(augmentation_names())
 
     @classmethod
     def none(cls):
         """Returns options with every augmentation off."""
-        return cls(saturation=False, brightness=False, contrast=False, hue=False, rotation=False)
+        return cls(())
 
     @classmethod
     def of(cls, augment):
         """Returns AugmentOptions for True (all on), False/None (all off) or AugmentOptions."""
         if isinstance(augment, cls):
             return augment
-        return cls() if augment else cls.none()
+        return cls.all() if augment else cls.none()
+
+
+def augmentation_names():
+    """Returns the names of AUGMENTATIONS, in its order: --augmentations' choices and default."""
+    return tuple(augmentation.name for augmentation in AUGMENTATIONS)
+
+
+def augmentation_named(name):
+    """Returns the entry of AUGMENTATIONS called name (a one-line ValueError if there is none)."""
+    for augmentation in AUGMENTATIONS:
+        if augmentation.name == name:
+            return augmentation
+    raise ValueError(f'unknown augmentation {name}; the augmentations are {", ".join(augmentation_names())}')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -461,26 +506,28 @@ def resize_for_training(image, image_size):
 # ----------------------------------------------------------------------------------------------
 # Training augmentation: one op graph over the whole batch, per-image parameters.
 
+def _per_pixel(parameters):
+    """Returns [batch] parameters as [batch, 1, 1, 1], to apply to every pixel of each image."""
+    return parameters[:, tf.newaxis, tf.newaxis, tf.newaxis]
+
+
+def _stream_seed(seed, augmentation):
+    """Returns the [2] seed of augmentation's draws for a batch's [2] int seed: its own stream."""
+    return tf.random.experimental.stateless_fold_in(seed, tf.constant(augmentation.stream, tf.int64))
+
+
 def random_draws(seed, batch_size):
-    """Returns [batch_size, NUM_DRAWS] uniform draws in [0, 1) for a [2] int seed: one row per image."""
-    return tf.random.stateless_uniform([batch_size, NUM_DRAWS], seed=seed, minval=0.0, maxval=1.0)
+    """Returns [batch_size, NUM_DRAWS] uniform draws in [0, 1) for a [2] int seed: one row per image, one column
+    per augmentation of AUGMENTATIONS, each from its own stream, so adding one leaves the others' draws as they are."""
+    return tf.stack([tf.random.stateless_uniform([batch_size], seed=_stream_seed(seed, augmentation),
+                                                 minval=0.0, maxval=1.0)
+                     for augmentation in AUGMENTATIONS], axis=1)
 
 
 def distortion_params(draws):
-    """Returns the augmentation parameters of [batch, NUM_DRAWS] draws, as a dict of [batch] tensors.
-
-    Keys: saturation and contrast (factors), brightness and hue (deltas), angle (radians).
-    """
-    def between(low, high, column):
-        return low + (high - low) * draws[:, column]
-    max_angle = math.radians(MAX_ROTATION_DEGREES)
-    return {
-        'saturation': between(*SATURATION_RANGE, 0),
-        'brightness': between(-BRIGHTNESS_MAX_DELTA, BRIGHTNESS_MAX_DELTA, 1),
-        'contrast': between(*CONTRAST_RANGE, 2),
-        'hue': between(-HUE_MAX_DELTA, HUE_MAX_DELTA, 3),
-        'angle': between(-max_angle, max_angle, 4),
-    }
+    """Returns the augmentation parameters of [batch, NUM_DRAWS] draws: {name: [batch] in its [low, high]}."""
+    return {augmentation.name: augmentation.low + (augmentation.high - augmentation.low) * draws[:, column]
+            for column, augmentation in enumerate(AUGMENTATIONS)}
 
 
 def rotation_transforms(angles, height, width):
@@ -535,37 +582,70 @@ def _rotate_batch(images, angles):
     return content, covered
 
 
-def _adjust_saturation_and_hue(images, saturation, hue):
-    """Returns float RGB images with saturation scaled and hue shifted in one HSV round trip."""
-    hsv = tf.image.rgb_to_hsv(images)
-    hue = tf.math.floormod(hsv[..., 0] + hue, 1.0)
-    saturation = tf.clip_by_value(hsv[..., 1] * saturation, 0.0, 1.0)
-    return tf.image.hsv_to_rgb(tf.stack([hue, saturation, hsv[..., 2]], axis=-1))
+def _rotate(images, covered, angles):
+    """The rotation's op (geometry): uint8 images turned about their centres by their angles (radians), bilinear."""
+    if images.dtype != tf.uint8:
+        raise ValueError('rotation resamples the uint8 batch: register it before augmentations that resample')
+    return _rotate_batch(images, angles)
+
+
+def _scale_saturation(hsv, weight, factors):
+    """The saturation's op (hsv): each image's saturation times its factor, at most 1."""
+    saturation = tf.clip_by_value(hsv[..., 1:2] * _per_pixel(factors), 0.0, 1.0)
+    return tf.concat([hsv[..., :1], saturation, hsv[..., 2:]], axis=-1)
+
+
+def _shift_hue(hsv, weight, deltas):
+    """The hue's op (hsv): each image's hues turned by its delta, a share of the colour circle."""
+    return tf.concat([tf.math.floormod(hsv[..., :1] + _per_pixel(deltas), 1.0), hsv[..., 1:]], axis=-1)
+
+
+def _shift_brightness(images, weight, deltas):
+    """The brightness's op (rgb): each image plus its delta."""
+    return images + _per_pixel(deltas)
+
+
+def _scale_contrast(images, weight, factors):
+    """The contrast's op (rgb): each channel's distance from its mean over the photo's pixels times the factor."""
+    # tf.image.adjust_contrast's rule; weighted, so the mean leaves out what a rotation uncovered.
+    mean = tf.reduce_sum(images * weight, [1, 2], keepdims=True) / tf.reduce_sum(weight, [1, 2], keepdims=True)
+    return (images - mean) * _per_pixel(factors) + mean
+
+
+# The training augmentations, in --augmentations' order. A new one is an entry here: the flag, AugmentOptions,
+# the draws (a column each, from its own seed stream) and the tests follow from it; benchmark_baselines says in
+# one line that it needs its own version there.
+AUGMENTATIONS = (
+    Augmentation('saturation', 0.8, 1.2, 'hsv', _scale_saturation),  # factor
+    Augmentation('brightness', -32.0 / 255.0, 32.0 / 255.0, 'rgb', _shift_brightness),  # delta on [0, 1]
+    Augmentation('contrast', 0.8, 1.2, 'rgb', _scale_contrast),  # factor
+    Augmentation('hue', -0.2, 0.2, 'hsv', _shift_hue),  # share of the colour circle
+    Augmentation('rotation', -math.radians(10.0), math.radians(10.0), 'geometry', _rotate),  # radians
+)
+NUM_DRAWS = len(AUGMENTATIONS)  # uniform draws per image: one per augmentation
 
 
 def _augment_batch(images, draws, options):
     """augment_batch's computation, for one AugmentOptions."""
     params = distortion_params(draws)
-    if options.rotation:
-        # Rotating first: the colour ops are per pixel, so they commute with the resampling, and
-        # they then run on the pixels the model sees (the fill stays exactly grey).
-        images, covered = _rotate_batch(images, params['angle'])
-    else:
-        images, covered = tf.cast(images, tf.float32) * (1.0 / 255.0), None
-    if options.saturation or options.hue:
-        per_pixel = {key: params[key][:, tf.newaxis, tf.newaxis] for key in ('saturation', 'hue')}
-        images = _adjust_saturation_and_hue(
-            images, per_pixel['saturation'] if options.saturation else 1.0,
-            per_pixel['hue'] if options.hue else 0.0)
-    params = {key: value[:, tf.newaxis, tf.newaxis, tf.newaxis] for key, value in params.items()}
-    if options.brightness:
-        images = images + params['brightness']
-    if options.contrast:
-        # tf.image.adjust_contrast's rule, about each channel's mean over the covered pixels.
-        weight = tf.ones_like(images[..., :1]) if covered is None else covered
-        mean = (tf.reduce_sum(images * weight, [1, 2], keepdims=True)
-                / tf.reduce_sum(weight, [1, 2], keepdims=True))
-        images = (images - mean) * params['contrast'] + mean
+    applied = {space: [augmentation for augmentation in AUGMENTATIONS
+                       if augmentation.space == space and augmentation.name in options.names]
+               for space in AUGMENTATION_SPACES}
+    # Geometry first: the colour ops are per pixel, so they commute with the resampling, and they then
+    # run on the pixels the model sees (the fill stays exactly grey).
+    covered = None
+    for augmentation in applied['geometry']:
+        images, covered = augmentation.apply(images, covered, params[augmentation.name])
+    if images.dtype == tf.uint8:
+        images = tf.cast(images, tf.float32) * (1.0 / 255.0)
+    weight = tf.ones_like(images[..., :1]) if covered is None else covered
+    if applied['hsv']:
+        hsv = tf.image.rgb_to_hsv(images)
+        for augmentation in applied['hsv']:
+            hsv = augmentation.apply(hsv, weight, params[augmentation.name])
+        images = tf.image.hsv_to_rgb(hsv)
+    for augmentation in applied['rgb']:
+        images = augmentation.apply(images, weight, params[augmentation.name])
     if covered is not None:
         images = images * covered + ROTATION_FILL_VALUE * (1.0 - covered)
     return to_model_range(tf.clip_by_value(images, 0.0, 1.0))

@@ -25,9 +25,13 @@
   messy_data_dir    session-wide, read-only: the bad input of real photo folders; train/F603 holds them all.
   messy_files       MESSY_FILES: name in messy_data_dir/train/F603 -> None (usable) or a word of its skip reason.
   pattern_image     the 48x32 RGB picture (four coloured quadrants) every messy image is made from.
+  STUDY_AUGMENTATION_RANGES  the study's range of each augmentation's parameter, as literals.
+  assert_spans(values, low, high, name)  values lie in [low, high] and reach close to both ends.
+  mid_colour_image() and colour_effect(name, before, after): the parameter of a colour augmentation, measured per image.
 """
 
 import io
+import math
 import os
 import shutil
 import subprocess
@@ -175,6 +179,60 @@ def messy_files():
 def pattern_image():
     """The upright RGB image every usable file of messy_data_dir shows."""
     return _pattern()
+
+
+# ----------------------------------------------------------------------------------------------
+# The study's augmentation ranges, and what the augmentations do to an image
+
+# Written out here, not read from onu_input, so that a range changed in the code fails the tests that check it:
+# saturation and contrast factors, brightness delta (on [0, 1]), hue shift (of the colour circle), angle (radians).
+STUDY_AUGMENTATION_RANGES = {
+    'saturation': (0.8, 1.2),
+    'brightness': (-32.0 / 255.0, 32.0 / 255.0),
+    'contrast': (0.8, 1.2),
+    'hue': (-0.2, 0.2),
+    'rotation': (-math.radians(10.0), math.radians(10.0)),
+}
+
+
+def assert_spans(values, low, high, name):
+    """Asserts values lie in [low, high] and reach close to both ends."""
+    reach = 0.1 * (high - low)
+    assert low - 1e-4 <= values.min() < low + reach and high - reach < values.max() <= high + 1e-4, (
+        name, values.min(), values.max())
+
+
+def mid_colour_image(size=8, seed=0):
+    """A float32 [size, size, 3] RGB image in [0, 1] of mid-range colours: no colour augmentation clips it, and the
+    hue and saturation of each pixel are defined."""
+    rng = np.random.default_rng(seed)
+    return np.stack([rng.uniform(0.45, 0.6, (size, size)), rng.uniform(0.3, 0.4, (size, size)),
+                     rng.uniform(0.2, 0.25, (size, size))], axis=-1).astype(np.float32)
+
+
+def _hue_and_saturation(images):
+    """The (hue in [0, 1), saturation) of each pixel of RGB images in [0, 1], by HSV's definition."""
+    red, green, blue = np.moveaxis(images, -1, 0)
+    high, low = images.max(axis=-1), images.min(axis=-1)
+    span = np.maximum(high - low, 1e-12)
+    sixths = np.select([high == red, high == green], [(green - blue) / span, 2.0 + (blue - red) / span],
+                       4.0 + (red - green) / span)
+    return (sixths / 6.0) % 1.0, (high - low) / np.maximum(high, 1e-12)
+
+
+def colour_effect(name, before, after):
+    """The parameter of the colour augmentation name (brightness, contrast, saturation or hue) of each image, measured
+    between [n, h, w, 3] RGB images in [0, 1] before and after it ran alone (unclipped, on mid_colour_image)."""
+    if name == 'brightness':
+        return (after - before).mean(axis=(1, 2, 3))
+    if name == 'contrast':
+        return (after.std(axis=(1, 2)) / before.std(axis=(1, 2))).mean(axis=-1)
+    (hue_before, saturation_before), (hue_after, saturation_after) = (
+        _hue_and_saturation(images) for images in (before, after))
+    if name == 'saturation':
+        return (saturation_after / saturation_before).mean(axis=(1, 2))
+    assert name == 'hue', name
+    return np.median((hue_after - hue_before + 0.5) % 1.0 - 0.5, axis=(1, 2))
 
 
 # ----------------------------------------------------------------------------------------------

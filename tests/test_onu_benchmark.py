@@ -1,5 +1,6 @@
 """onu_benchmark.py --quick on tiny generated photos: every row measured, every output written; its parts."""
 
+import dataclasses
 import json
 import os
 
@@ -7,7 +8,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import layout_photos, run_script, write_study_records
+from conftest import (STUDY_AUGMENTATION_RANGES, assert_spans, colour_effect, layout_photos, mid_colour_image,
+                      run_script, write_study_records)
 import benchmark_baselines
 import benchmark_measure
 import benchmark_plan
@@ -160,42 +162,29 @@ def _augmented_copies(layer, image, copies=300):
     return batch, np.asarray(layer(batch, training=True))
 
 
-def _assert_spans(values, low, high, name):
-    """Asserts values lie in [low, high] and reach close to both ends."""
-    reach = 0.1 * (high - low)
-    assert low - 1e-4 <= values.min() < low + reach and high - reach < values.max() <= high + 1e-4, (
-        name, values.min(), values.max())
-
-
 @pytest.fixture(scope='module')
 def keras_layers():
     """The Keras baseline's augmentation layers by name."""
-    saturation, brightness, contrast, hue, rotation = benchmark_baselines.keras_augmentation_layers()
-    return {'saturation': saturation, 'brightness': brightness, 'contrast': contrast, 'hue': hue,
-            'rotation': rotation}
+    return benchmark_baselines.keras_augmentation_layers()
 
 
 def test_keras_baseline_draws_the_same_colour_ranges_per_image(keras_layers):
-    rng = np.random.default_rng(0)
-    # Mid-range colours, far from 0 and 1, so no draw clips: hue and saturation of each pixel are defined.
-    image = np.stack([rng.uniform(0.45, 0.6, (8, 8)), rng.uniform(0.3, 0.4, (8, 8)),
-                      rng.uniform(0.2, 0.25, (8, 8))], axis=-1).astype(np.float32)
+    image = mid_colour_image()
+    for name in ('brightness', 'contrast', 'saturation', 'hue'):
+        before, after = _augmented_copies(keras_layers[name], image)
+        assert_spans(colour_effect(name, before, after), *STUDY_AUGMENTATION_RANGES[name], name)
 
-    before, after = _augmented_copies(keras_layers['brightness'], image)
-    _assert_spans((after - before).mean(axis=(1, 2, 3)), -onu_input.BRIGHTNESS_MAX_DELTA,
-                  onu_input.BRIGHTNESS_MAX_DELTA, 'brightness delta')
 
-    before, after = _augmented_copies(keras_layers['contrast'], image)
-    ratio = (after.std(axis=(1, 2)) / before.std(axis=(1, 2))).mean(axis=-1)
-    _assert_spans(ratio, *onu_input.CONTRAST_RANGE, 'contrast factor')
-
-    hsv_before, hsv_after = (tf.image.rgb_to_hsv(x).numpy() for x in _augmented_copies(keras_layers['saturation'], image))
-    _assert_spans((hsv_after[..., 1] / hsv_before[..., 1]).mean(axis=(1, 2)), *onu_input.SATURATION_RANGE,
-                  'saturation factor')
-
-    hsv_before, hsv_after = (tf.image.rgb_to_hsv(x).numpy() for x in _augmented_copies(keras_layers['hue'], image))
-    shift = (hsv_after[..., 0] - hsv_before[..., 0] + 0.5) % 1.0 - 0.5
-    _assert_spans(np.median(shift, axis=(1, 2)), -onu_input.HUE_MAX_DELTA, onu_input.HUE_MAX_DELTA, 'hue shift')
+@pytest.mark.parametrize('baseline', [lambda: benchmark_baselines.plain_tf_image_augmentations(IMAGE_SIZE),
+                                      benchmark_baselines.keras_augmentation_layers],
+                         ids=['plain_tf_image', 'keras_layers'])
+def test_baselines_implement_every_augmentation_or_say_which_in_one_line(baseline, monkeypatch):
+    assert list(baseline()) == list(onu_input.augmentation_names())
+    added = dataclasses.replace(onu_input.AUGMENTATIONS[0], name='added_later')
+    monkeypatch.setattr(onu_input, 'AUGMENTATIONS', onu_input.AUGMENTATIONS + (added,))
+    with pytest.raises(NotImplementedError) as error:
+        baseline()
+    assert 'added_later' in str(error.value) and '\n' not in str(error.value)
 
 
 def test_keras_baseline_rotates_up_to_the_same_angle(keras_layers):
@@ -203,7 +192,7 @@ def test_keras_baseline_rotates_up_to_the_same_angle(keras_layers):
     image = np.ones((64, 64, 3), np.float32)
     _, rotated = _augmented_copies(keras_layers['rotation'], image)
     uncovered = (rotated < 0.75).all(axis=-1).mean(axis=(1, 2))
-    rotation_only = onu_input.AugmentOptions(saturation=False, brightness=False, contrast=False, hue=False)
+    rotation_only = onu_input.AugmentOptions({'rotation'})
     at_max_angle = onu_input.augment_batch(tf.constant(np.full((1, 64, 64, 3), 255, np.uint8)),
                                            tf.ones([1, onu_input.NUM_DRAWS]), rotation_only)
     at_max = ((at_max_angle.numpy()[0] + 1.0) / 2.0 < 0.75).all(axis=-1).mean()

@@ -1,5 +1,6 @@
 """Tests of onu_input.py: shapes, pixel parity across the three formats, preprocessing, errors."""
 
+import dataclasses
 import glob
 import io
 import logging
@@ -13,6 +14,7 @@ import tensorflow as tf
 from PIL import Image
 from PIL import ImageOps
 
+from conftest import STUDY_AUGMENTATION_RANGES, assert_spans, colour_effect, mid_colour_image
 import onu_dataset
 import onu_input
 import onu_records
@@ -21,8 +23,7 @@ IMAGE_SIZE = 32
 FORMATS = onu_dataset.DATA_FORMATS
 # README's stated bound: mean |fast training decode - exact eval decode| per photo, as a share of 255.
 FAST_DECODE_BOUND = {299: 5.0 / 255.0, 64: 9.0 / 255.0}
-ROTATION_ONLY = onu_input.AugmentOptions(saturation=False, brightness=False, contrast=False, hue=False,
-                                         rotation=True)
+ROTATION_ONLY = onu_input.AugmentOptions({'rotation'})
 
 
 def _run_to_end(fetches):
@@ -191,8 +192,8 @@ def test_value_range_after_each_stage():
         resized = onu_input.resize_for_training(photo, IMAGE_SIZE)
         high_contrast = tf.cast(tf.clip_by_value(unit * 3.0 - 1.0, 0.0, 1.0) * 255.0, tf.uint8)
         distorted = onu_input.augment_batch(tf.stack([high_contrast] * 8), extremes)
-        unrotated = onu_input.augment_batch(tf.stack([high_contrast] * 8), extremes,
-                                            onu_input.AugmentOptions(rotation=False))
+        all_but_rotation = onu_input.AugmentOptions(set(onu_input.augmentation_names()) - {'rotation'})
+        unrotated = onu_input.augment_batch(tf.stack([high_contrast] * 8), extremes, all_but_rotation)
         model = onu_input.to_model_range(unit)
         evaluation = onu_input.preprocess_for_eval(white, IMAGE_SIZE)
         values = _evaluate({'unit': unit, 'white': unit_white, 'resized': resized, 'distorted': distorted,
@@ -210,38 +211,94 @@ def test_value_range_after_each_stage():
     np.testing.assert_allclose(values['eval'], 1.0, atol=1e-6)
 
 
-def test_draws_stay_in_their_ranges_and_differ_per_image(tiny_data_dir):
+def test_the_registry_holds_the_studys_augmentation_ranges():
+    registered = {augmentation.name: (augmentation.low, augmentation.high) for augmentation in onu_input.AUGMENTATIONS}
+    for name, (low, high) in STUDY_AUGMENTATION_RANGES.items():
+        assert registered[name] == pytest.approx((low, high), rel=0, abs=1e-9), name
+    assert len({augmentation.stream for augmentation in onu_input.AUGMENTATIONS}) == onu_input.NUM_DRAWS
+
+
+@pytest.mark.parametrize('augmentation', onu_input.AUGMENTATIONS, ids=onu_input.augmentation_names())
+def test_augmentation_draws_span_its_range_per_image(augmentation):
+    """The study's augmentations within the study's ranges (written in conftest), any other within its own."""
+    low, high = STUDY_AUGMENTATION_RANGES.get(augmentation.name, (augmentation.low, augmentation.high))
     with tf.Graph().as_default():
-        batch = onu_input.undistorted_inputs(onu_input.dataset_info(tiny_data_dir, 'encoded', 'train'), batch_size=8, image_size=IMAGE_SIZE,
-                                             seed=5)
+        draws = onu_input.random_draws(tf.constant([5, 0], tf.int64), 2000)
+        values = _evaluate(onu_input.distortion_params(draws)[augmentation.name])
+    assert_spans(values, low, high, augmentation.name)
+    assert len(np.unique(values)) > 0.99 * len(values)  # drawn per image, not shared
+
+
+@pytest.mark.parametrize('name', ['brightness', 'contrast', 'saturation', 'hue'])
+def test_colour_augmentation_changes_images_within_the_studys_range(name):
+    """What the op does, measured on the images, stays in the study's range: not only the parameters drawn."""
+    photo = np.round(mid_colour_image() * 255.0).astype(np.uint8)
+    with tf.Graph().as_default():
+        augmented = _evaluate(onu_input.augment_batch(np.stack([photo] * 300), _draws(300),
+                                                      onu_input.AugmentOptions({name})))
+    before = np.stack([photo] * 300) / np.float32(255.0)
+    assert_spans(colour_effect(name, before, (augmented + 1.0) / 2.0), *STUDY_AUGMENTATION_RANGES[name], name)
+
+
+@pytest.mark.parametrize('augmentation', onu_input.AUGMENTATIONS, ids=onu_input.augmentation_names())
+def test_augmentation_alone_changes_the_image(augmentation, pattern_image):
+    photos = np.stack([np.asarray(pattern_image)] * 32)
+    with tf.Graph().as_default():
+        alone, untouched = _evaluate((
+            onu_input.augment_batch(photos, _draws(32), onu_input.AugmentOptions({augmentation.name})),
+            onu_input.augment_batch(photos, _draws(32), onu_input.AugmentOptions.none())))
+    differences = np.abs(alone - untouched).mean(axis=(1, 2, 3))
+    assert np.mean(differences > 1e-3) > 0.8, differences  # nearly every image, each by its own draw
+
+
+def test_adding_or_removing_augmentations_leaves_each_ones_draws(monkeypatch):
+    def parameters():
+        with tf.Graph().as_default():
+            return _evaluate(onu_input.distortion_params(onu_input.random_draws(tf.constant([7, 3], tf.int64), 64)))
+    before = parameters()
+    first, *others = onu_input.AUGMENTATIONS
+    added = dataclasses.replace(first, name='added_later')
+    # One added in front, the first removed, the rest reordered: each keeps its draws, by name.
+    monkeypatch.setattr(onu_input, 'AUGMENTATIONS', (added, *reversed(others)))
+    after = parameters()
+    assert set(after) == {'added_later', *(augmentation.name for augmentation in others)}
+    for augmentation in others:
+        np.testing.assert_array_equal(after[augmentation.name], before[augmentation.name], err_msg=augmentation.name)
+    assert not np.allclose(after['added_later'], before[first.name])  # its own stream, though first's range
+
+
+def test_model_placement_hands_over_uint8_images_and_draws_per_image(tiny_data_dir):
+    with tf.Graph().as_default():
+        batch = onu_input.undistorted_inputs(onu_input.dataset_info(tiny_data_dir, 'encoded', 'train'), batch_size=8,
+                                             image_size=IMAGE_SIZE, seed=5)
         images, labels, draws = batch
-        params = onu_input.distortion_params(draws)
         with tf.compat.v1.Session() as sess:
-            runs = [sess.run({'images': images, 'labels': labels, 'draws': draws, 'params': params})
-                    for _ in range(250)]
+            runs = [sess.run({'images': images, 'labels': labels, 'draws': draws}) for _ in range(2)]
     # The uint8 hand-off of --augment_on=model: resized, not augmented.
     assert runs[0]['images'].dtype == np.uint8 and runs[0]['images'].shape == (8, IMAGE_SIZE, IMAGE_SIZE, 3)
     assert runs[0]['labels'].dtype == np.int32 and runs[0]['labels'].shape == (8,)
     assert runs[0]['draws'].dtype == np.float32 and runs[0]['draws'].shape == (8, onu_input.NUM_DRAWS)
-    limits = {'saturation': onu_input.SATURATION_RANGE, 'contrast': onu_input.CONTRAST_RANGE,
-              'brightness': (-onu_input.BRIGHTNESS_MAX_DELTA, onu_input.BRIGHTNESS_MAX_DELTA),
-              'hue': (-onu_input.HUE_MAX_DELTA, onu_input.HUE_MAX_DELTA),
-              'angle': (-math.radians(10), math.radians(10))}
-    for key, (low, high) in limits.items():
-        values = np.concatenate([run['params'][key] for run in runs])
-        assert low <= values.min() and values.max() <= high, key
-        spread = high - low
-        assert values.min() < low + 0.05 * spread and values.max() > high - 0.05 * spread, key
-        assert len(np.unique(values)) > 0.99 * len(values), key  # drawn per image, not shared
-    assert not np.allclose(runs[0]['draws'], runs[1]['draws'])
+    assert 0.0 <= min(run['draws'].min() for run in runs) and max(run['draws'].max() for run in runs) < 1.0
+    draws = runs[0]['draws']
+    assert len({tuple(row) for row in draws}) == 8  # per image
+    assert len({tuple(column) for column in draws.T}) == onu_input.NUM_DRAWS  # per augmentation
+    assert not np.allclose(runs[0]['draws'], runs[1]['draws'])  # per batch
 
 
-def test_both_placements_give_the_same_images_for_the_same_seed(tiny_data_dir):
+def _alone_and_together():
+    """pytest params of AugmentOptions: each augmentation alone, then all of them."""
+    return ([pytest.param(onu_input.AugmentOptions({name}), id=name) for name in onu_input.augmentation_names()]
+            + [pytest.param(onu_input.AugmentOptions.all(), id='all')])
+
+
+@pytest.mark.parametrize('options', _alone_and_together())
+def test_both_placements_give_the_same_images_for_the_same_seed(tiny_data_dir, options):
     outputs = {}
     for placement in onu_input.AUGMENT_PLACEMENTS:
         with tf.Graph().as_default():
             images, labels = onu_input.distorted_inputs(onu_input.dataset_info(tiny_data_dir, 'encoded', 'train'), batch_size=4,
-                                                        image_size=IMAGE_SIZE, seed=11, augment_on=placement)
+                                                        image_size=IMAGE_SIZE, seed=11, augment=options,
+                                                        augment_on=placement)
             with tf.compat.v1.Session() as sess:
                 outputs[placement] = [sess.run((images, labels)) for _ in range(3)]
     for (input_images, input_labels), (model_images, model_labels) in zip(outputs['input'], outputs['model']):
@@ -279,7 +336,7 @@ def test_rotation_matches_tensorflows_projective_transform():
     draws = np.tile(rng.uniform(0, 1, (5, 1)), (1, onu_input.NUM_DRAWS)).astype(np.float32)
     with tf.Graph().as_default():
         ours = onu_input.augment_batch(images, draws, ROTATION_ONLY)
-        angles = onu_input.distortion_params(tf.constant(draws))['angle']
+        angles = onu_input.distortion_params(tf.constant(draws))['rotation']
         reference = tf.raw_ops.ImageProjectiveTransformV3(
             images=tf.constant(images, tf.float32) / 255.0,
             transforms=onu_input.rotation_transforms(angles, 30.0, 44.0), output_shape=[30, 44],
@@ -341,6 +398,19 @@ def test_cached_training_epochs_cover_every_photo_once(tiny_data_dir):
     # The same pixels whether decoded once or every time.
     np.testing.assert_array_equal(np.unique(np.concatenate(pictures[True]), axis=0),
                                   np.unique(np.concatenate(pictures[False]), axis=0))
+
+
+def test_images_mode_without_the_cache_reads_every_epoch_in_a_new_order(make_tiny_dataset):
+    info = onu_input.dataset_info(make_tiny_dataset('twelve', train_per_class=6, val_per_class=1), 'images', 'train')
+    assert info.num_examples == 12
+    with tf.Graph().as_default():
+        dataset = onu_input.make_dataset(info, 4, IMAGE_SIZE, training=True, augment=False, seed=3, cache=False)
+        images, _ = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+        with tf.compat.v1.Session() as sess:
+            epochs = [np.concatenate([sess.run(images) for _ in range(3)]) for _ in range(2)]
+    orders = [[photo.tobytes() for photo in epoch] for epoch in epochs]
+    assert [len(set(order)) for order in orders] == [12, 12] and set(orders[0]) == set(orders[1])  # each photo once
+    assert orders[0] != orders[1]  # shuffled anew, not the first epoch's order again
 
 
 def test_augmentation_varies_per_image(make_tiny_dataset):
