@@ -7,12 +7,12 @@ their keys: see onu_records.py). It prints a table with the size of the records 
     python convert_to_tfrecord.py --data_dir=DATA --format=both
     python convert_to_tfrecord.py --data_dir=STUDY --format=encoded   # the study's raw records -> encoded
 """
-import onu_cli  # first: quiet start
+from onu_lib import onu_cli  # first: quiet start
 from absl import app
 from absl import flags
 
-import onu_dataset
-import onu_records
+from onu_lib import onu_dataset
+from onu_lib import onu_records
 
 FLAGS = flags.FLAGS
 

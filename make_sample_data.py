@@ -5,12 +5,12 @@ fresh machine with no download.
     python make_sample_data.py --data_dir=DATA --photo_size=1024x768
 """
 
-import onu_cli  # first: quiet start
+from onu_lib import onu_cli  # first: quiet start
 from absl import app
 from absl import flags
 
-import onu_dataset
-import onu_sample_data
+from onu_lib import onu_dataset
+from onu_lib import onu_sample_data
 
 FLAGS = flags.FLAGS
 

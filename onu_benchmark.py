@@ -25,7 +25,7 @@ benchmark_report (targets, tables, PNG).
     python onu_benchmark.py --quick               # a short run on a subset, small model only
     python onu_benchmark.py --data_dir=RECORDS    # a folder of records (other tools'): the formats it holds
 """
-import onu_cli  # first: quiet start
+from onu_lib import onu_cli  # first: quiet start
 onu_cli.import_tensorflow()  # noqa: E402  (TensorFlow's start-up lines dropped)
 
 import dataclasses
@@ -40,11 +40,11 @@ import time
 from absl import app
 from absl import flags
 
-import benchmark_plan
-import benchmark_report
-import benchmark_runner
-import onu_dataset
-import onu_flags  # noqa: F401  (declares --data_dir, --model, --image_size, --batch_size)
+from benchmark import plan as benchmark_plan
+from benchmark import report as benchmark_report
+from benchmark import runner as benchmark_runner
+from onu_lib import onu_dataset
+from onu_lib import onu_flags  # noqa: F401  (declares --data_dir, --model, --image_size, --batch_size)
 import onu_input
 import onu_model
 
@@ -69,7 +69,7 @@ QUICK_SETTINGS = {'repeats': 1, 'batches': 3, 'warmup_batches': 1, 'max_images_p
 # Every registered model, the quickest first (its rows come first in the report).
 FULL_RUN_MODELS = tuple(sorted(onu_model.MODELS, key=lambda name: onu_model.MODELS[name].prior_sec_per_step_32))
 QUICK_MODELS = ('small',)
-MEASUREMENT_MODULE = 'benchmark_measure'  # what the FreshPython processes run
+MEASUREMENT_MODULE = 'benchmark.measure'  # what the FreshPython processes run
 
 flags.DEFINE_string('output_dir', 'benchmark_results',
                     'Where <timestamp>.json, .md and .png go (created if missing).')

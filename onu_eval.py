@@ -25,7 +25,7 @@ import sys
 import time
 from datetime import datetime
 
-import onu_cli  # first: quiet start
+from onu_lib import onu_cli  # first: quiet start
 onu_cli.import_tensorflow()  # noqa: E402  (TensorFlow's start-up lines dropped)
 from absl import app
 from absl import flags
@@ -33,13 +33,13 @@ import numpy as np
 import tensorflow as tf
 from tqdm import tqdm
 
-import onu_checkpoint
-import onu_dataset
-import onu_eval_summaries
-import onu_flags
+from onu_lib import onu_checkpoint
+from onu_lib import onu_dataset
+from onu_lib import onu_eval_summaries
+from onu_lib import onu_flags
 import onu_input
 import onu_model
-import onu_run_config
+from onu_lib import onu_run_config
 
 DEFAULT_EVAL_DIR = '/tmp/onu_eval'
 RESULTS_FILENAME = 'results.jsonl'

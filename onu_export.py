@@ -7,14 +7,14 @@ The layout, signatures and metadata of what is written: see onu_serving.py.
 """
 import os
 
-import onu_cli  # first: quiet start
+from onu_lib import onu_cli  # first: quiet start
 onu_cli.import_tensorflow()  # noqa: E402  (TensorFlow's start-up lines dropped)
 from absl import app
 from absl import flags
 
-import onu_checkpoint
-import onu_flags
-import onu_serving
+from onu_lib import onu_checkpoint
+from onu_lib import onu_flags
+from onu_lib import onu_serving
 
 FLAGS = flags.FLAGS
 

@@ -39,8 +39,8 @@ import tensorflow as tf
 from tqdm import tqdm
 from tensorflow.core.framework import model_pb2
 
-import onu_dataset
-import onu_layouts
+from onu_lib import onu_dataset
+from onu_lib import onu_layouts
 
 # Corners uncovered by a rotation: mid grey, which is 0 in the model's [-1, 1] range.
 ROTATION_FILL_VALUE = 0.5

@@ -18,18 +18,18 @@ is not faster.
 """
 import sys
 
-import onu_cli  # first: quiet start
+from onu_lib import onu_cli  # first: quiet start
 onu_cli.import_tensorflow()  # noqa: E402  (TensorFlow's start-up lines dropped)
 from absl import app
 from absl import flags
 import tensorflow as tf
 
-import onu_checkpoint
-import onu_cluster
-import onu_flags
+from onu_lib import onu_checkpoint
+from onu_lib import onu_cluster
+from onu_lib import onu_flags
 import onu_input
 import onu_model
-import onu_training
+from onu_lib import onu_training
 
 FLAGS = flags.FLAGS
 

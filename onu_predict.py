@@ -21,18 +21,18 @@ import json
 import os
 import sys
 
-import onu_cli  # first: quiet start
+from onu_lib import onu_cli  # first: quiet start
 onu_cli.import_tensorflow()  # noqa: E402  (TensorFlow's start-up lines dropped)
 from absl import app
 from absl import flags
 import tensorflow as tf
 
-import onu_checkpoint
-import onu_dataset
-import onu_flags
-import onu_records
-import onu_run_config
-import onu_serving
+from onu_lib import onu_checkpoint
+from onu_lib import onu_dataset
+from onu_lib import onu_flags
+from onu_lib import onu_records
+from onu_lib import onu_run_config
+from onu_lib import onu_serving
 
 
 class Classifier:

@@ -45,9 +45,9 @@ from PIL import Image
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
-import onu_records  # noqa: E402  (needs REPO_ROOT on sys.path)
-import onu_run_config  # noqa: E402
-import onu_sample_data  # noqa: E402
+from onu_lib import onu_records  # noqa: E402  (needs REPO_ROOT on sys.path)
+from onu_lib import onu_run_config  # noqa: E402
+from onu_lib import onu_sample_data  # noqa: E402
 
 TINY_IMAGE_SIZE = (64, 48)
 PATTERN_SIZE = (48, 32)
@@ -321,7 +321,7 @@ def tiny_run(tmp_path_factory):
     result = run_script('onu_train.py', *TINY_RUN_FLAGS, f'--max_steps={TINY_RUN_STEPS}',
                         f'--data_dir={data_dir}', f'--train_dir={train_dir}')
     assert result.returncode == 0, result.stderr[-3000:]
-    import onu_serving  # pylint: disable=import-outside-toplevel  (TensorFlow: only where the run is used)
+    from onu_lib import onu_serving  # pylint: disable=import-outside-toplevel  (TensorFlow: only where the run is used)
     before = file_states(data_dir, train_dir)
     yield types.SimpleNamespace(data_dir=data_dir, train_dir=train_dir, result=result,
                                 export_dir=onu_serving.default_export_dir(train_dir),
@@ -334,7 +334,7 @@ def tiny_run(tmp_path_factory):
 @pytest.fixture(scope='session')
 def tiny_run_of(tiny_run, tmp_path_factory):
     """Factory: tiny_run_of(model_name) -> tiny_run for its own model, else tiny_run's training of that model."""
-    import onu_serving  # pylint: disable=import-outside-toplevel  (TensorFlow: only where the runs are used)
+    from onu_lib import onu_serving  # pylint: disable=import-outside-toplevel  (TensorFlow: only where the runs are used)
     runs = {tiny_run.config.model: tiny_run}
 
     def run_of(model_name):

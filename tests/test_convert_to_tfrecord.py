@@ -13,9 +13,9 @@ from PIL import Image
 
 from conftest import LAYOUT_CLASSES, REPO_ROOT, layout_photos, run_script, write_inception_records, write_study_records
 
-import onu_records
-import onu_tfrecord
-import onu_dataset
+from onu_lib import onu_records
+from onu_lib import onu_tfrecord
+from onu_lib import onu_dataset
 
 SCRIPT = 'convert_to_tfrecord.py'
 METADATA_KEYS = {onu_dataset.KEY_FORMAT, onu_dataset.KEY_LABEL, onu_dataset.KEY_TEXT, onu_dataset.KEY_HEIGHT,
@@ -391,12 +391,12 @@ def test_workers_of_the_data_scripts_and_of_training_never_import_tensorflow(mak
     assert generated.returncode == 0, generated.stderr[-3000:]
     # This process and at least one worker: the pool is terminated once the work is done, so a worker still
     # starting up on a slow machine may be stopped before its imports (6 photos are done by the first).
-    assert imports_by_process(generated.stderr, 'onu_sample_data') >= 2
+    assert imports_by_process(generated.stderr, 'onu_lib.onu_sample_data') >= 2
     assert imports_by_process(generated.stderr, 'tensorflow') == 0
     converted = run_with_import_log('convert_to_tfrecord.py', f'--data_dir={data_dir}', '--format=raw',
                                     '--processes=2')
     assert converted.returncode == 0, converted.stderr[-3000:]
-    assert imports_by_process(converted.stderr, 'onu_records') >= 2
+    assert imports_by_process(converted.stderr, 'onu_lib.onu_records') >= 2
     assert imports_by_process(converted.stderr, 'tensorflow') == 1  # only this process, to verify the shards
     fresh_dir = make_tiny_dataset('fresh')  # no records yet: training converts them
     trained = run_with_import_log('onu_train.py', f'--data_dir={fresh_dir}', f'--train_dir={tmp_path / "train"}',
@@ -404,7 +404,7 @@ def test_workers_of_the_data_scripts_and_of_training_never_import_tensorflow(mak
                                   '--model=small')
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert 'no raw records: converting them now' in trained.stdout
-    assert imports_by_process(trained.stderr, 'onu_records') >= 2  # training converted with worker processes
+    assert imports_by_process(trained.stderr, 'onu_lib.onu_records') >= 2  # training converted with worker processes
     assert imports_by_process(trained.stderr, 'tensorflow') == 1
 
 

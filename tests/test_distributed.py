@@ -20,10 +20,10 @@ import tensorflow as tf
 from conftest import REPO_ROOT, run_script, script_command
 from test_onu_train import checkpoint_step
 
-import onu_sample_data
-import onu_cluster
-import onu_flags
-import onu_run_config
+from onu_lib import onu_sample_data
+from onu_lib import onu_cluster
+from onu_lib import onu_flags
+from onu_lib import onu_run_config
 import run_local_cluster
 
 PROCESS_TIMEOUT_SECS = 300

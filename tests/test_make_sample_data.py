@@ -8,8 +8,8 @@ from PIL import Image
 
 from conftest import run_script
 
-import onu_sample_data
-import onu_dataset
+from onu_lib import onu_sample_data
+from onu_lib import onu_dataset
 
 SCRIPT = 'make_sample_data.py'
 

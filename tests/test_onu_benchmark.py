@@ -10,10 +10,10 @@ import tensorflow as tf
 
 from conftest import (STUDY_AUGMENTATION_RANGES, assert_spans, colour_effect, layout_photos, mid_colour_image,
                       run_script, write_study_records)
-import benchmark_baselines
-import benchmark_measure
-import benchmark_plan
-import benchmark_report
+from benchmark import baselines as benchmark_baselines
+from benchmark import measure as benchmark_measure
+from benchmark import plan as benchmark_plan
+from benchmark import report as benchmark_report
 import onu_input
 
 PIPELINE_ROWS = ('images', 'raw', 'encoded', 'serial_cv2', 'keras_reader')

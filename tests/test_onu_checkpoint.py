@@ -17,8 +17,8 @@ import tensorflow as tf
 from conftest import REPO_ROOT, copy_train_dir, file_states, run_script, script_command
 from test_onu_train import TIMEOUT_SECS, TINY_FLAGS, checkpoint_step, logged_steps, run_train
 
-import onu_checkpoint
-import onu_dataset
+from onu_lib import onu_checkpoint
+from onu_lib import onu_dataset
 
 
 def copy_run(tiny_run, tmp_path, name='run'):

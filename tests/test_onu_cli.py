@@ -4,8 +4,8 @@ import os
 from absl import flags
 import pytest
 
-import onu_cli
-import onu_dataset
+from onu_lib import onu_cli
+from onu_lib import onu_dataset
 
 START_UP_LINES = [
     'WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n',

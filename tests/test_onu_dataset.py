@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 from PIL import ImageOps
 
-import onu_dataset
+from onu_lib import onu_dataset
 
 
 def _one_line(error):

@@ -14,14 +14,14 @@ from PIL import Image
 from conftest import (REPO_ROOT, TINY_IMAGE_SIZE, copy_train_dir, run_on_a_terminal, run_script, script_command,
                       script_tested_models)
 
-import onu_sample_data
-import onu_checkpoint
-import onu_dataset
+from onu_lib import onu_sample_data
+from onu_lib import onu_checkpoint
+from onu_lib import onu_dataset
 import onu_eval
-import onu_eval_summaries
+from onu_lib import onu_eval_summaries
 import onu_input
 import onu_model
-import onu_run_config
+from onu_lib import onu_run_config
 
 TIMEOUT_SECS = 180
 IMAGE_SIZE = 32
@@ -39,7 +39,8 @@ import sys
 sys.path.insert(0, os.getcwd())
 from absl import app
 import tensorflow as tf
-import onu_checkpoint, onu_eval
+from onu_lib import onu_eval
+from onu_lib import onu_checkpoint
 
 doomed = sys.argv.pop(1)
 read_step = onu_checkpoint.checkpoint_step

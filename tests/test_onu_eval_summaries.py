@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-import onu_eval_summaries as summaries
+from onu_lib import onu_eval_summaries as summaries
 
 CLASS_NAMES = ['F603', 'F663N']
 STEP = 42

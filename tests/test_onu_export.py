@@ -11,11 +11,11 @@ import tensorflow as tf
 
 from conftest import run_script, script_tested_models
 
-import onu_checkpoint
-import onu_dataset
+from onu_lib import onu_checkpoint
+from onu_lib import onu_dataset
 import onu_input
 import onu_model
-import onu_serving
+from onu_lib import onu_serving
 
 IMAGE_SIZE = 32
 BATCH_SIZE = 8  # 16 training examples: an epoch is 2 steps of 8

@@ -15,9 +15,9 @@ from PIL import Image
 from PIL import ImageOps
 
 from conftest import STUDY_AUGMENTATION_RANGES, assert_spans, colour_effect, mid_colour_image
-import onu_dataset
+from onu_lib import onu_dataset
 import onu_input
-import onu_records
+from onu_lib import onu_records
 
 IMAGE_SIZE = 32
 FORMATS = onu_dataset.DATA_FORMATS

@@ -13,11 +13,11 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-import onu_dataset
+from onu_lib import onu_dataset
 import onu_input
-import onu_layouts
-import onu_records
-import onu_tfrecord
+from onu_lib import onu_layouts
+from onu_lib import onu_records
+from onu_lib import onu_tfrecord
 from conftest import (LAYOUT_CLASS_NAMES, LAYOUT_CLASSES, LAYOUT_WRITERS, file_states, layout_photos, run_script,
                       write_inception_records, write_slim_records, write_study_records, write_tfrecord, _example)
 

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 import tf_slim as slim
 
-import onu_checkpoint
+from onu_lib import onu_checkpoint
 import onu_model
 
 IRV2 = 'inception_resnet_v2'

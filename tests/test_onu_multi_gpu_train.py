@@ -14,11 +14,11 @@ import tf_slim as slim
 from conftest import LAYOUT_CLASSES, layout_photos, run_script, write_tfds_records
 from test_onu_train import checkpoint_step, event_tags
 
-import onu_sample_data
+from onu_lib import onu_sample_data
 import onu_input
 import onu_model
 import onu_multi_gpu_train
-import onu_run_config
+from onu_lib import onu_run_config
 
 TINY_FLAGS = ['--image_size=32', '--batch_size=2', '--log_frequency=1', '--save_summaries_steps=1',
               '--save_checkpoint_secs=600']

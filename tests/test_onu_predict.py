@@ -15,11 +15,11 @@ import tensorflow as tf
 from conftest import LAYOUT_CLASSES, layout_photos, run_script, write_inception_records
 from test_onu_export import eval_graph_softmax
 
-import onu_records
-import onu_dataset
+from onu_lib import onu_records
+from onu_lib import onu_dataset
 import onu_input
 import onu_predict
-import onu_serving
+from onu_lib import onu_serving
 
 CLASS_NAMES = ['F603', 'F663N']
 

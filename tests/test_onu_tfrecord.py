@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import onu_tfrecord
+from onu_lib import onu_tfrecord
 from conftest import write_tfrecord
 
 COMPRESSIONS = {'NONE': '', 'GZIP': 'GZIP', 'ZLIB': 'ZLIB'}

@@ -15,9 +15,9 @@ import tensorflow as tf
 from conftest import (REPO_ROOT, TINY_RUN_NOTES, TINY_RUN_STEPS, copy_train_dir, run_on_a_terminal, run_script,
                       script_command, script_tested_models)
 
-import onu_dataset
+from onu_lib import onu_dataset
 import onu_model
-import onu_run_config
+from onu_lib import onu_run_config
 
 TIMEOUT_SECS = 240
 # The shared run's input size and batch; checkpoints only at the start and the end of a run.

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import onu_checkpoint
-import onu_training
+from onu_lib import onu_checkpoint
+from onu_lib import onu_training
 
 
 def _train(tmp_path, pipeline_sleep_secs, steps=12, log_frequency=3, more_hooks=lambda global_step: []):

@@ -19,9 +19,9 @@ import time
 
 import tensorflow as tf
 
-import onu_dataset
+from onu_lib import onu_dataset
 import onu_model
-import onu_training
+from onu_lib import onu_training
 
 RESULT_MARKER = 'onu_benchmark result: '
 BUSY_MACHINE_CORES = 0.2  # other processes using more than this during a measurement disturb it
@@ -31,7 +31,7 @@ import importlib, json, os, sys
 cpu = json.loads(sys.argv[2])
 if cpu is not None:
     os.sched_setaffinity(0, {{cpu}})  # before any thread starts, so that every thread inherits it
-import onu_cli  # first, as in every script: a quiet start
+from onu_lib import onu_cli  # first, as in every script: a quiet start
 module = importlib.import_module(sys.argv[1])
 for line in sys.stdin:
     name, kwargs = json.loads(line)
@@ -62,7 +62,7 @@ class FreshPython:
         self._log = open(self._log_path, 'w', encoding='utf-8')  # a file, not a pipe: a full pipe would block it
         self._process = subprocess.Popen(
             [sys.executable, '-c', _SERVER_CODE, self._module_name, json.dumps(self._cpu)],
-            cwd=os.path.dirname(os.path.abspath(__file__)),
+            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),  # the repository: its modules import
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True)
 
     def call(self, function_name, **kwargs):

@@ -12,14 +12,14 @@ from datetime import datetime
 
 import tensorflow as tf
 
-import onu_checkpoint
-import onu_dataset
+from onu_lib import onu_checkpoint
+from onu_lib import onu_dataset
 import onu_input
 import onu_model
-import onu_records
-import onu_run_config
-import onu_sample_data
-import onu_serving
+from onu_lib import onu_records
+from onu_lib import onu_run_config
+from onu_lib import onu_sample_data
+from onu_lib import onu_serving
 
 
 class NanLossError(Exception):

@@ -14,7 +14,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
-import onu_dataset
+from onu_lib import onu_dataset
 import onu_input
 
 
@@ -165,7 +165,7 @@ def _in_registry_order(implementations, baseline):
     missing = [name for name in onu_input.augmentation_names() if name not in implementations]
     if missing:
         raise NotImplementedError(f'{baseline} has no implementation of the augmentation {", ".join(missing)}: '
-                                  f'add one to benchmark_baselines.py')
+                                  f'add one to benchmark/baselines.py')
     return {name: implementations[name] for name in onu_input.augmentation_names()}
 
 

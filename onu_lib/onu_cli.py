@@ -19,7 +19,7 @@ import warnings
 from absl import flags
 from absl import logging
 
-import onu_dataset  # no TensorFlow there either
+from onu_lib import onu_dataset  # no TensorFlow there either
 
 FLAGS = flags.FLAGS
 VERBOSE_FLAG = 'verbose'

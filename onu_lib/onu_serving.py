@@ -27,11 +27,11 @@ import time
 
 import tensorflow as tf
 
-import onu_checkpoint
-import onu_dataset
+from onu_lib import onu_checkpoint
+from onu_lib import onu_dataset
 import onu_input
 import onu_model
-import onu_run_config
+from onu_lib import onu_run_config
 
 EXPORT_SUBDIR = 'export'  # default export_dir: train_dir/export
 SERVING_SIGNATURE = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY  # 'serving_default'

@@ -25,7 +25,7 @@ import unicodedata
 
 from PIL import Image
 
-import onu_tfrecord
+from onu_lib import onu_tfrecord
 
 DEFAULT_DATA_DIR = '/tmp/onu_data'  # every script's default --data_dir: the built-in sample data
 SPLITS = ('train', 'val')

@@ -13,10 +13,10 @@ import statistics
 
 import numpy as np
 
-import benchmark_measure
-import benchmark_plan
-import benchmark_runner
-import onu_dataset
+from benchmark import measure as benchmark_measure
+from benchmark import plan as benchmark_plan
+from benchmark import runner as benchmark_runner
+from onu_lib import onu_dataset
 import onu_model
 
 ROW_ORDER = benchmark_plan.PIPELINE_WAYS + ('decode_limit', 'synthetic')
@@ -374,7 +374,7 @@ def storage_table(report):
          f'{rows["decode_limit"]["cores"]} processes; 1 process: '
          f'{rows["raw"]["conversion_seconds_1_process"]:.2f} s']]
         + ([[ROW_TITLES['inception'], _megabytes(rows['inception']['disk_bytes']),
-             _cell(rows['inception']['disk_ratio'], 3), '-', 'written by benchmark_measure.write_inception_shards']]
+             _cell(rows['inception']['disk_ratio'], 3), '-', 'written by benchmark.measure.write_inception_shards']]
            if 'inception' in rows else []))
 
 

@@ -30,10 +30,10 @@ from PIL import Image
 
 from tqdm import tqdm
 
-import onu_dataset
-import onu_layouts
-import onu_tfrecord
-from onu_dataset import DataError
+from onu_lib import onu_dataset
+from onu_lib import onu_layouts
+from onu_lib import onu_tfrecord
+from onu_lib.onu_dataset import DataError
 
 TARGET_SHARD_BYTES = 100 << 20  # automatic --num_shards: about this many bytes per shard
 RAW_TASK_BYTES = 8 << 20  # pixels decoded per worker task: fewer, larger tasks cost the writing process less

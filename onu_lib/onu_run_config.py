@@ -15,7 +15,7 @@ import dataclasses
 import json
 import os
 
-import onu_dataset
+from onu_lib import onu_dataset
 
 RUN_CONFIG_FILENAME = 'run_config.json'
 FORMAT_VERSION = 3

@@ -8,9 +8,9 @@ import math
 import os
 import shutil
 
-import benchmark_measure
-from benchmark_runner import Task
-import onu_dataset
+from benchmark import measure as benchmark_measure
+from benchmark.runner import Task
+from onu_lib import onu_dataset
 import onu_model
 
 RECORD_WAYS = ('raw', 'encoded')

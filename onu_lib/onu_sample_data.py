@@ -20,7 +20,7 @@ import time
 import cv2
 import numpy as np
 
-import onu_dataset
+from onu_lib import onu_dataset
 
 SAMPLE_CLASS_NAMES = ('F603', 'F663N')
 DEFAULT_TRAIN_PER_CLASS = 300

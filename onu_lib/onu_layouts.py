@@ -24,9 +24,9 @@ import json
 import os
 import re
 
-import onu_dataset
-import onu_tfrecord
-from onu_dataset import DataError
+from onu_lib import onu_dataset
+from onu_lib import onu_tfrecord
+from onu_lib.onu_dataset import DataError
 
 # Image keys -> the data format of their bytes, in order of preference; label keys likewise.
 IMAGE_KEYS = {onu_dataset.KEY_ENCODED: 'encoded', onu_dataset.KEY_RAW: 'raw', 'image': 'encoded'}

@@ -39,7 +39,7 @@ import time
 from google.protobuf import text_format
 import tensorflow as tf
 
-import onu_dataset
+from onu_lib import onu_dataset
 import onu_model
 
 CHECKPOINT_BASENAME = 'model.ckpt'  # MonitoredTrainingSession's: model.ckpt-<global step>

@@ -11,14 +11,14 @@ import sys
 from absl import flags
 import tensorflow as tf
 
-import onu_cli
-import onu_checkpoint
-import onu_cluster
-import onu_dataset
+from onu_lib import onu_cli
+from onu_lib import onu_checkpoint
+from onu_lib import onu_cluster
+from onu_lib import onu_dataset
 import onu_input
 import onu_model
-import onu_run_config
-import onu_training
+from onu_lib import onu_run_config
+from onu_lib import onu_training
 
 DEFAULT_TRAIN_DIR = '/tmp/onu_train'
 CACHE_CHOICES = ('auto', 'on', 'off')  # --cache_decoded_epoch
@@ -276,11 +276,12 @@ def monitored_training_session(role, scaffold, hooks, info):
 
 def project_flag_values():
     """Returns {name: value} of the flags this project's modules and scripts define."""
-    repo_dir = os.path.dirname(os.path.abspath(__file__))
+    repo_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     values = {}
     for module, module_flags in FLAGS.flags_by_module_dict().items():
-        name = os.path.splitext(os.path.basename(module))[0]
-        if os.path.isfile(os.path.join(repo_dir, name + '.py')):
+        # A script run as __main__ is known by its path, an imported module by its dotted name.
+        relative = os.path.basename(module) if module.endswith('.py') else os.path.join(*module.split('.')) + '.py'
+        if os.path.isfile(os.path.join(repo_dir, relative)):
             values.update((flag.name, flag.value) for flag in module_flags
                           if not onu_cli.is_deprecated_alias(flag.name))
     return values

@@ -22,14 +22,14 @@ from PIL import Image
 import numpy as np
 import tensorflow as tf
 
-import benchmark_baselines
-import onu_dataset
-import onu_flags
+from benchmark import baselines as benchmark_baselines
+from onu_lib import onu_dataset
+from onu_lib import onu_flags
 import onu_input
-import onu_layouts
+from onu_lib import onu_layouts
 import onu_model
-import onu_records
-import onu_training
+from onu_lib import onu_records
+from onu_lib import onu_training
 
 PRECISION_VARIANTS = ('mixed', 'xla')  # measured next to float32 by measure_training_variants
 TRAINING_VARIANTS = ('float32',) + PRECISION_VARIANTS
