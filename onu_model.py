@@ -684,6 +684,34 @@ def choose_precision(requested, hardware):
     return Precision('float32'), f'--precision=mixed: {missing}; training in float32 instead'
 
 
+def resolve_precision(requested, use_gpus=True):
+    """Returns the Precision that --precision gives here; prints the devices, it and any warning.
+
+    use_gpus False: the model runs on the CPU even where GPUs are visible (onu_eval --device=cpu).
+    """
+    hardware = detect_hardware()
+    if not use_gpus:
+        hardware = dataclasses.replace(hardware, gpus=())
+    precision, warning = choose_precision(requested, hardware)
+    if warning:
+        print(f'warning: {warning}', file=sys.stderr, flush=True)
+    gpus = ', '.join(f'{name} (compute capability {".".join(map(str, capability))})'
+                     for name, capability in hardware.gpus) or 'none visible' + ('' if use_gpus else ' (--device=cpu)')
+    bfloat16 = ', '.join(hardware.cpu_bfloat16_flags) or 'no bfloat16 instructions'
+    print(f'GPUs: {gpus}; CPU: {hardware.cpu_model or "unknown"} ({bfloat16}); precision: '
+          f'{precision.describe()}', flush=True)
+    return precision
+
+
+def session_config(hide_gpus=False):
+    """Returns the session config: soft placement so one graph runs on CPU or GPU, GPU memory on demand."""
+    config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
+    if hide_gpus:
+        config.device_count['GPU'] = 0
+    config.gpu_options.allow_growth = True
+    return config
+
+
 def set_precision_options(config, compute_dtype, xla=False):
     """Turns on in a tf.compat.v1.ConfigProto the rewrite to compute_dtype (a Precision's), and XLA if asked.
 

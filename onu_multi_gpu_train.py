@@ -125,15 +125,15 @@ def _keep_first_tower_summaries(num_towers):
     summaries[:] = [summary for summary in summaries if not summary.op.name.startswith(others)]
 
 
-def tower_inputs(info, devices, run_config, seed):
+def tower_inputs(options, info, devices, run_config, seed):
     """Returns the step's batch tuple of info (the train split): (images, labels), or (uint8 images, labels,
     draws) to augment per tower."""
-    batch_size = FLAGS.batch_size * len(devices)
-    cache = {'cache': onu_flags.cache_decoded_epoch(), 'cache_progress': onu_cli.show_progress(),
-             'reduced_decode': FLAGS.reduced_decode}
-    if FLAGS.augment_on == 'model':  # each tower augments its own slice on its own device
+    batch_size = options.batch_size * len(devices)
+    cache = {'cache': options.cache_decoded_epoch, 'cache_progress': onu_cli.show_progress(),
+             'reduced_decode': options.reduced_decode}
+    if options.augment_on == 'model':  # each tower augments its own slice on its own device
         return onu_input.undistorted_inputs(info, batch_size, run_config.image_size, seed=seed, **cache)
-    return onu_input.distorted_inputs(info, batch_size, run_config.image_size, augment=onu_flags.augment_options(),
+    return onu_input.distorted_inputs(info, batch_size, run_config.image_size, augment=options.augmentations,
                                       seed=seed, **cache)
 
 
@@ -142,65 +142,66 @@ def train():
 
     Returns the exit code: 0, or 128 + the signal that stopped training.
     """
-    precision, role = onu_flags.training_role()
+    options = onu_flags.training_options()
+    precision, role = onu_training.training_role(options)
     if role.is_ps:
         return role.serve()
-    run_config, train_data, resume_from = onu_flags.begin_training_run(precision, role)
+    run_config, train_data, resume_from = onu_training.begin_training_run(options, precision, role)
     devices = tower_devices(FLAGS.num_gpus, len(tf.config.list_physical_devices('GPU')))
     if devices[0] == VARIABLE_DEVICE:
         print(f'{len(devices)} towers on the CPU (TensorFlow sees no GPU): this exercises the tower '
               f'logic, it is not faster than onu_train.py.', flush=True)
     else:
         print(f'{len(devices)} towers on {", ".join(devices)}, variables on {VARIABLE_DEVICE}.', flush=True)
-    print(f'{FLAGS.batch_size} examples per tower, {FLAGS.batch_size * len(devices)} per step.', flush=True)
-    examples_per_step = FLAGS.batch_size * len(devices) * role.num_replicas
+    print(f'{options.batch_size} examples per tower, {options.batch_size * len(devices)} per step.', flush=True)
+    examples_per_step = options.batch_size * len(devices) * role.num_replicas
 
     with tf.Graph().as_default():
         # The graph: one input pipeline, a tower per device, the averaged update.
         with role.device_scope(), tf.device(VARIABLE_DEVICE):
-            seed = onu_training.input_seed(FLAGS.seed, role.task_index, resume_from)
+            seed = onu_training.input_seed(options.seed, role.task_index, resume_from)
             tf.compat.v1.set_random_seed(seed)
             global_step = tf.compat.v1.train.get_or_create_global_step()
-            batch = tower_inputs(train_data, devices, run_config, seed)
-            learning_rate = onu_flags.learning_rate(global_step, run_config, examples_per_step)
-            optimizer = onu_model.make_optimizer(FLAGS.optimizer, learning_rate, run_config.compute_dtype)
+            batch = tower_inputs(options, train_data, devices, run_config, seed)
+            learning_rate = onu_training.learning_rate(options, global_step, run_config, examples_per_step)
+            optimizer = onu_model.make_optimizer(options.optimizer, learning_rate, run_config.compute_dtype)
             tower_outputs = []
 
             def tower_loss(tower_images, tower_labels, tower_draws=None):
                 if tower_draws is not None:
-                    tower_images = onu_input.augment_batch(tower_images, tower_draws, onu_flags.augment_options())
+                    tower_images = onu_input.augment_batch(tower_images, tower_draws, options.augmentations)
                     if not tower_outputs:
                         onu_input.add_input_summary(tower_images)
                 logits, end_points = onu_model.inference(
                     tower_images, run_config.num_classes, run_config.model, is_training=True,
-                    weight_decay=FLAGS.weight_decay)
+                    weight_decay=options.weight_decay)
                 tower_outputs.append((logits, end_points))
-                return onu_model.loss(logits, tower_labels, end_points, FLAGS.label_smoothing)
+                return onu_model.loss(logits, tower_labels, end_points, options.label_smoothing)
 
             tower_grads, tower_losses = tower_gradients(
                 optimizer, tower_loss, batch, devices,
-                lambda: onu_model.variables_to_train(FLAGS.trainable_scopes))
+                lambda: onu_model.variables_to_train(options.trainable_scopes))
             _keep_first_tower_summaries(len(devices))
             # The batch's losses (the towers' mean), named as in onu_train.py so that the checkpoints
             # hold the same variables (the losses' moving averages among them).
             total_loss = _mean_over_towers(tower_losses, 'total_loss')
             average_op = onu_training.add_training_summaries(
                 tf.concat([logits for logits, _ in tower_outputs], 0), batch[1], tower_outputs[0][1],
-                total_loss, _tower_averaged_losses(len(devices)), histograms=FLAGS.histograms)
-            optimizer = role.synchronous(optimizer, global_step, FLAGS.moving_average_decay)
+                total_loss, _tower_averaged_losses(len(devices)), histograms=options.histograms)
+            optimizer = role.synchronous(optimizer, global_step, options.moving_average_decay)
             train_op = onu_model.build_train_op(
-                optimizer, average_gradients(tower_grads), global_step, FLAGS.moving_average_decay,
+                optimizer, average_gradients(tower_grads), global_step, options.moving_average_decay,
                 update_ops=tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS, tower_scope(0) + '/'),
                 extra_ops=[average_op])
 
         # The hooks and the loop: as in onu_train.py.
-        scaffold, hooks = onu_flags.training_hooks(run_config, role, resume_from, total_loss, global_step,
-                                                   learning_rate, examples_per_step)
+        scaffold, hooks = onu_training.scaffold_and_hooks(options, run_config, role, resume_from, total_loss,
+                                                          global_step, learning_rate, examples_per_step)
         role.wait_for_chief()
-        with onu_flags.monitored_training_session(role, scaffold, hooks, train_data) as session:
+        with onu_training.monitored_training_session(options, role, scaffold, hooks, train_data) as session:
             while not session.should_stop():
                 session.run(train_op)
-    return onu_training.finish(hooks, role, FLAGS.train_dir, FLAGS.max_steps)
+    return onu_training.finish(options, hooks, role)
 
 
 def main(argv):

@@ -45,46 +45,47 @@ def train():
 
     Returns the exit code: 0, or 128 + the signal that stopped training.
     """
-    precision, role = onu_flags.training_role()
+    options = onu_flags.training_options()
+    precision, role = onu_training.training_role(options)
     if role.is_ps:
         return role.serve()
-    run_config, train_data, resume_from = onu_flags.begin_training_run(precision, role)
-    examples_per_step = FLAGS.batch_size * role.num_replicas
+    run_config, train_data, resume_from = onu_training.begin_training_run(options, precision, role)
+    examples_per_step = options.batch_size * role.num_replicas
 
     with tf.Graph().as_default():
         # The graph: input, inference, loss, train op (its variables on the ps tasks of a cluster).
         with role.device_scope():
-            seed = onu_training.input_seed(FLAGS.seed, role.task_index, resume_from)
+            seed = onu_training.input_seed(options.seed, role.task_index, resume_from)
             tf.compat.v1.set_random_seed(seed)
             global_step = tf.compat.v1.train.get_or_create_global_step()
             images, labels = onu_input.distorted_inputs(
-                train_data, FLAGS.batch_size, run_config.image_size, augment=onu_flags.augment_options(),
-                seed=seed, augment_on=FLAGS.augment_on, cache=onu_flags.cache_decoded_epoch(),
-                reduced_decode=FLAGS.reduced_decode, cache_progress=onu_cli.show_progress())
+                train_data, options.batch_size, run_config.image_size, augment=options.augmentations, seed=seed,
+                augment_on=options.augment_on, cache=options.cache_decoded_epoch,
+                reduced_decode=options.reduced_decode, cache_progress=onu_cli.show_progress())
             logits, end_points = onu_model.inference(images, run_config.num_classes, run_config.model,
-                                                     is_training=True, weight_decay=FLAGS.weight_decay)
-            total_loss = onu_model.loss(logits, labels, end_points, FLAGS.label_smoothing)
+                                                     is_training=True, weight_decay=options.weight_decay)
+            total_loss = onu_model.loss(logits, labels, end_points, options.label_smoothing)
             average_op = onu_training.add_training_summaries(logits, labels, end_points, total_loss,
-                                                             histograms=FLAGS.histograms)
-            learning_rate = onu_flags.learning_rate(global_step, run_config, examples_per_step)
+                                                             histograms=options.histograms)
+            learning_rate = onu_training.learning_rate(options, global_step, run_config, examples_per_step)
             optimizer = role.synchronous(
-                onu_model.make_optimizer(FLAGS.optimizer, learning_rate, run_config.compute_dtype),
-                global_step, FLAGS.moving_average_decay)
+                onu_model.make_optimizer(options.optimizer, learning_rate, run_config.compute_dtype),
+                global_step, options.moving_average_decay)
             grads_and_vars = optimizer.compute_gradients(
-                total_loss, var_list=onu_model.variables_to_train(FLAGS.trainable_scopes))
+                total_loss, var_list=onu_model.variables_to_train(options.trainable_scopes))
             train_op = onu_model.build_train_op(optimizer, grads_and_vars, global_step,
-                                                FLAGS.moving_average_decay, extra_ops=[average_op])
+                                                options.moving_average_decay, extra_ops=[average_op])
 
         # The hooks: stop at --max_steps or on a signal, NaN check, logging, checkpoints.
-        scaffold, hooks = onu_flags.training_hooks(run_config, role, resume_from, total_loss, global_step,
-                                                   learning_rate, examples_per_step)
+        scaffold, hooks = onu_training.scaffold_and_hooks(options, run_config, role, resume_from, total_loss,
+                                                          global_step, learning_rate, examples_per_step)
 
         # The loop: MonitoredTrainingSession restores or initialises, runs the hooks, saves at the end.
         role.wait_for_chief()
-        with onu_flags.monitored_training_session(role, scaffold, hooks, train_data) as session:
+        with onu_training.monitored_training_session(options, role, scaffold, hooks, train_data) as session:
             while not session.should_stop():
                 session.run(train_op)
-    return onu_training.finish(hooks, role, FLAGS.train_dir, FLAGS.max_steps)
+    return onu_training.finish(options, hooks, role)
 
 
 def main(argv):

@@ -24,7 +24,6 @@ import tensorflow as tf
 
 from benchmark import baselines as benchmark_baselines
 from onu_lib import onu_dataset
-from onu_lib import onu_flags
 import onu_input
 from onu_lib import onu_layouts
 import onu_model
@@ -196,7 +195,7 @@ def _time_runs(sess, fetch, warmup, runs, feeds=None):
 
 def _session(config=None):
     """Returns a session configured as training configures it (or with config)."""
-    return tf.compat.v1.Session(config=config or onu_flags.session_config())
+    return tf.compat.v1.Session(config=config or onu_model.session_config())
 
 
 def cpu_ms_per_image(result):
@@ -403,7 +402,7 @@ class TrainingRun:
             train_op = _train_op(model_name, total_loss, global_step, info.num_examples, batch_size, compute_dtype)
             self._step = [train_op, total_loss]  # one fetch list throughout: a new one sets up a new executor
             self._pipelines = tf.compat.v1.get_collection(onu_input.PIPELINE_MODEL_OPS)
-            self.session = _session(onu_model.set_precision_options(onu_flags.session_config(), compute_dtype, xla))
+            self.session = _session(onu_model.set_precision_options(onu_model.session_config(), compute_dtype, xla))
             self.session.run([tf.compat.v1.global_variables_initializer(),
                               tf.compat.v1.local_variables_initializer()])
         self.windows, self.final_loss = [], None

@@ -2,22 +2,19 @@
 
 A flag used by several scripts is declared here once, with one meaning everywhere. Importing this
 module declares the model and data flags; the training flags (onu_train.py, onu_multi_gpu_train.py,
-run_local_cluster.py) come from define_training_flags(). Scripts import onu_cli first.
+run_local_cluster.py) come from define_training_flags(), and training_options() reads them, once, into the
+onu_training.TrainingOptions the training scripts pass to onu_training. Only flags live here: declaring and
+reading them. Scripts import onu_cli first.
 """
-import dataclasses
 import os
-import sys
 
 from absl import flags
-import tensorflow as tf
 
 from onu_lib import onu_cli
-from onu_lib import onu_checkpoint
 from onu_lib import onu_cluster
 from onu_lib import onu_dataset
 import onu_input
 import onu_model
-from onu_lib import onu_run_config
 from onu_lib import onu_training
 
 DEFAULT_TRAIN_DIR = '/tmp/onu_train'
@@ -58,34 +55,6 @@ def define_allow_raw_weights_flag(help_text):
 def define_precision_flag(default, help_text):
     """Declares --precision: auto (the hardware decides), float32 or mixed (see onu_model.choose_precision)."""
     flags.DEFINE_enum('precision', default, ('auto',) + onu_model.PRECISIONS, help_text)
-
-
-def resolve_precision(requested, use_gpus=True):
-    """Returns the onu_model.Precision that --precision gives here; prints the devices, it and any warning.
-
-    use_gpus False: the model runs on the CPU even where GPUs are visible (onu_eval --device=cpu).
-    """
-    hardware = onu_model.detect_hardware()
-    if not use_gpus:
-        hardware = dataclasses.replace(hardware, gpus=())
-    precision, warning = onu_model.choose_precision(requested, hardware)
-    if warning:
-        print(f'warning: {warning}', file=sys.stderr, flush=True)
-    gpus = ', '.join(f'{name} (compute capability {".".join(map(str, capability))})'
-                     for name, capability in hardware.gpus) or 'none visible' + ('' if use_gpus else ' (--device=cpu)')
-    bfloat16 = ', '.join(hardware.cpu_bfloat16_flags) or 'no bfloat16 instructions'
-    print(f'GPUs: {gpus}; CPU: {hardware.cpu_model or "unknown"} ({bfloat16}); precision: '
-          f'{precision.describe()}', flush=True)
-    return precision
-
-
-def session_config(hide_gpus=False):
-    """Returns the session config: soft placement so one graph runs on CPU or GPU, GPU memory on demand."""
-    config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
-    if hide_gpus:
-        config.device_count['GPU'] = 0
-    config.gpu_options.allow_growth = True
-    return config
 
 
 def define_training_flags():
@@ -192,86 +161,29 @@ def parse_profile_steps(value):
     return (start, stop) if 1 <= start <= stop else None
 
 
-def cache_decoded_epoch():
-    """Returns --cache_decoded_epoch as onu_input.make_dataset's cache: None (auto), True or False."""
-    return {'auto': None, 'on': True, 'off': False}[FLAGS.cache_decoded_epoch]
-
-
-def augment_options():
-    """Returns the onu_input.AugmentOptions selected by --augmentations."""
-    return onu_input.AugmentOptions(FLAGS.augmentations)
-
-
-def training_run_config(precision, info):
-    """Returns the RunConfig the training flags describe for info, the train split (model: onu_training's default)."""
-    model_name = FLAGS.model or onu_training.default_model_name()
-    if not FLAGS.model:
-        print(f'--model not given: using {model_name} '
-              f'({"a GPU is visible" if model_name == onu_model.DEFAULT_MODEL_WITH_GPU else "no GPU visible"}).',
-              flush=True)
-    image_size = FLAGS.image_size or onu_model.model_spec(model_name).image_size
-    return onu_run_config.RunConfig(
-        model=model_name, image_size=image_size,
-        class_names=info.class_names, num_examples_per_epoch=info.num_examples,
-        data_dir=os.path.abspath(FLAGS.data_dir), data_format=info.data_format,
-        layout=onu_input.data_layout(FLAGS.data_dir),
-        labels_offset=info.data_labels_offset, validation_percent=info.validation_percent,
-        cache_decoded_epoch='on' if onu_input.uses_decoded_cache(info, image_size, cache_decoded_epoch()) else 'off',
-        precision=precision.name, compute_dtype=precision.compute_dtype, max_steps=FLAGS.max_steps,
-        moving_average_decay=FLAGS.moving_average_decay, flags=project_flag_values())
-
-
-def training_role():
-    """Returns (precision, this process's onu_cluster.Role) as the precision and cluster flags (or TF_CONFIG) say."""
-    precision = resolve_precision(FLAGS.precision)
-    task = onu_cluster.resolve_task(FLAGS.ps_hosts, FLAGS.worker_hosts, FLAGS.job_name, FLAGS.task_index,
-                                    os.environ.get('TF_CONFIG'), FLAGS.sync_replicas, FLAGS.model is not None)
-    session = onu_model.set_precision_options(session_config(), precision.compute_dtype, FLAGS.xla)
-    return precision, onu_cluster.join(task, session, FLAGS.sync_replicas)
-
-
-def begin_training_run(precision, role):
-    """Takes --train_dir (the chief), makes the data ready, checks and saves the run configuration.
-
-    RunComplete when the run has reached --max_steps already.
-
-    Returns (RunConfig, the train split's onu_input.DatasetInfo, checkpoint resumed from).
-    """
-    if role.is_chief:  # one trainer per --train_dir: refused, before anything is read or written, if in use
-        onu_checkpoint.hold_folder(FLAGS.train_dir, 'training', 'train_dir')
-    onu_training.check_not_complete(FLAGS.train_dir, FLAGS.max_steps, role)
-    data_format = onu_training.prepare_data(FLAGS.data_dir, FLAGS.data_format, FLAGS.validation_percent,
-                                            FLAGS.labels_offset)
-    info = onu_input.dataset_info(FLAGS.data_dir, data_format, 'train', FLAGS.validation_percent, FLAGS.labels_offset)
-    run_config = training_run_config(precision, info)
-    onu_training.start_run(FLAGS.train_dir, run_config, role.is_chief)
-    return run_config, info, onu_training.resume_point(FLAGS.train_dir, role.is_chief)
-
-
-def learning_rate(global_step, run_config, examples_per_step):
-    """Returns the learning-rate tensor of the learning-rate flags, an epoch being run_config's examples."""
-    return onu_model.make_learning_rate(
-        global_step, FLAGS.learning_rate or onu_model.model_spec(run_config.model).learning_rate,
-        FLAGS.learning_rate_schedule, run_config.num_examples_per_epoch, examples_per_step,
-        FLAGS.num_epochs_per_decay, FLAGS.learning_rate_decay_factor)
-
-
-def training_hooks(run_config, role, resume_from, total_loss, global_step, learning_rate_tensor, examples_per_step):
-    """Returns (Scaffold, hooks) of a training run, as the checkpoint and logging flags say (onu_training's)."""
-    scaffold = onu_training.make_scaffold(FLAGS.train_dir, resume_from, FLAGS.fine_tune_checkpoint,
-                                          FLAGS.checkpoint_exclude_scopes, FLAGS.keep_checkpoint_max)
-    hooks = onu_training.training_hooks(
-        run_config, FLAGS.train_dir, role, scaffold, total_loss, global_step, learning_rate_tensor,
-        examples_per_step, FLAGS.max_steps, FLAGS.log_frequency, FLAGS.save_checkpoint_secs,
-        FLAGS.save_checkpoint_steps, FLAGS.export_every_n_epochs,
-        parse_profile_steps(FLAGS.profile_steps) if FLAGS.profile_steps else None)
-    return scaffold, hooks
-
-
-def monitored_training_session(role, scaffold, hooks, info):
-    """Returns onu_training's MonitoredTrainingSession context for --train_dir, reading info (the train split)."""
-    return onu_training.monitored_training_session(role, FLAGS.train_dir, scaffold, hooks,
-                                                   FLAGS.save_summaries_steps, info)
+def training_options():
+    """Returns the onu_training.TrainingOptions the training flags give: the flags, read once."""
+    return onu_training.TrainingOptions(
+        train_dir=FLAGS.train_dir, data_dir=FLAGS.data_dir, data_format=FLAGS.data_format,
+        validation_percent=FLAGS.validation_percent, labels_offset=FLAGS.labels_offset, model=FLAGS.model,
+        image_size=FLAGS.image_size, batch_size=FLAGS.batch_size, max_steps=FLAGS.max_steps,
+        precision=FLAGS.precision, xla=FLAGS.xla, seed=FLAGS.seed,
+        augmentations=onu_input.AugmentOptions(FLAGS.augmentations), augment_on=FLAGS.augment_on,
+        cache_decoded_epoch={'auto': None, 'on': True, 'off': False}[FLAGS.cache_decoded_epoch],
+        reduced_decode=FLAGS.reduced_decode, optimizer=FLAGS.optimizer, learning_rate=FLAGS.learning_rate,
+        learning_rate_schedule=FLAGS.learning_rate_schedule, num_epochs_per_decay=FLAGS.num_epochs_per_decay,
+        learning_rate_decay_factor=FLAGS.learning_rate_decay_factor,
+        moving_average_decay=FLAGS.moving_average_decay, weight_decay=FLAGS.weight_decay,
+        label_smoothing=FLAGS.label_smoothing, trainable_scopes=tuple(FLAGS.trainable_scopes),
+        fine_tune_checkpoint=FLAGS.fine_tune_checkpoint,
+        checkpoint_exclude_scopes=tuple(FLAGS.checkpoint_exclude_scopes), log_frequency=FLAGS.log_frequency,
+        save_checkpoint_secs=FLAGS.save_checkpoint_secs, save_checkpoint_steps=FLAGS.save_checkpoint_steps,
+        keep_checkpoint_max=FLAGS.keep_checkpoint_max, save_summaries_steps=FLAGS.save_summaries_steps,
+        export_every_n_epochs=FLAGS.export_every_n_epochs,
+        profile_steps=parse_profile_steps(FLAGS.profile_steps) if FLAGS.profile_steps else None,
+        histograms=FLAGS.histograms, ps_hosts=tuple(FLAGS.ps_hosts), worker_hosts=tuple(FLAGS.worker_hosts),
+        job_name=FLAGS.job_name, task_index=FLAGS.task_index, sync_replicas=FLAGS.sync_replicas,
+        flag_values=project_flag_values())
 
 
 def project_flag_values():

@@ -1,9 +1,11 @@
 """What the training scripts share around their graphs: data on demand, the run's start, summaries,
-the hooks and the monitored session (onu_train.py and onu_multi_gpu_train.py wire them with flags).
+the hooks and the monitored session. The training scripts call it with one TrainingOptions, which
+onu_flags.training_options() reads from the flags once.
 
 A library module: explicit arguments only, no flags.
 """
 import contextlib
+import dataclasses
 import math
 import os
 import signal
@@ -13,6 +15,7 @@ from datetime import datetime
 import tensorflow as tf
 
 from onu_lib import onu_checkpoint
+from onu_lib import onu_cluster
 from onu_lib import onu_dataset
 import onu_input
 import onu_model
@@ -20,6 +23,56 @@ from onu_lib import onu_records
 from onu_lib import onu_run_config
 from onu_lib import onu_sample_data
 from onu_lib import onu_serving
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingOptions:
+    """What a training run is told: every training setting, typed (onu_flags.training_options() fills it).
+
+    None means the default where it is one: model and image_size (the model's own), data_format (the data's),
+    learning_rate and weight_decay (the model's), cache_decoded_epoch (when the decoded epoch fits).
+    """
+    train_dir: str
+    data_dir: str
+    data_format: object           # str or None
+    validation_percent: float
+    labels_offset: object         # int or None
+    model: object                 # str or None
+    image_size: object            # int or None
+    batch_size: int               # per tower and per worker
+    max_steps: int
+    precision: str                # as asked: auto, float32 or mixed
+    xla: bool
+    seed: object                  # int or None
+    augmentations: object         # onu_input.AugmentOptions
+    augment_on: str               # onu_input.AUGMENT_PLACEMENTS
+    cache_decoded_epoch: object   # True, False or None (auto)
+    reduced_decode: bool
+    optimizer: str
+    learning_rate: object         # float or None
+    learning_rate_schedule: str
+    num_epochs_per_decay: float
+    learning_rate_decay_factor: float
+    moving_average_decay: float
+    weight_decay: object          # float or None
+    label_smoothing: float
+    trainable_scopes: tuple
+    fine_tune_checkpoint: object  # str or None
+    checkpoint_exclude_scopes: tuple
+    log_frequency: int
+    save_checkpoint_secs: int
+    save_checkpoint_steps: object  # int or None
+    keep_checkpoint_max: int
+    save_summaries_steps: int
+    export_every_n_epochs: object  # number or None
+    profile_steps: object         # (start, stop) or None
+    histograms: bool
+    ps_hosts: tuple
+    worker_hosts: tuple
+    job_name: object              # str or None
+    task_index: int
+    sync_replicas: bool
+    flag_values: dict             # recorded in run_config.json
 
 
 class NanLossError(Exception):
@@ -435,41 +488,41 @@ def checkpoint_period(save_checkpoint_secs, save_checkpoint_steps):
     return save_checkpoint_secs or NO_PERIODIC_SAVE_SECS, None
 
 
-def training_hooks(run_config, train_dir, role, scaffold, total_loss, global_step, learning_rate,
-                   examples_per_step, max_steps, log_frequency, save_checkpoint_secs,
-                   save_checkpoint_steps, export_every_n_epochs, profile_steps=None):
-    """Returns the session hooks of a training run (role: an onu_cluster.Role).
+def training_hooks(options, run_config, role, scaffold, total_loss, global_step, learning_rate, examples_per_step):
+    """Returns the session hooks of a training run of options (role: an onu_cluster.Role).
 
     The chief saves through its own CheckpointSaverHook, which also saves when the session closes,
     so that a stop by signal keeps the current step; it goes first, where MonitoredTrainingSession's
-    own would. --export_every_n_epochs exports from it with onu_serving's listener. profile_steps:
-    (start, stop) global steps the chief profiles into train_dir (ProfileHook), or None.
+    own would. export_every_n_epochs exports from it with onu_serving's listener; the chief profiles
+    profile_steps, (start, stop) global steps, into train_dir (ProfileHook).
     """
-    hooks = [tf.compat.v1.train.StopAtStepHook(last_step=max_steps),
+    train_dir = options.train_dir
+    hooks = [tf.compat.v1.train.StopAtStepHook(last_step=options.max_steps),
              NanLossHook(total_loss, global_step, learning_rate)] + role.hooks()
     if role.task is not None:
-        hooks.append(RunCompleteHook(global_step, max_steps))
+        hooks.append(RunCompleteHook(global_step, options.max_steps))
     if role.is_chief:
         listeners = []
-        if export_every_n_epochs:
+        if options.export_every_n_epochs:
             listeners.append(onu_serving.PeriodicExportListener(
-                train_dir, run_config, onu_serving.default_export_dir(train_dir), export_every_n_epochs,
+                train_dir, run_config, onu_serving.default_export_dir(train_dir), options.export_every_n_epochs,
                 examples_per_step))
-        save_secs, save_steps = checkpoint_period(save_checkpoint_secs, save_checkpoint_steps)
+        save_secs, save_steps = checkpoint_period(options.save_checkpoint_secs, options.save_checkpoint_steps)
         hooks.insert(0, tf.compat.v1.train.CheckpointSaverHook(
             train_dir, save_secs=save_secs, save_steps=save_steps, scaffold=scaffold, listeners=listeners))
-    hooks.append(LoggerHook(total_loss, global_step, examples_per_step, log_frequency,
+    hooks.append(LoggerHook(total_loss, global_step, examples_per_step, options.log_frequency,
                             train_dir if role.is_chief else None))
-    if profile_steps and role.is_chief:
-        hooks.append(ProfileHook(train_dir, *profile_steps, global_step))
+    if options.profile_steps and role.is_chief:
+        hooks.append(ProfileHook(train_dir, *options.profile_steps, global_step))
     hooks.append(StopOnSignalHook())
     return hooks
 
 
 @contextlib.contextmanager
-def monitored_training_session(role, train_dir, scaffold, hooks, save_summaries_steps, info):
-    """Opens the MonitoredTrainingSession of a training run reading info; a damaged record becomes a DataError,
-    a write that fails for lack of space or rights a WriteFailed."""
+def monitored_training_session(options, role, scaffold, hooks, info):
+    """Opens the MonitoredTrainingSession of a training run of options reading info; a damaged record becomes a
+    DataError, a write that fails for lack of space or rights a WriteFailed."""
+    train_dir = options.train_dir
     stop_hook = _hook(hooks, StopOnSignalHook)
     profile = next((hook for hook in hooks if isinstance(hook, ProfileHook)), None)
     try:
@@ -478,7 +531,7 @@ def monitored_training_session(role, train_dir, scaffold, hooks, save_summaries_
             with tf.compat.v1.train.MonitoredTrainingSession(
                     master=role.master, is_chief=role.is_chief, checkpoint_dir=train_dir,
                     scaffold=scaffold, hooks=hooks, save_checkpoint_secs=None, save_checkpoint_steps=None,
-                    save_summaries_steps=save_summaries_steps, log_step_count_steps=None,
+                    save_summaries_steps=options.save_summaries_steps, log_step_count_steps=None,
                     config=role.session_config,
                     stop_grace_period_secs=role.stop_grace_period_secs) as session:
                 yield session
@@ -488,8 +541,9 @@ def monitored_training_session(role, train_dir, scaffold, hooks, save_summaries_
             profile.close()
 
 
-def finish(hooks, role, train_dir, max_steps):
+def finish(options, hooks, role):
     """Prints how training ended, tells a cluster; returns the exit code: 0, or 128 + the stopping signal."""
+    train_dir, max_steps = options.train_dir, options.max_steps
     logger, stop = _hook(hooks, LoggerHook), _hook(hooks, StopOnSignalHook)
     complete = next((hook.complete_at for hook in hooks if isinstance(hook, RunCompleteHook)), None)
     if complete is not None:
@@ -510,3 +564,73 @@ def finish(hooks, role, train_dir, max_steps):
 def _hook(hooks, hook_type):
     """Returns the hook of hook_type among hooks (training_hooks puts exactly one of each there)."""
     return next(hook for hook in hooks if isinstance(hook, hook_type))
+
+
+# ----------------------------------------------------------------------------------------------
+# A training run from its TrainingOptions: what onu_train.py and onu_multi_gpu_train.py call.
+
+def training_role(options):
+    """Returns (precision, this process's onu_cluster.Role) as options (or TF_CONFIG) say."""
+    precision = onu_model.resolve_precision(options.precision)
+    task = onu_cluster.resolve_task(list(options.ps_hosts), list(options.worker_hosts), options.job_name,
+                                    options.task_index, os.environ.get('TF_CONFIG'), options.sync_replicas,
+                                    options.model is not None)
+    session = onu_model.set_precision_options(onu_model.session_config(), precision.compute_dtype, options.xla)
+    return precision, onu_cluster.join(task, session, options.sync_replicas)
+
+
+def training_run_config(options, precision, info):
+    """Returns the RunConfig of a run of options on info, the train split (model: default_model_name())."""
+    model_name = options.model or default_model_name()
+    if not options.model:
+        print(f'--model not given: using {model_name} '
+              f'({"a GPU is visible" if model_name == onu_model.DEFAULT_MODEL_WITH_GPU else "no GPU visible"}).',
+              flush=True)
+    image_size = options.image_size or onu_model.model_spec(model_name).image_size
+    cached = onu_input.uses_decoded_cache(info, image_size, options.cache_decoded_epoch)
+    return onu_run_config.RunConfig(
+        model=model_name, image_size=image_size,
+        class_names=info.class_names, num_examples_per_epoch=info.num_examples,
+        data_dir=os.path.abspath(options.data_dir), data_format=info.data_format,
+        layout=onu_input.data_layout(options.data_dir),
+        labels_offset=info.data_labels_offset, validation_percent=info.validation_percent,
+        cache_decoded_epoch='on' if cached else 'off',
+        precision=precision.name, compute_dtype=precision.compute_dtype, max_steps=options.max_steps,
+        moving_average_decay=options.moving_average_decay, flags=options.flag_values)
+
+
+def begin_training_run(options, precision, role):
+    """Takes the train_dir (the chief), makes the data ready, checks and saves the run configuration.
+
+    RunComplete when the run has reached max_steps already.
+
+    Returns (RunConfig, the train split's onu_input.DatasetInfo, checkpoint resumed from).
+    """
+    if role.is_chief:  # one trainer per train_dir: refused, before anything is read or written, if in use
+        onu_checkpoint.hold_folder(options.train_dir, 'training', 'train_dir')
+    check_not_complete(options.train_dir, options.max_steps, role)
+    data_format = prepare_data(options.data_dir, options.data_format, options.validation_percent,
+                               options.labels_offset)
+    info = onu_input.dataset_info(options.data_dir, data_format, 'train', options.validation_percent,
+                                  options.labels_offset)
+    run_config = training_run_config(options, precision, info)
+    start_run(options.train_dir, run_config, role.is_chief)
+    return run_config, info, resume_point(options.train_dir, role.is_chief)
+
+
+def learning_rate(options, global_step, run_config, examples_per_step):
+    """Returns the learning-rate tensor of options, an epoch being run_config's examples (the train split's)."""
+    return onu_model.make_learning_rate(
+        global_step, options.learning_rate or onu_model.model_spec(run_config.model).learning_rate,
+        options.learning_rate_schedule, run_config.num_examples_per_epoch, examples_per_step,
+        options.num_epochs_per_decay, options.learning_rate_decay_factor)
+
+
+def scaffold_and_hooks(options, run_config, role, resume_from, total_loss, global_step, learning_rate_tensor,
+                       examples_per_step):
+    """Returns (Scaffold, hooks) of a training run, as options' checkpoint and logging settings say."""
+    scaffold = make_scaffold(options.train_dir, resume_from, options.fine_tune_checkpoint,
+                             list(options.checkpoint_exclude_scopes), options.keep_checkpoint_max)
+    hooks = training_hooks(options, run_config, role, scaffold, total_loss, global_step, learning_rate_tensor,
+                           examples_per_step)
+    return scaffold, hooks

@@ -22,7 +22,7 @@ from test_onu_train import checkpoint_step
 
 from onu_lib import onu_sample_data
 from onu_lib import onu_cluster
-from onu_lib import onu_flags
+import onu_model
 from onu_lib import onu_run_config
 import run_local_cluster
 
@@ -79,7 +79,7 @@ def test_unusable_cluster_descriptions_are_one_line_errors(args, message):
 
 
 def test_session_config_filters_devices_and_keeps_the_base_config():
-    base = onu_flags.session_config()
+    base = onu_model.session_config()
     worker = onu_cluster.ClusterTask(('p:1', 'p:2'), ('w:1', 'w:2'), 'worker', 1)
     config = onu_cluster.task_session_config(base, worker)
     assert list(config.device_filters) == ['/job:ps', '/job:worker/task:1']
