@@ -1,5 +1,9 @@
 """Shared tiny-data fixtures (small images, one tiny training run; in pytest's temp folders) and the script runner.
 
+Test files mirror the modules: tests/test_X.py tests X.py (a script, a core library at the root, or a library in
+onu_lib/). A library that is one script's engine is tested with it: onu_records with convert_to_tfrecord,
+onu_sample_data with make_sample_data, onu_serving with onu_export, run_local_cluster with onu_cluster.
+
   make_tiny_dataset(name='data', train_per_class=4, val_per_class=2, image_size=(64, 48)) -> data_dir
       factory: a fresh sample dataset (classes F603, F663N) under tmp_path/name, yours to modify.
   tiny_data_dir     session-wide, read-only: a sample dataset (4 train + 2 val JPEGs of 64x48 per class)
