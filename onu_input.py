@@ -77,12 +77,13 @@ DECODED_CACHE_BYTES = 2 * 2**30
 class Augmentation:
     """One training augmentation (an entry of AUGMENTATIONS): its name, as --augmentations spells it; the range
     [low, high] its per-image parameter is drawn from, uniformly; where its batched op runs (one of
-    AUGMENTATION_SPACES) and the op."""
+    AUGMENTATION_SPACES) and the op; and whether training applies it when --augmentations is not given."""
     name: str
     low: float
     high: float
     space: str
     apply: typing.Callable
+    on_by_default: bool = True
 
     def __post_init__(self):
         _check_choice(f'the space of augmentation {self.name}', self.space, AUGMENTATION_SPACES)
@@ -111,21 +112,31 @@ class AugmentOptions:
         return cls(augmentation_names())
 
     @classmethod
+    def default(cls):
+        """Returns options with the augmentations that are on by default (--augmentations' default)."""
+        return cls(default_augmentation_names())
+
+    @classmethod
     def none(cls):
         """Returns options with every augmentation off."""
         return cls(())
 
     @classmethod
     def of(cls, augment):
-        """Returns AugmentOptions for True (all on), False/None (all off) or AugmentOptions."""
+        """Returns AugmentOptions for True (the default ones on), False/None (all off) or AugmentOptions."""
         if isinstance(augment, cls):
             return augment
-        return cls.all() if augment else cls.none()
+        return cls.default() if augment else cls.none()
 
 
 def augmentation_names():
     """Returns the names of AUGMENTATIONS, in its order: --augmentations' choices and default."""
     return tuple(augmentation.name for augmentation in AUGMENTATIONS)
+
+
+def default_augmentation_names():
+    """Returns the names of the augmentations that are on by default, in AUGMENTATIONS' order."""
+    return tuple(augmentation.name for augmentation in AUGMENTATIONS if augmentation.on_by_default)
 
 
 def augmentation_named(name):

@@ -158,15 +158,16 @@ def _plain_decoded_examples(info):
 
 
 def _in_registry_order(implementations, baseline):
-    """Returns {name: implementation} for every augmentation of onu_input.AUGMENTATIONS, in its order.
+    """Returns {name: implementation} for every augmentation on by default (what the baselines are compared on),
+    in onu_input.AUGMENTATIONS' order.
 
     A baseline keeps its own implementation of each augmentation; one it lacks stops it with one line.
     """
-    missing = [name for name in onu_input.augmentation_names() if name not in implementations]
+    missing = [name for name in onu_input.default_augmentation_names() if name not in implementations]
     if missing:
         raise NotImplementedError(f'{baseline} has no implementation of the augmentation {", ".join(missing)}: '
                                   f'add one to benchmark/baselines.py')
-    return {name: implementations[name] for name in onu_input.augmentation_names()}
+    return {name: implementations[name] for name in onu_input.default_augmentation_names()}
 
 
 def _drawn_between(name):

@@ -101,8 +101,9 @@ def define_training_flags():
     flags.DEFINE_float('weight_decay', None, 'L2 weight decay; default: the model\'s own '
                        f'({model_defaults("weight_decay")}).')
     flags.DEFINE_float('label_smoothing', 0.0, 'Label smoothing of the cross-entropy.')
-    flags.DEFINE_list('augmentations', list(onu_input.augmentation_names()),
-                      'Training augmentations to apply (empty: none).')
+    flags.DEFINE_list('augmentations', list(onu_input.default_augmentation_names()),
+                      'Training augmentations to apply (empty: none); the choices: '
+                      + ', '.join(onu_input.augmentation_names()) + '.')
     flags.register_validator(
         'augmentations', lambda names: set(names) <= set(onu_input.augmentation_names()),
         message='--augmentations takes a comma-separated subset of ' + ','.join(onu_input.augmentation_names()))

@@ -44,4 +44,4 @@ def test_defaults_leave_the_model_and_data_to_decide(parsed):
     options = parsed()
     assert options.model is None and options.image_size is None and options.learning_rate is None
     assert options.cache_decoded_epoch is None and options.profile_steps is None
-    assert options.augmentations == onu_input.AugmentOptions.all()
+    assert options.augmentations == onu_input.AugmentOptions.default() == onu_input.AugmentOptions.of(True)
