@@ -16,10 +16,10 @@ one run, and shows where the time goes:
   step profile where one step of the small model on an in-memory batch spends its time, by kind of
                op, in float32 and with oneDNN's bfloat16 rewrite (issue 13).
 Writes <output_dir>/<timestamp>.json, .md and .png, and prints the Markdown tables. This script holds
-the flags and the order of a run; the parts: benchmark_plan (the settings and the task list),
-benchmark_measure (the measurements), benchmark_baselines (the loaders compared against),
-benchmark_runner (running tasks, fresh processes, CPU accounting, the photos measured) and
-benchmark_report (targets, tables, PNG).
+the flags and the order of a run; the parts, in the package benchmark/: plan (the settings and the task list),
+measure (the measurements), baselines (the loaders compared against),
+runner (running tasks, fresh processes, CPU accounting, the photos measured) and
+report (targets, tables, PNG).
 
     python onu_benchmark.py                       # /tmp/onu_data (made if missing), both models
     python onu_benchmark.py --quick               # a short run on a subset, small model only

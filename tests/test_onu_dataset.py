@@ -187,7 +187,7 @@ def test_records_dir_for(tmp_path):
 
 
 def test_importing_onu_dataset_does_not_import_tensorflow():
-    code = 'import sys, onu_dataset; print("tensorflow" in sys.modules)'
+    code = 'import sys; from onu_lib import onu_dataset; print("tensorflow" in sys.modules)'
     result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True,
                             cwd=os.path.dirname(os.path.abspath(onu_dataset.__file__)))
     assert result.stdout.strip() == 'False'
@@ -211,7 +211,7 @@ def test_split_of_is_a_stable_fraction_of_paths_whatever_the_process():
     assert abs(len(held_out) / len(names) - 0.10) < 0.01
     assert {onu_dataset.split_of(name, 25.0) for name in held_out} == {'val'}  # a larger share keeps them
     # The same in another process with another hash seed: a hash of the bytes, not Python's hash().
-    code = ('import sys, onu_dataset; print(",".join(n for n in sys.argv[1:] if onu_dataset.split_of(n, 10.0) == "val"))')
+    code = ('import sys; from onu_lib import onu_dataset; print(",".join(n for n in sys.argv[1:] if onu_dataset.split_of(n, 10.0) == "val"))')
     other = subprocess.run([sys.executable, '-c', code] + names[:500], capture_output=True, text=True, check=True,
                            cwd=os.path.dirname(os.path.abspath(onu_dataset.__file__)),
                            env=dict(os.environ, PYTHONHASHSEED='12345'))

@@ -39,7 +39,7 @@ import sys
 sys.path.insert(0, os.getcwd())
 from absl import app
 import tensorflow as tf
-from onu_lib import onu_eval
+import onu_eval
 from onu_lib import onu_checkpoint
 
 doomed = sys.argv.pop(1)
