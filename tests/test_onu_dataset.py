@@ -11,6 +11,7 @@ import pytest
 from PIL import Image
 from PIL import ImageOps
 
+from conftest import REPO_ROOT
 from onu_lib import onu_dataset
 
 
@@ -189,7 +190,7 @@ def test_records_dir_for(tmp_path):
 def test_importing_onu_dataset_does_not_import_tensorflow():
     code = 'import sys; from onu_lib import onu_dataset; print("tensorflow" in sys.modules)'
     result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True,
-                            cwd=os.path.dirname(os.path.abspath(onu_dataset.__file__)))
+                            cwd=REPO_ROOT)
     assert result.stdout.strip() == 'False'
 
 
@@ -213,7 +214,7 @@ def test_split_of_is_a_stable_fraction_of_paths_whatever_the_process():
     # The same in another process with another hash seed: a hash of the bytes, not Python's hash().
     code = ('import sys; from onu_lib import onu_dataset; print(",".join(n for n in sys.argv[1:] if onu_dataset.split_of(n, 10.0) == "val"))')
     other = subprocess.run([sys.executable, '-c', code] + names[:500], capture_output=True, text=True, check=True,
-                           cwd=os.path.dirname(os.path.abspath(onu_dataset.__file__)),
+                           cwd=REPO_ROOT,
                            env=dict(os.environ, PYTHONHASHSEED='12345'))
     assert other.stdout.strip().split(',') == [name for name in held_out if name in set(names[:500])]
     # macOS spells accented names decomposed: the same photo, the same split.
