@@ -49,9 +49,11 @@ ROTATION_FILL_VALUE = 0.5
 #   geometry  op(images, covered, parameters) -> (images, covered): moves pixels. images: the uint8 batch, or
 #             float in [0, 1] once an op resampled it; covered: the share of each pixel the photo covers, or None
 #             while it covers them all (the rest becomes ROTATION_FILL_VALUE at the end).
-#   hsv       op(hsv, weight, parameters) -> hsv: on the HSV channels, all such ops in one HSV round trip.
+#   hsv       op(channels, weight, parameters) -> channels: on {'hue', 'saturation', 'value'} ([batch, h, w]
+#             each), all such ops in one HSV round trip.
 #   rgb       op(images, weight, parameters) -> images: on float RGB in [0, 1], unclipped.
 AUGMENTATION_SPACES = ('geometry', 'hsv', 'rgb')
+HSV_CHANNELS = ('hue', 'saturation', 'value')
 
 # Shuffling records holds them in memory: the buffer is sized to this many bytes of records.
 SHUFFLE_BUFFER_BYTES = 256 * 2**20
@@ -600,15 +602,15 @@ def _rotate(images, covered, angles):
     return _rotate_batch(images, angles)
 
 
-def _scale_saturation(hsv, weight, factors):
+def _scale_saturation(channels, weight, factors):
     """The saturation's op (hsv): each image's saturation times its factor, at most 1."""
-    saturation = tf.clip_by_value(hsv[..., 1:2] * _per_pixel(factors), 0.0, 1.0)
-    return tf.concat([hsv[..., :1], saturation, hsv[..., 2:]], axis=-1)
+    return dict(channels, saturation=tf.clip_by_value(channels['saturation'] * factors[:, tf.newaxis, tf.newaxis],
+                                                      0.0, 1.0))
 
 
-def _shift_hue(hsv, weight, deltas):
+def _shift_hue(channels, weight, deltas):
     """The hue's op (hsv): each image's hues turned by its delta, a share of the colour circle."""
-    return tf.concat([tf.math.floormod(hsv[..., :1] + _per_pixel(deltas), 1.0), hsv[..., 1:]], axis=-1)
+    return dict(channels, hue=tf.math.floormod(channels['hue'] + deltas[:, tf.newaxis, tf.newaxis], 1.0))
 
 
 def _shift_brightness(images, weight, deltas):
@@ -651,10 +653,10 @@ def _augment_batch(images, draws, options):
         images = tf.cast(images, tf.float32) * (1.0 / 255.0)
     weight = tf.ones_like(images[..., :1]) if covered is None else covered
     if applied['hsv']:
-        hsv = tf.image.rgb_to_hsv(images)
+        channels = dict(zip(HSV_CHANNELS, tf.unstack(tf.image.rgb_to_hsv(images), axis=-1)))
         for augmentation in applied['hsv']:
-            hsv = augmentation.apply(hsv, weight, params[augmentation.name])
-        images = tf.image.hsv_to_rgb(hsv)
+            channels = augmentation.apply(channels, weight, params[augmentation.name])
+        images = tf.image.hsv_to_rgb(tf.stack([channels[name] for name in HSV_CHANNELS], axis=-1))
     for augmentation in applied['rgb']:
         images = augmentation.apply(images, weight, params[augmentation.name])
     if covered is not None:
