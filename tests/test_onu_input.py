@@ -248,7 +248,7 @@ def test_augmentation_alone_changes_the_image(augmentation, pattern_image):
             onu_input.augment_batch(photos, _draws(32), onu_input.AugmentOptions({augmentation.name})),
             onu_input.augment_batch(photos, _draws(32), onu_input.AugmentOptions.none())))
     differences = np.abs(alone - untouched).mean(axis=(1, 2, 3))
-    # Most images, each by its own draw (an augmentation applied to a share of images, as a flip, changes fewer).
+    # Many images, each by its own draw (one that applies to a share of the images, as a flip would, changes fewer).
     assert np.mean(differences > 1e-3) > 0.25 and len(np.unique(differences.round(6))) > 1, differences
 
 
