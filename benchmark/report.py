@@ -572,11 +572,25 @@ def augmentation_table(report):
     return _table(['way'] + [f'{size}x{size}' for size in sizes], table_rows)
 
 
-def plot_records_report(report, path):
-    """Draws a run on a folder of records (training speed per format and model) as a PNG at path."""
+def _pyplot():
+    """Returns matplotlib.pyplot drawing off screen (imported here: only a report's PNG needs it)."""
     import matplotlib  # pylint: disable=import-outside-toplevel
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+    return plt
+
+
+def _save_figure(plt, figure, title, path):
+    """Titles figure, writes it as a PNG at path and frees it."""
+    figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def plot_records_report(report, path):
+    """Draws a run on a folder of records (training speed per format and model) as a PNG at path."""
+    plt = _pyplot()
     rows, models = report['rows'], report['settings']['models']
     figure, axes = plt.subplots(1, len(models), figsize=(7 * len(models), 5), squeeze=False)
     for axis, model_name in zip(axes[0], models):
@@ -584,11 +598,8 @@ def plot_records_report(report, path):
         axis.bar(ways, [rows[way]['training'][model_name]['examples_per_sec'] for way in ways],
                  color=['tab:green'] * (len(ways) - 1) + ['tab:gray'])
         axis.set_title(f'training {model_name} (examples/sec)')
-    figure.suptitle(f'{report["settings"]["data_dir"]} ({report["layout"]}): {report["hardware"]["cpu_model"]}, '
-                    f'{report["hardware"]["usable_cores"]} cores')
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
+    _save_figure(plt, figure, f'{report["settings"]["data_dir"]} ({report["layout"]}): '
+                 f'{report["hardware"]["cpu_model"]}, {report["hardware"]["usable_cores"]} cores', path)
 
 
 def plot_report(report, path):
@@ -596,9 +607,7 @@ def plot_report(report, path):
     if report.get('kind') == 'records':
         plot_records_report(report, path)
         return
-    import matplotlib  # pylint: disable=import-outside-toplevel
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+    plt = _pyplot()
     rows, models = report['rows'], report['settings']['models']
     ways = benchmark_plan.PIPELINE_WAYS
     columns = 2 if models else 1
@@ -634,11 +643,8 @@ def plot_report(report, path):
                               ha='center', va='bottom', fontsize='small')
         first = rows['synthetic']['training'][model_name]
         axis.set_title(f'training {model_name}, batch {first["batch_size"]}, {first["image_size"]}px (examples/sec)')
-    figure.suptitle(f'{report["hardware"]["cpu_model"]}, {report["hardware"]["usable_cores"]} cores, '
-                    f'{", ".join(report["hardware"]["gpus"]) or "no GPU"}')
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
+    _save_figure(plt, figure, f'{report["hardware"]["cpu_model"]}, {report["hardware"]["usable_cores"]} cores, '
+                              f'{", ".join(report["hardware"]["gpus"]) or "no GPU"}', path)
 
 
 def write_outputs(report, output_dir):
