@@ -22,10 +22,10 @@ def _train(tmp_path, pipeline_sleep_secs, steps=12, log_frequency=3, more_hooks=
             time.sleep(pipeline_sleep_secs)  # stands for decoding: the batch is late by this much
             return value
         dataset = tf.data.Dataset.range(1000).map(
-            lambda index: tf.numpy_function(slow, [tf.cast(index, tf.float32)], tf.float32)).batch(1)
+            lambda index: tf.numpy_function(slow, [tf.cast(index, tf.float32)], tf.float32)).batch(1).prefetch(1)
         batch = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
         global_step = tf.compat.v1.train.get_or_create_global_step()
-        weights = tf.compat.v1.get_variable('weights', [400, 400])
+        weights = tf.compat.v1.get_variable('weights', [800, 800])  # a step of a few ms: time to prefetch
         work = tf.reduce_sum(tf.linalg.matmul(weights, weights) * tf.reduce_mean(batch))
         loss = work * 0.0 + tf.reduce_mean(batch)
         with tf.control_dependencies([work]):  # as apply_gradients: the step counts up once the work is done
