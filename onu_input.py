@@ -31,6 +31,7 @@ import os
 import re
 import threading
 import typing
+import warnings
 import zlib
 
 from absl import logging
@@ -938,7 +939,8 @@ def _training_examples(info, image_size, seed, deterministic, cache, reduced_dec
 
 
 def make_dataset(info, batch_size, image_size, training, augment=True, seed=None,
-                 augment_on='input', cache=None, reduced_decode=False, with_filenames=False, cache_progress=False):
+                 augment_on='input', cache=None, reduced_decode=False, with_filenames=False, cache_progress=False,
+                 data_service=None, service_job=None):
     """Returns a tf.data.Dataset of batches for the split described by info.
 
     training: shuffle, repeat forever, drop the final partial batch, and give each image its
@@ -949,7 +951,9 @@ def make_dataset(info, batch_size, image_size, training, augment=True, seed=None
     at a reduced DCT scale: cheaper, but the pixels differ from eval's (see README).
     Otherwise read each example once in order, eval preprocessing, keep the partial batch;
     with_filenames: (images, labels, file names relative to the data dir).
-    seed: makes the order and the augmentations reproducible.
+    seed: makes the order and the augmentations reproducible. data_service: grpc://HOST:PORT of a tf.data service
+    whose workers make the training batches (_service_batches; service_job: its job's name, None for this
+    trainer's own); cache must not be True then.
     """
     if batch_size < 1 or image_size < 1:
         raise ValueError(f'batch_size={batch_size} and image_size={image_size} must be positive')
@@ -966,6 +970,11 @@ def make_dataset(info, batch_size, image_size, training, augment=True, seed=None
             return example + (name,) if with_filenames else example
         examples = examples.map(preprocessed, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
         return examples.batch(batch_size).prefetch(tf.data.AUTOTUNE)
+    if data_service:
+        if cache:
+            raise ValueError('the decoded-epoch cache is local: not with a tf.data service')
+        return _service_batches(info, batch_size, image_size, seed, reduced_decode, AugmentOptions.of(augment),
+                                augment_on, data_service, service_job)
     cache = uses_decoded_cache(info, image_size, cache)
     batches = _training_examples(info, image_size, seed, deterministic, cache, reduced_decode,
                                  cache_progress).batch(batch_size, drop_remainder=True)
@@ -980,6 +989,103 @@ def make_dataset(info, batch_size, image_size, training, augment=True, seed=None
     seeds = tf.data.Dataset.random(seed=seed).batch(2)
     batches = tf.data.Dataset.zip((batches, seeds)).map(
         with_draws, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+    return batches.prefetch(tf.data.AUTOTUNE)
+
+
+# ----------------------------------------------------------------------------------------------
+# The tf.data service: the same batches, made by the service's workers.
+
+SERVICE_CYCLE_LENGTH = 8       # photos or shards a service worker reads at once
+MAX_RECORDS_PER_SHARD = 2**24  # an example's key is shard draw * this + its index in the shard
+
+
+def _decoded_or_failed(info, index, image_size, at_least):
+    """Returns a one-element dataset: (resized uint8 image, label, index) of photo `index` of info, or, when it
+    cannot be read or decoded, (zeros, -1 - index, index): a failure the trainer reports (_reported_failures)."""
+    def read(index):
+        image = decode_image_bytes(tf.io.read_file(tf.gather(info.files, index)), at_least)
+        image = apply_exif_orientation(image, tf.gather(info.orientations, index))
+        return resize_for_training(image, image_size), tf.gather(tf.constant(info.labels, tf.int32), index)
+    decoded = tf.data.Dataset.from_tensors(index).map(read).ignore_errors()  # a try with no py_function
+    failed = tf.data.Dataset.from_tensors((tf.zeros([image_size, image_size, 3], tf.uint8),
+                                           tf.cast(-1 - index, tf.int32)))
+    return decoded.concatenate(failed).take(1)
+
+
+def _service_examples(info, image_size, seed, reduced_decode):
+    """Returns the endless dataset of (resized uint8 image, label, example key) the service's workers make.
+
+    Its source is a counter of draws of units (photos in images mode, shards in record modes), each epoch's
+    draws a new permutation of all units (_file_order): the dispatcher hands the draws out one at a time
+    (processing mode distributed_epoch), so every unit goes to one worker once per epoch. The key, unique
+    to an example and a draw, seeds the batch's augmentation (all workers run the same graph and seed).
+    """
+    num_units, at_least = len(info.files), (image_size if reduced_decode else None)
+    unit_index = _file_order(num_units, True, seed)
+    draws = tf.data.Dataset.counter().map(lambda draw: (draw, unit_index(draw // num_units, draw % num_units)))
+    if info.data_format == 'images':
+        def unit(draw, index):
+            return _decoded_or_failed(info, index, image_size, at_least).map(lambda image, label: (image, label, draw))
+        return draws.interleave(unit, cycle_length=SERVICE_CYCLE_LENGTH, num_parallel_calls=tf.data.AUTOTUNE,
+                                deterministic=False)
+
+    def shard(draw, index):
+        records = tf.data.TFRecordDataset(tf.gather(info.files, index), compression_type=info.compression_type)
+        return records.enumerate().map(lambda position, record: (record, draw * MAX_RECORDS_PER_SHARD + position))
+    records = draws.interleave(shard, cycle_length=min(num_units, SERVICE_CYCLE_LENGTH),
+                               num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+    records = records.shuffle(_shuffle_buffer_size(info), seed=seed)
+
+    def example(record, key):
+        image, label, _ = _parse_record(record, info, at_least)
+        return resize_for_training(image, image_size), label, key
+    return records.map(example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+
+
+def _reported_failures(info, batches, batch_size):
+    """Returns batches without the photos the service's workers could not decode (label -1 - index), each reported
+    here, on the trainer (once, as local training does), and batched again to batch_size."""
+    def kept(label):
+        def report(label):
+            _note_decode_failure(info.files[-1 - int(label)])
+            failures = decode_failures()
+            if all(path in failures for path in info.files):  # else it would wait for a batch forever
+                raise onu_dataset.DataError(
+                    f'{os.path.join(info.data_dir, info.split)}: none of the {len(info.files)} images decodes; '
+                    f'replace them with JPEG/PNG/GIF/BMP photos')
+            return False
+        return tf.cond(label >= 0, lambda: True,
+                       lambda: tf.numpy_function(report, [label], tf.bool, stateful=True))
+    examples = batches.unbatch().filter(lambda image, label, *draws: kept(label))
+    return examples.batch(batch_size, drop_remainder=True)
+
+
+def _service_batches(info, batch_size, image_size, seed, reduced_decode, options, augment_on, data_service,
+                     service_job):
+    """Returns make_dataset's training batches, made by the tf.data service at data_service (grpc://HOST:PORT).
+
+    The workers read, decode, resize, batch, draw and (augment_on='input') augment; the trainer receives the
+    batches: uint8 images with their draws for augment_on='model'. service_job: the name of the job trainers
+    share (one epoch among them: a cluster's workers), None for this trainer's own. No decoded-epoch cache
+    (a worker sees only its share of each epoch), and nothing a worker cannot run (no py_function).
+    """
+    seed = 0 if seed is None else seed
+    examples = _service_examples(info, image_size, seed, reduced_decode)
+
+    def with_draws(images, labels, keys):
+        draws = random_draws(tf.stack([tf.constant(seed, tf.int64), keys[0]]), batch_size)
+        if augment_on == 'model':
+            return images, labels, draws
+        return augment_batch(images, draws, options), labels
+    batches = examples.batch(batch_size, drop_remainder=True).map(with_draws, num_parallel_calls=tf.data.AUTOTUNE,
+                                                                  deterministic=False)
+    with warnings.catch_warnings():  # distribute() reads the dataset's options, which graph mode warns about
+        warnings.filterwarnings('ignore', 'To make it possible to preserve tf.data options', UserWarning)
+        batches = batches.apply(tf.data.experimental.service.distribute(
+            processing_mode=tf.data.experimental.service.ShardingPolicy.DYNAMIC, service=data_service,
+            job_name=service_job))
+    if info.data_format == 'images':
+        batches = _reported_failures(info, batches, batch_size)
     return batches.prefetch(tf.data.AUTOTUNE)
 
 
@@ -1010,35 +1116,36 @@ def pipeline_work(serialized_models):
 
 
 def distorted_inputs(info, batch_size, image_size, augment=True, seed=None, summaries=True, augment_on='input',
-                     cache=None, reduced_decode=False, cache_progress=False):
+                     cache=None, reduced_decode=False, cache_progress=False, data_service=None, service_job=None):
     """Returns training (images, labels) of info (a train DatasetInfo): shuffled, repeated, augmented, static batch.
 
     augment: True, False or AugmentOptions. summaries: add an image summary of a few inputs.
     augment_on='model': the pipeline stops at resized uint8 images, which are augmented here in the
-    caller's device scope (the model's) by the same augment_batch. cache, reduced_decode, cache_progress:
-    make_dataset's.
+    caller's device scope (the model's) by the same augment_batch. cache, reduced_decode, cache_progress,
+    data_service, service_job: make_dataset's.
     """
+    pipeline = dict(seed=seed, cache=cache, reduced_decode=reduced_decode, cache_progress=cache_progress,
+                    data_service=data_service, service_job=service_job)
     if augment_on == 'model':
-        images, labels, draws = undistorted_inputs(info, batch_size, image_size, seed=seed, cache=cache,
-                                                   reduced_decode=reduced_decode, cache_progress=cache_progress)
+        images, labels, draws = undistorted_inputs(info, batch_size, image_size, **pipeline)
         images = augment_batch(images, draws, augment)
     else:
         with tf.device(PIPELINE_DEVICE):
-            images, labels = next_batch(make_dataset(
-                info, batch_size, image_size, training=True, augment=augment, seed=seed, cache=cache,
-                reduced_decode=reduced_decode, cache_progress=cache_progress))
+            images, labels = next_batch(make_dataset(info, batch_size, image_size, training=True, augment=augment,
+                                                     **pipeline))
     if summaries:
         add_input_summary(images)
     return images, labels
 
 
 def undistorted_inputs(info, batch_size, image_size, seed=None, cache=None, reduced_decode=False,
-                       cache_progress=False):
+                       cache_progress=False, data_service=None, service_job=None):
     """Returns training (uint8 images, labels, draws) of info: resized, not augmented, for augment_batch."""
     with tf.device(PIPELINE_DEVICE):
         return next_batch(make_dataset(info, batch_size, image_size, training=True, seed=seed,
                                         augment_on='model', cache=cache, reduced_decode=reduced_decode,
-                                        cache_progress=cache_progress))
+                                        cache_progress=cache_progress, data_service=data_service,
+                                        service_job=service_job))
 
 
 def inputs(info, batch_size, image_size, with_filenames=False):

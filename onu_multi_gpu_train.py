@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from onu_lib import onu_checkpoint
 from onu_lib import onu_cluster
+from onu_lib import onu_data_service
 from onu_lib import onu_flags
 import onu_input
 import onu_model
@@ -125,16 +126,14 @@ def _keep_first_tower_summaries(num_towers):
     summaries[:] = [summary for summary in summaries if not summary.op.name.startswith(others)]
 
 
-def tower_inputs(options, info, devices, run_config, seed):
+def tower_inputs(options, info, devices, run_config, pipeline):
     """Returns the step's batch tuple of info (the train split): (images, labels), or (uint8 images, labels,
-    draws) to augment per tower."""
+    draws) to augment per tower. pipeline: onu_training.input_pipeline's."""
     batch_size = options.batch_size * len(devices)
-    cache = {'cache': options.cache_decoded_epoch, 'cache_progress': onu_cli.show_progress(),
-             'reduced_decode': options.reduced_decode}
     if options.augment_on == 'model':  # each tower augments its own slice on its own device
-        return onu_input.undistorted_inputs(info, batch_size, run_config.image_size, seed=seed, **cache)
+        return onu_input.undistorted_inputs(info, batch_size, run_config.image_size, **pipeline)
     return onu_input.distorted_inputs(info, batch_size, run_config.image_size, augment=options.augmentations,
-                                      seed=seed, **cache)
+                                      **pipeline)
 
 
 def train():
@@ -162,7 +161,8 @@ def train():
             seed = onu_training.input_seed(options.seed, role.task_index, resume_from)
             tf.compat.v1.set_random_seed(seed)
             global_step = tf.compat.v1.train.get_or_create_global_step()
-            batch = tower_inputs(options, train_data, devices, run_config, seed)
+            batch = tower_inputs(options, train_data, devices, run_config,
+                                 onu_training.input_pipeline(options, role, seed, onu_cli.show_progress()))
             learning_rate = onu_training.learning_rate(options, global_step, run_config, examples_per_step)
             optimizer = onu_model.make_optimizer(options.optimizer, learning_rate, run_config.compute_dtype)
             tower_outputs = []
@@ -210,7 +210,8 @@ def main(argv):
         print(f'error: --num_gpus={FLAGS.num_gpus} but TensorFlow sees {num_gpus_visible} GPU(s); '
               f'use --num_gpus={num_gpus_visible} or fewer', file=sys.stderr)
         return 2
-    return onu_cli.run_script(train, argv, user_errors=(onu_cluster.ClusterConfigError,),
+    return onu_cli.run_script(train, argv, user_errors=(onu_cluster.ClusterConfigError,
+                                                   onu_data_service.ServiceError),
                               failures=(onu_training.NanLossError, onu_checkpoint.WriteFailed),
                               completions=(onu_training.RunComplete,))
 

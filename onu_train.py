@@ -4,6 +4,7 @@
     python onu_train.py --data_dir=DATA --data_format=raw --model=inception_resnet_v2
     python onu_train.py --data_dir=PHOTOS          # <class>/ folders: 10% held out for val (--validation_percent)
     python onu_train.py --data_dir=/data/imagenet  # records of other tools, read as they are (onu_layouts.py)
+    python onu_train.py --data_service=grpc://HOST:5050  # batches made by a tf.data service (run_data_service.py)
 
 Training never deletes --train_dir: it resumes from the latest checkpoint there. The run's
 configuration (onu_run_config.RunConfig) is saved as train_dir/run_config.json so onu_eval.py and
@@ -30,6 +31,7 @@ import tensorflow as tf
 
 from onu_lib import onu_checkpoint
 from onu_lib import onu_cluster
+from onu_lib import onu_data_service
 from onu_lib import onu_flags
 import onu_input
 import onu_model
@@ -59,9 +61,9 @@ def train():
             tf.compat.v1.set_random_seed(seed)
             global_step = tf.compat.v1.train.get_or_create_global_step()
             images, labels = onu_input.distorted_inputs(
-                train_data, options.batch_size, run_config.image_size, augment=options.augmentations, seed=seed,
-                augment_on=options.augment_on, cache=options.cache_decoded_epoch,
-                reduced_decode=options.reduced_decode, cache_progress=onu_cli.show_progress())
+                train_data, options.batch_size, run_config.image_size, augment=options.augmentations,
+                augment_on=options.augment_on,
+                **onu_training.input_pipeline(options, role, seed, onu_cli.show_progress()))
             logits, end_points = onu_model.inference(images, run_config.num_classes, run_config.model,
                                                      is_training=True, weight_decay=options.weight_decay)
             total_loss = onu_model.loss(logits, labels, end_points, options.label_smoothing)
@@ -89,7 +91,8 @@ def train():
 
 
 def main(argv):
-    return onu_cli.run_script(train, argv, user_errors=(onu_cluster.ClusterConfigError,),
+    return onu_cli.run_script(train, argv, user_errors=(onu_cluster.ClusterConfigError,
+                                                   onu_data_service.ServiceError),
                               failures=(onu_training.NanLossError, onu_checkpoint.WriteFailed),
                               completions=(onu_training.RunComplete,))
 

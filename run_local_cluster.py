@@ -17,10 +17,7 @@ On a real cluster run the printed command lines on the machines instead, with th
 (see the README).
 """
 import os
-import socket
-import subprocess
 import sys
-import threading
 import time
 
 from onu_lib import onu_cli  # first: quiet start
@@ -30,6 +27,7 @@ from absl import flags
 
 from onu_lib import onu_cluster
 from onu_lib import onu_flags
+from onu_lib import onu_launch
 from onu_lib import onu_training
 
 FLAGS = flags.FLAGS
@@ -49,21 +47,6 @@ REPO_DIR = os.path.dirname(os.path.abspath(__file__))
 LAUNCHER_FLAGS = ('num_workers', 'num_ps', 'host', 'ps_grace_secs', 'timeout_secs')
 CLUSTER_FLAGS = ('ps_hosts', 'worker_hosts', 'job_name', 'task_index')
 POLL_SECS = 0.2
-TERMINATE_WAIT_SECS = 10
-
-
-def free_ports(host, count):
-    """Returns count distinct ports on host that are free now (the OS picks them)."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind((host, 0))
-            sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def training_script():
@@ -89,24 +72,6 @@ def task_commands(ps_hosts, worker_hosts):
     commands += [(f'worker {index}', base + [f'--job_name={onu_cluster.WORKER_JOB}', f'--task_index={index}'])
                  for index in range(len(worker_hosts))]
     return commands
-
-
-def _copy_output(name, stream):
-    """Prints each line of stream prefixed with [name]."""
-    for line in stream:
-        print(f'[{name}] {line}', end='', flush=True)
-
-
-def start_task(name, command):
-    """Starts one task; returns (process, the thread printing its output)."""
-    env = dict(os.environ)
-    env.pop('TF_CONFIG', None)  # the cluster flags describe this cluster
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               errors='replace', bufsize=1, env=env, cwd=REPO_DIR)
-    printer = threading.Thread(target=_copy_output, args=(name, process.stdout), daemon=True)
-    printer.start()
-    print(f'started {name} (pid {process.pid}): {" ".join(command)}', flush=True)
-    return process, printer
 
 
 def wait_for_workers(workers, deadline):
@@ -138,20 +103,6 @@ def wait_for_ps(parameter_servers, grace_secs):
             print(f'{name} stopped by itself (exit status {code}).', flush=True)
 
 
-def stop(processes):
-    """Terminates the processes still running, then kills those that do not exit."""
-    for _, process in processes:
-        if process.poll() is None:
-            process.terminate()
-    deadline = time.time() + TERMINATE_WAIT_SECS
-    for _, process in processes:
-        try:
-            process.wait(timeout=max(0.1, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 def run_cluster():
     """Starts the cluster, waits for the workers and stops what is left; returns the exit status."""
     given = [name for name in CLUSTER_FLAGS if FLAGS[name].present]
@@ -159,14 +110,14 @@ def run_cluster():
         raise onu_cluster.ClusterConfigError(
             f'--{given[0]} is the launcher\'s to set; give --num_workers and --num_ps instead')
     onu_training.prepare_data(FLAGS.data_dir, FLAGS.data_format, FLAGS.validation_percent, FLAGS.labels_offset)
-    ports = free_ports(FLAGS.host, FLAGS.num_ps + FLAGS.num_workers)
+    ports = onu_launch.free_ports(FLAGS.host, FLAGS.num_ps + FLAGS.num_workers)
     ps_hosts = [f'{FLAGS.host}:{port}' for port in ports[:FLAGS.num_ps]]
     worker_hosts = [f'{FLAGS.host}:{port}' for port in ports[FLAGS.num_ps:]]
     deadline = time.time() + FLAGS.timeout_secs if FLAGS.timeout_secs is not None else None
     processes, printers = [], []
     try:
         for name, command in task_commands(ps_hosts, worker_hosts):
-            process, printer = start_task(name, command)
+            process, printer = onu_launch.start_process(name, command, REPO_DIR)
             processes.append((name, process))
             printers.append(printer)
         parameter_servers, workers = processes[:FLAGS.num_ps], processes[FLAGS.num_ps:]
@@ -177,9 +128,7 @@ def run_cluster():
         print('interrupted: stopping the cluster.', flush=True)
         status = 130
     finally:
-        stop(processes)
-        for printer in printers:
-            printer.join(timeout=TERMINATE_WAIT_SECS)
+        onu_launch.stop(processes, printers)
     for name, process in processes:
         print(f'{name} (pid {process.pid}): exit status {process.returncode}', flush=True)
     return status

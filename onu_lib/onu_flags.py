@@ -12,6 +12,7 @@ from absl import flags
 
 from onu_lib import onu_cli
 from onu_lib import onu_cluster
+from onu_lib import onu_data_service
 from onu_lib import onu_dataset
 import onu_input
 import onu_model
@@ -127,6 +128,18 @@ def define_training_flags():
                          'Decode training JPEGs at a reduced DCT scale (1/2, 1/4 or 1/8, as --image_size '
                          'allows): less CPU per photo, but smoother pixels than evaluation\'s exact decode; on '
                          'the sample data at 64x64 it cost 5-7 points of precision (BENCHMARKS.md).')
+    flags.DEFINE_string('data_service', None,
+                        f'{onu_data_service.ADDRESS_FORM} of a tf.data service\'s dispatcher (run_data_service.py): its '
+                        'workers read, decode and resize (and, with --augment_on=input, augment) the training batches '
+                        'instead of this machine\'s CPU; each example once per epoch. No decoded-epoch cache then.')
+    flags.register_validator('data_service', _is_service_address,
+                             message=f'--data_service takes {onu_data_service.ADDRESS_FORM}, '
+                                     f'e.g. --data_service=grpc://localhost:{onu_data_service.DEFAULT_PORT}')
+    flags.register_multi_flags_validator(
+        ['data_service', 'cache_decoded_epoch'],
+        lambda values: not (values['data_service'] and values['cache_decoded_epoch'] == 'on'),
+        message='--cache_decoded_epoch=on keeps the decoded epoch on this machine: not with --data_service, whose '
+                'workers each see only their share of an epoch')
     define_precision_flag(
         'auto', 'float32; mixed: bfloat16 compute through oneDNN on the CPU, float16 with dynamic loss '
         'scaling on a GPU (variables and checkpoints stay float32); auto: mixed where the hardware has a '
@@ -151,6 +164,14 @@ def define_num_gpus_flag():
         return
     flags.DEFINE_integer('num_gpus', 1, 'How many GPUs to train on, one tower each; without GPUs the '
                          'towers run on the CPU.', lower_bound=1)
+
+
+def _is_service_address(value):
+    """Returns whether value is None or an address of a tf.data service (onu_data_service.service_address)."""
+    try:
+        return value is None or bool(onu_data_service.service_address(value))
+    except onu_data_service.ServiceError:
+        return False
 
 
 def parse_profile_steps(value):
@@ -184,6 +205,7 @@ def training_options():
         profile_steps=parse_profile_steps(FLAGS.profile_steps) if FLAGS.profile_steps else None,
         histograms=FLAGS.histograms, ps_hosts=tuple(FLAGS.ps_hosts), worker_hosts=tuple(FLAGS.worker_hosts),
         job_name=FLAGS.job_name, task_index=FLAGS.task_index, sync_replicas=FLAGS.sync_replicas,
+        data_service=onu_data_service.service_address(FLAGS.data_service) if FLAGS.data_service else None,
         flag_values=project_flag_values())
 
 

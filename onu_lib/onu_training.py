@@ -10,12 +10,14 @@ import math
 import os
 import signal
 import time
+import zlib
 from datetime import datetime
 
 import tensorflow as tf
 
 from onu_lib import onu_checkpoint
 from onu_lib import onu_cluster
+from onu_lib import onu_data_service
 from onu_lib import onu_dataset
 import onu_input
 import onu_model
@@ -72,6 +74,7 @@ class TrainingOptions:
     job_name: object              # str or None
     task_index: int
     sync_replicas: bool
+    data_service: object          # grpc://HOST:PORT of a tf.data service, or None
     flag_values: dict             # recorded in run_config.json
 
 
@@ -193,6 +196,24 @@ def input_seed(seed, task_index, resume_from):
     """
     start_step = onu_checkpoint.listed_step(resume_from) if resume_from else 0
     return (seed * 1000003 + task_index * 7919 + start_step) % (2 ** 31 - 1)
+
+
+def input_pipeline(options, role, seed, cache_progress):
+    """Returns the keyword arguments of onu_input.distorted_inputs / undistorted_inputs for options' input: the
+    local pipeline's cache and decode, or the tf.data service's.
+
+    A cluster's workers on a service share one job, so that the cluster's epoch holds each example once; its
+    workers then build the same pipeline, from the seed of task 0 at step 0 (a restarted cluster rejoins its
+    job while the dispatcher keeps it, else starts the same order again).
+    """
+    pipeline = dict(seed=seed, cache=options.cache_decoded_epoch, reduced_decode=options.reduced_decode,
+                    cache_progress=cache_progress)
+    if options.data_service:
+        pipeline.update(cache=False, cache_progress=False, data_service=options.data_service)
+        if role.num_replicas > 1:
+            pipeline.update(seed=input_seed(options.seed, 0, None),
+                            service_job=f'onu_train-{zlib.crc32(options.train_dir.encode()):08x}-{options.seed}')
+    return pipeline
 
 
 def add_training_summaries(logits, labels, end_points, total_loss, losses=None, histograms=False):
@@ -514,6 +535,8 @@ def training_hooks(options, run_config, role, scaffold, total_loss, global_step,
                             train_dir if role.is_chief else None))
     if options.profile_steps and role.is_chief:
         hooks.append(ProfileHook(train_dir, *options.profile_steps, global_step))
+    if options.data_service:
+        hooks.append(onu_data_service.WorkerWatchHook(options.data_service))
     hooks.append(StopOnSignalHook())
     return hooks
 
@@ -587,7 +610,7 @@ def training_run_config(options, precision, info):
               f'({"a GPU is visible" if model_name == onu_model.DEFAULT_MODEL_WITH_GPU else "no GPU visible"}).',
               flush=True)
     image_size = options.image_size or onu_model.model_spec(model_name).image_size
-    cached = onu_input.uses_decoded_cache(info, image_size, options.cache_decoded_epoch)
+    cached = not options.data_service and onu_input.uses_decoded_cache(info, image_size, options.cache_decoded_epoch)
     return onu_run_config.RunConfig(
         model=model_name, image_size=image_size,
         class_names=info.class_names, num_examples_per_epoch=info.num_examples,
@@ -597,6 +620,14 @@ def training_run_config(options, precision, info):
         cache_decoded_epoch='on' if cached else 'off',
         precision=precision.name, compute_dtype=precision.compute_dtype, max_steps=options.max_steps,
         moving_average_decay=options.moving_average_decay, flags=options.flag_values)
+
+
+def check_data_service(address):
+    """Prints what the tf.data service at address has; onu_data_service.ServiceError when it does not answer."""
+    workers = onu_data_service.check_reachable(address)
+    print(f'Input from the tf.data service at {address}: ' + (
+        f'{len(workers)} worker(s) registered (' + ', '.join(workers) + ')' if workers else
+        'no worker registered yet: training starts when one does') + '.', flush=True)
 
 
 def begin_training_run(options, precision, role):
@@ -609,6 +640,8 @@ def begin_training_run(options, precision, role):
     if role.is_chief:  # one trainer per train_dir: refused, before anything is read or written, if in use
         onu_checkpoint.hold_folder(options.train_dir, 'training', 'train_dir')
     check_not_complete(options.train_dir, options.max_steps, role)
+    if options.data_service:
+        check_data_service(options.data_service)
     data_format = prepare_data(options.data_dir, options.data_format, options.validation_percent,
                                options.labels_offset)
     info = onu_input.dataset_info(options.data_dir, data_format, 'train', options.validation_percent,

@@ -22,9 +22,9 @@ from test_onu_train import checkpoint_step
 
 from onu_lib import onu_sample_data
 from onu_lib import onu_cluster
+from onu_lib import onu_launch
 import onu_model
 from onu_lib import onu_run_config
-import run_local_cluster
 
 PROCESS_TIMEOUT_SECS = 300
 CLUSTER_FLAGS = ['--model=small', '--image_size=32', '--batch_size=2', '--log_frequency=1',
@@ -102,7 +102,7 @@ def test_training_refuses_sync_without_a_cluster_and_a_worker_without_model():
 # An in-process cluster: the done queue and the chief wait
 
 def test_ps_stops_once_every_worker_signalled_and_a_worker_starts_soon_after_the_chief(capsys):
-    hosts = [f'127.0.0.1:{port}' for port in run_local_cluster.free_ports('127.0.0.1', 3)]
+    hosts = [f'127.0.0.1:{port}' for port in onu_launch.free_ports('127.0.0.1', 3)]
     task = lambda job, index: onu_cluster.ClusterTask(hosts[:1], hosts[1:], job, index)  # noqa: E731
     config = lambda t: onu_cluster.task_session_config(tf.compat.v1.ConfigProto(), t)  # noqa: E731
     parameter_servers = [onu_cluster.start_server(task('ps', 0), config(task('ps', 0)))]
@@ -212,7 +212,7 @@ def test_launcher_trains_asynchronously_and_the_chief_checkpoint_evaluates(clust
 
 def test_synchronous_workers_configured_by_tf_config_all_exit_promptly(cluster_data_dir, tmp_path):
     train_dir = str(tmp_path / 'train')
-    ps_port, *worker_ports = run_local_cluster.free_ports('127.0.0.1', 3)
+    ps_port, *worker_ports = onu_launch.free_ports('127.0.0.1', 3)
     cluster = {'ps': [f'127.0.0.1:{ps_port}'], 'worker': [f'127.0.0.1:{port}' for port in worker_ports]}
     tasks = [('ps', 0), ('worker', 0), ('worker', 1)]
     processes, logs = [], []

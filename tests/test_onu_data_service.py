@@ -1,0 +1,211 @@
+"""Tests of training on TensorFlow's tf.data service (onu_data_service.py, run_data_service.py, the service path of
+onu_input.make_dataset): real dispatcher and worker processes on 127.0.0.1, started here on free ports."""
+import collections
+import hashlib
+import json
+import os
+import queue
+import signal
+import subprocess
+import threading
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import layout_photos, run_script, script_command, REPO_ROOT
+from test_onu_input import _write_jpeg_with_bad_scan
+
+from onu_lib import onu_data_service
+from onu_lib import onu_dataset
+from onu_lib import onu_launch
+import onu_input
+
+STEPS = 12
+TRAIN_FLAGS = ('--model=small', '--image_size=32', '--batch_size=8', '--seed=1', '--log_frequency=2',
+               '--save_checkpoint_steps=6', f'--max_steps={STEPS}')
+START_TIMEOUT_SECS = 180
+
+
+class Service:
+    """A run_data_service.py process: its address, its output lines so far (a thread reads them), its workers' pids."""
+
+    def __init__(self, work_dir, num_workers):
+        self.port = onu_launch.free_ports('127.0.0.1', 1)[0]
+        self.address = f'grpc://127.0.0.1:{self.port}'
+        self.process = subprocess.Popen(
+            script_command('run_data_service.py', f'--num_workers={num_workers}', f'--port={self.port}',
+                           f'--work_dir={work_dir}'),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT)
+        self.lines = queue.Queue()
+        self.output = []
+        threading.Thread(target=self._read, daemon=True).start()
+        self.wait_for('tf.data service ready', START_TIMEOUT_SECS)
+
+    def _read(self):
+        for line in self.process.stdout:
+            self.output.append(line)
+            self.lines.put(line)
+
+    def wait_for(self, text, timeout_secs):
+        """Returns the first line of output from now on that holds text."""
+        deadline = time.time() + timeout_secs
+        while time.time() < deadline:
+            try:
+                line = self.lines.get(timeout=1)
+            except queue.Empty:
+                assert self.process.poll() is None, ''.join(self.output)
+                continue
+            if text in line:
+                return line
+        raise AssertionError(f'no "{text}" in {timeout_secs} s:\n' + ''.join(self.output))
+
+    def worker_pids(self):
+        """Returns {worker name: pid} from the 'started worker N (pid P)' lines."""
+        return {line.split(' (pid')[0][len('started '):]: int(line.split('(pid ')[1].split(')')[0])
+                for line in self.output if line.startswith('started worker')}
+
+    def stop(self):
+        """Stops the service with SIGTERM as a user would; returns its exit status."""
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=60)
+
+
+@pytest.fixture(scope='module')
+def service(tmp_path_factory):
+    """A tf.data service of two workers on this machine, shared by this module's tests (the last one kills one)."""
+    running = Service(str(tmp_path_factory.mktemp('service') / 'work'), num_workers=2)
+    yield running
+    running.stop()
+    assert not any(pid_alive(pid) for pid in running.worker_pids().values()), ''.join(running.output)
+
+
+def pid_alive(pid):
+    """Whether a process with this pid still runs (and is not a zombie)."""
+    try:
+        with open(f'/proc/{pid}/stat') as f:
+            return f.read().split(') ')[1][0] != 'Z'
+    except OSError:
+        return False
+
+
+def photo_folder(folder, photos_per_class=12):
+    """Writes class folders of distinct photos (no split) under folder; returns it."""
+    for photo in layout_photos(train=photos_per_class, val=0):
+        path = os.path.join(folder, photo.name.split('_')[0], photo.name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, 'wb') as f:
+            f.write(photo.data)
+    return folder
+
+
+# ----------------------------------------------------------------------------------------------
+
+def test_an_address_is_grpc_host_port():
+    assert onu_data_service.service_address('localhost:5050') == 'grpc://localhost:5050'
+    assert onu_data_service.service_address(' grpc://10.0.0.7:6000 ') == 'grpc://10.0.0.7:6000'
+    for bad in ('localhost', 'grpc://host', 'http://host:5050', 'host:0', 'host:70000', 'host:50:50'):
+        with pytest.raises(onu_data_service.ServiceError, match='grpc://HOST:PORT'):
+            onu_data_service.service_address(bad)
+
+
+def test_an_unreachable_service_or_a_cache_with_it_is_one_line(tmp_path):
+    port = onu_launch.free_ports('127.0.0.1', 1)[0]
+    result = run_script('onu_train.py', *TRAIN_FLAGS, f'--data_service=grpc://127.0.0.1:{port}',
+                        f'--train_dir={tmp_path / "train"}', f'--data_dir={photo_folder(str(tmp_path / "photos"))}')
+    assert result.returncode == 2
+    assert result.stderr.strip() == (f'error: cannot reach the tf.data service at grpc://127.0.0.1:{port} '
+                                     f'(Connection refused): start its dispatcher there (python run_data_service.py '
+                                     f'--port={port}) or fix --data_service')
+    result = run_script('onu_train.py', '--data_service=grpc://127.0.0.1:5050', '--cache_decoded_epoch=on',
+                        f'--train_dir={tmp_path / "train"}')
+    assert result.returncode == 1 and '--cache_decoded_epoch=on keeps the decoded epoch on this machine' in result.stderr
+    assert 'Traceback' not in result.stderr and not os.path.exists(tmp_path / 'train' / 'run_config.json')
+
+
+def test_the_dispatcher_lists_the_workers_that_registered(service):
+    workers = onu_data_service.check_reachable(service.address)
+    assert len(workers) == 2 and all(onu_data_service.answers(worker) for worker in workers)
+
+
+@pytest.mark.parametrize('data_format, script, extra', [
+    ('encoded', 'onu_train.py', ()),
+    ('raw', 'onu_train.py', ('--augment_on=model',)),
+    ('images', 'onu_multi_gpu_train.py', ('--num_gpus=2',)),
+])
+def test_a_run_reads_its_batches_from_the_service_and_its_checkpoints_evaluate(service, tmp_path, pattern_image,
+                                                                              data_format, script, extra):
+    data_dir = photo_folder(str(tmp_path / 'photos'))
+    bad_name = next(name for name in (f'rose/bad_scan_{index}.jpg' for index in range(100))
+                    if onu_dataset.split_of(name, 10) == 'train')
+    bad = os.path.join(data_dir, bad_name)
+    if data_format == 'images':  # its header is fine: a worker finds it cannot be decoded, the trainer says so
+        _write_jpeg_with_bad_scan(bad, pattern_image)
+    train_dir = str(tmp_path / 'train')
+    result = run_script(script, *TRAIN_FLAGS, *extra, f'--data_format={data_format}', f'--data_dir={data_dir}',
+                        f'--train_dir={train_dir}', f'--data_service={service.address}')
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f'Input from the tf.data service at {service.address}: 2 worker(s) registered' in result.stdout
+    assert f'Training stopped at step {STEPS}' in result.stdout
+    with open(os.path.join(train_dir, 'run_config.json')) as f:
+        assert json.load(f)['cache_decoded_epoch'] == 'off'
+    skipped = [line for line in result.stderr.splitlines() if 'skipping ' in line]
+    if data_format == 'images':
+        assert len(skipped) == 1 and bad in skipped[0] and 'cannot be decoded' in skipped[0]
+        return
+    assert skipped == [] and 'Traceback' not in result.stderr
+    evaluated = run_script('onu_eval.py', f'--checkpoint_dir={train_dir}', f'--eval_dir={tmp_path / "eval"}',
+                           '--run_once')
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    with open(tmp_path / 'eval' / 'results.jsonl') as f:
+        result = json.loads(f.readline())
+    held_out = onu_input.dataset_info(data_dir, 'images', 'val').num_examples
+    assert result['step'] == STEPS and result['num_examples'] == held_out >= 1  # eval reads val locally, each once
+
+
+def _photo_counts(service, data_dir, epochs, batch_size):
+    """Reads epochs' worth of training examples of data_dir from the service; returns {photo: times seen}."""
+    info = onu_input.dataset_info(data_dir, 'images', 'train', validation_percent=0)
+    with tf.Graph().as_default():
+        dataset = onu_input.make_dataset(info, batch_size, 32, training=True, augment_on='model', seed=3,
+                                         data_service=service.address)
+        images, _, _ = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+        with tf.compat.v1.Session() as session:
+            batches = [session.run(images) for _ in range(epochs * info.num_examples // batch_size)]
+    counts = collections.Counter(hashlib.sha1(image.tobytes()).hexdigest() for batch in batches for image in batch)
+    return info.num_examples, counts
+
+
+def test_each_example_once_per_epoch_across_the_workers(service, tmp_path):
+    num_examples, counts = _photo_counts(service, photo_folder(str(tmp_path / 'photos'), 6), epochs=4, batch_size=3)
+    assert num_examples == 18 and len(counts) == num_examples  # 18 distinct photos, every one seen
+    # Each worker batches the photos it was handed, and the trainer takes batches from both in turn, so an epoch's
+    # last photos may come after the next epoch's first: never two more or fewer (every worker reading every photo,
+    # as processing_mode parallel_epochs does, would give half the photos twice as often).
+    assert sum(counts.values()) == 4 * num_examples and set(counts.values()) <= {3, 4, 5}, counts
+
+
+def test_a_killed_worker_leaves_training_going_with_one_warning(service, tmp_path):
+    train_dir = str(tmp_path / 'train')
+    command = script_command('onu_train.py', *TRAIN_FLAGS[:-1], '--max_steps=150', '--data_format=encoded',
+                             f'--data_dir={photo_folder(str(tmp_path / "photos"))}', f'--train_dir={train_dir}',
+                             f'--data_service={service.address}')
+    trainer = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
+    stdout_lines = []
+    for line in trainer.stdout:  # until training runs
+        stdout_lines.append(line)
+        if ', loss = ' in line:
+            break
+    name, pid = sorted(service.worker_pids().items())[0]
+    os.kill(pid, signal.SIGKILL)
+    stdout, stderr = trainer.communicate(timeout=300)
+    stdout = ''.join(stdout_lines) + stdout
+    assert trainer.returncode == 0, stderr[-3000:]
+    assert 'Training stopped at step 150' in stdout
+    warnings = [line for line in stderr.splitlines() if 'stopped answering' in line]
+    assert len(warnings) == 1 and 'training goes on with the other 1 worker(s)' in warnings[0], stderr[-3000:]
+    assert service.wait_for(f'{name} (pid {pid}) exited with status -9; 1 worker(s) still serving', 30)
+    steps = [int(line.split('step ')[1].split(',')[0]) for line in stdout.splitlines() if ', loss = ' in line]
+    assert steps == list(range(2, 151, 2)) and np.isfinite(
+        [float(line.split('loss = ')[1].split(' ')[0]) for line in stdout.splitlines() if ', loss = ' in line]).all()
