@@ -94,6 +94,9 @@ flags.DEFINE_integer('max_images_per_class', 0,
 flags.DEFINE_integer('count_shards', 1000, 'Shards of the synthetic set of other tools\' records that is found and '
                      'counted as training does (onu_layouts), from a cold start and from the count cache.', lower_bound=1)
 flags.DEFINE_integer('count_records', 100000, 'Records of that synthetic set.', lower_bound=1)
+flags.DEFINE_boolean('data_service_only', False,
+                     'Measure only the tf.data service\'s part (issue 24): the main job\'s model and the pipeline '
+                     'alone, with the pipeline here and on one local service worker (about 5 minutes).')
 flags.DEFINE_boolean('quick', False,
                      'A short run: 1 repeat, 3 batches, at most 32 photos per class, small model only '
                      '(flags given explicitly still win).')
@@ -188,12 +191,9 @@ def benchmark_records(settings, work_dir):
                    record_counting=benchmark_report.assemble_counting(results, settings))
 
 
-def benchmark(settings, work_dir):
-    """Runs every measurement on settings.data_dir; returns the report (rows, targets, raw results)."""
-    if (os.path.isdir(settings.data_dir) and not onu_input.has_photos(settings.data_dir)
-            and onu_input.record_formats(settings.data_dir)):
-        return benchmark_records(settings, work_dir)
-    started, load_before = time.time(), benchmark_runner.load_average()
+def _photos(settings, work_dir):
+    """Prepares the photos measured; returns (their folder, their paths, the train split's DatasetInfo, info_of:
+    the training split as a way reads it: the photos, or the records converted or written into work_dir/way)."""
     data_dir = benchmark_runner.prepare_photos(settings.data_dir, work_dir, settings.max_images_per_class,
                                                settings.validation_percent)
     paths = benchmark_runner.photo_paths(data_dir)
@@ -202,10 +202,36 @@ def benchmark(settings, work_dir):
           f'in {work_dir}; models: {", ".join(settings.models)}.', flush=True)
 
     def info_of(way):
-        """The training split as way reads it: the photos, or the records converted or written into work_dir/way."""
         if way == 'images':
             return train_photos
         return onu_input.dataset_info(os.path.join(work_dir, way), 'encoded' if way == 'inception' else way, 'train')
+    return data_dir, paths, train_photos, info_of
+
+
+def benchmark_data_service(settings, work_dir):
+    """Measures only the tf.data service's part (--data_service_only) on the photos, converted to encoded records
+    first (not timed); returns its report."""
+    started, load_before = time.time(), benchmark_runner.load_average()
+    data_dir, paths, train_photos, info_of = _photos(settings, work_dir)
+    with benchmark_runner.FreshPython(MEASUREMENT_MODULE, os.path.join(work_dir, 'converter.log')) as converter:
+        converter.call('measure_conversion', data_dir=data_dir, output_dir=os.path.join(work_dir, 'encoded'),
+                       record_format='encoded', processes=None)
+    results = benchmark_runner.run_tasks(benchmark_plan.data_service_tasks(settings, info_of, work_dir))
+    return _report(settings, started, load_before, results, kind='data_service',
+                   data={'photos': len(paths), 'train_photos': train_photos.num_examples,
+                         'source_bytes': sum(os.path.getsize(path) for path in paths), 'measured_dir': data_dir},
+                   data_service=benchmark_report.assemble_data_service(results))
+
+
+def benchmark(settings, work_dir):
+    """Runs every measurement on settings.data_dir; returns the report (rows, targets, raw results)."""
+    if (os.path.isdir(settings.data_dir) and not onu_input.has_photos(settings.data_dir)
+            and onu_input.record_formats(settings.data_dir)):
+        return benchmark_records(settings, work_dir)
+    if FLAGS.data_service_only:
+        return benchmark_data_service(settings, work_dir)
+    started, load_before = time.time(), benchmark_runner.load_average()
+    data_dir, paths, train_photos, info_of = _photos(settings, work_dir)
     with benchmark_runner.FreshPython(MEASUREMENT_MODULE, os.path.join(work_dir, 'converter.log')) as converter, \
             benchmark_runner.FreshPython(MEASUREMENT_MODULE, os.path.join(work_dir, 'one-core.log'),
                                          cpu=max(os.sched_getaffinity(0))) as one_core:
@@ -215,7 +241,8 @@ def benchmark(settings, work_dir):
             + benchmark_plan.pipeline_tasks(settings, data_dir, info_of, one_core)
             + benchmark_plan.augmentation_tasks(settings, data_dir, info_of)
             + benchmark_plan.training_tasks(settings, info_of)
-            + benchmark_plan.step_profile_tasks(settings, info_of))
+            + benchmark_plan.step_profile_tasks(settings, info_of)
+            + benchmark_plan.data_service_tasks(settings, info_of, work_dir))
     rows = benchmark_report.assemble_rows(results, settings)
     augmentation = benchmark_report.assemble_augmentation(results, settings)
     precision = benchmark_report.assemble_precision(results, settings)
@@ -226,6 +253,7 @@ def benchmark(settings, work_dir):
                    record_counting=benchmark_report.assemble_counting(results, settings),
                    wait_tracing=benchmark_report.assemble_wait_tracing(results, settings),
                    step_profile=benchmark_report.assemble_step_profile(results),
+                   data_service=benchmark_report.assemble_data_service(results),
                    targets=benchmark_report.evaluate_targets(rows, augmentation, precision, settings,
                                                              onu_dataset.worker_count()))
 

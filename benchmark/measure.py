@@ -12,9 +12,12 @@
 Functions that benchmark_runner.FreshPython runs in another process take and return JSON values only.
 """
 import collections
+import contextlib
 import os
 import resource
 import statistics
+import subprocess
+import sys
 import time
 
 from PIL import Image
@@ -23,12 +26,16 @@ import numpy as np
 import tensorflow as tf
 
 from benchmark import baselines as benchmark_baselines
+from onu_lib import onu_data_service
 from onu_lib import onu_dataset
 import onu_input
+from onu_lib import onu_launch
 from onu_lib import onu_layouts
 import onu_model
 from onu_lib import onu_records
 from onu_lib import onu_training
+
+REPO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PRECISION_VARIANTS = ('mixed', 'xla')  # measured next to float32 by measure_training_variants
 TRAINING_VARIANTS = ('float32',) + PRECISION_VARIANTS
@@ -344,10 +351,11 @@ def _synthetic_inputs(batch_size, image_size, num_classes):
     return images.read_value(), labels
 
 
-def training_inputs(way, info_of, batch_size, image_size):
+def training_inputs(way, info_of, batch_size, image_size, data_service=None):
     """Returns (images, labels, feeds) of one way, with every training augmentation; feeds None or an iterator.
 
-    info_of(way) -> the DatasetInfo that way reads (the photos' for serial_cv2 and synthetic).
+    info_of(way) -> the DatasetInfo that way reads (the photos' for serial_cv2 and synthetic). data_service: the
+    onu_input ways' batches are made by the tf.data service at this address.
     """
     photos = info_of('images')
     if way == 'synthetic':
@@ -367,7 +375,7 @@ def training_inputs(way, info_of, batch_size, image_size):
             dataset = onu_input.make_dataset(
                 info_of(reads), batch_size, image_size, training=True,
                 cache=False if way == 'encoded_decoding' else None,
-                augment_on='model' if way == 'encoded_on_model' else 'input')
+                augment_on='model' if way == 'encoded_on_model' else 'input', data_service=data_service)
         batch = onu_input.next_batch(dataset)  # as training reads it (its tf.data model with it)
     if way == 'encoded_on_model':
         return onu_input.augment_batch(batch[0], batch[2]), batch[1], None
@@ -387,15 +395,15 @@ class TrainingRun:
     """A training graph of model_name fed by way, in its own session: run warmup, then time windows.
 
     trace_every: trace every N-th step for its input wait, as training's LoggerHook does once per log line
-    (None: never), to measure what that costs.
+    (None: never), to measure what that costs. data_service: training_inputs'.
     """
 
     def __init__(self, model_name, way, info_of, batch_size, image_size, compute_dtype='float32', xla=False,
-                 trace_every=None):
+                 trace_every=None, data_service=None):
         info = info_of('images')
         self.graph = tf.Graph()
         with self.graph.as_default():
-            images, labels, self._feeds = training_inputs(way, info_of, batch_size, image_size)
+            images, labels, self._feeds = training_inputs(way, info_of, batch_size, image_size, data_service)
             global_step = tf.compat.v1.train.get_or_create_global_step()
             logits, end_points = onu_model.inference(images, info.num_classes, model_name, is_training=True)
             total_loss = onu_model.loss(logits, labels, end_points)
@@ -633,3 +641,123 @@ def measure_step_profile(model_name, info_of, batch_size, image_size, warmup, st
     return dict({name: _step_profile_summary(run, traces[name], steps) for name, run in runs.items()},
                 model=model_name, batch_size=batch_size, image_size=image_size, warmup_steps=warmup,
                 compute_dtypes=dict(STEP_PROFILE_PRECISIONS))
+
+
+# ----------------------------------------------------------------------------------------------
+# The tf.data service (issue 24): the same pipeline on this process's cores, or on a service worker's.
+
+# placement -> (the onu_input way, on the service): the pipeline here without the cache (what a dataset too large
+# for it costs), on one service worker augmenting there, and on it with the augmentation on the model.
+DATA_SERVICE_PLACEMENTS = {'local': ('encoded_decoding', False), 'service': ('encoded_decoding', True),
+                           'service_on_model': ('encoded_on_model', True)}
+SERVICE_START_SECS = 180
+
+
+def _process_cpu_seconds(pid):
+    """Returns the CPU seconds process pid has used (utime + stime)."""
+    with open(f'/proc/{pid}/stat', encoding='ascii', errors='replace') as f:
+        fields = f.read().rsplit(')', 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')
+
+
+def _loopback_bytes():
+    """Returns the bytes the loopback interface has carried (received) so far: what the service sent on this machine."""
+    with open('/proc/net/dev', encoding='ascii') as f:
+        for line in f:
+            name, _, counters = line.partition(':')
+            if name.strip() == 'lo':
+                return int(counters.split()[0])
+    raise OSError('no loopback interface in /proc/net/dev')
+
+
+@contextlib.contextmanager
+def local_data_service(work_dir):
+    """Runs run_data_service.py with one worker here, on a free port; yields (its address, the worker's pid)."""
+    port = onu_launch.free_ports('127.0.0.1', 1)[0]
+    log_path = os.path.join(work_dir, 'data-service.log')
+    with open(log_path, 'w') as log:
+        process = subprocess.Popen([sys.executable, os.path.join(REPO_DIR, 'run_data_service.py'), '--num_workers=1',
+                                    f'--port={port}', f'--work_dir={os.path.join(work_dir, "dispatcher")}'],
+                                   stdout=log, stderr=subprocess.STDOUT, cwd=REPO_DIR)
+    try:
+        address = f'grpc://127.0.0.1:{port}'
+        onu_data_service.wait_for_workers(address, 1, SERVICE_START_SECS)
+        with open(log_path) as log:
+            worker = next(line for line in log if line.startswith('started worker 0 (pid '))
+        yield address, int(worker.split('(pid ')[1].split(')')[0])
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+
+
+class _Accounting:
+    """Sums, over timed windows, this process's CPU seconds, a service worker's and the loopback bytes."""
+
+    def __init__(self, worker_pid):
+        self._worker_pid = worker_pid
+        self.totals = collections.Counter()
+
+    def _counters(self):
+        return {'trainer_cpu': _cpu_seconds(), 'bytes': _loopback_bytes(),
+                'worker_cpu': _process_cpu_seconds(self._worker_pid) if self._worker_pid else 0.0}
+
+    @contextlib.contextmanager
+    def window(self):
+        before = self._counters()
+        yield
+        self.totals.update({name: value - before[name] for name, value in self._counters().items()})
+
+    def per_image(self, images):
+        """Returns CPU ms per image here and on the worker, and the bytes per image the loopback carried."""
+        return {'trainer_cpu_ms_per_image': 1000.0 * self.totals['trainer_cpu'] / images,
+                'worker_cpu_ms_per_image': 1000.0 * self.totals['worker_cpu'] / images,
+                'bytes_per_example': self.totals['bytes'] / images, 'images': images}
+
+
+def _service_training(model_name, way, info_of, batch_size, image_size, warmup, steps, repeats, address, worker_pid):
+    """Trains model_name fed by way (on the service at address, or here without one); returns measure_training's
+    result with the CPU per image here and on the worker, and the bytes per example sent."""
+    run = TrainingRun(model_name, way, info_of, batch_size, image_size, data_service=address)
+    accounting = _Accounting(worker_pid)
+    run.run(warmup)
+    for _ in range(repeats):
+        with accounting.window():
+            run.time_window(steps)
+    return dict(run.result(batch_size, image_size), **accounting.per_image(repeats * steps * batch_size))
+
+
+def _service_pipeline(way, info, batch_size, image_size, warmup, batches, address, worker_pid):
+    """Reads batches of way's pipeline alone (on the service at address, or here); returns its images/sec with the
+    CPU per image here and on the worker, and the bytes per example sent."""
+    with tf.Graph().as_default():
+        with tf.device(onu_input.PIPELINE_DEVICE):
+            dataset = onu_input.make_dataset(info, batch_size, image_size, training=True, cache=False,
+                                             augment_on='model' if way == 'encoded_on_model' else 'input',
+                                             data_service=address)
+            images, labels = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()[:2]
+        fetch, accounting = _consumed(images, labels), _Accounting(worker_pid)
+        with _session() as sess:
+            for _ in range(warmup):
+                sess.run(fetch)
+            with accounting.window():
+                rate = _time_runs(sess, fetch, 0, batches)
+    return dict(rate, **accounting.per_image(rate['images']))
+
+
+def measure_data_service(model_name, info_of, train_batch_size, train_image_size, warmup, steps, repeats,
+                         pipeline_batch_size, pipeline_image_size, pipeline_warmup, pipeline_batches, work_dir):
+    """{'training': {placement: ...}, 'pipeline': {placement: ...}} for each of DATA_SERVICE_PLACEMENTS: model_name
+    trained on encoded records without the decoded-epoch cache, and the pipeline alone at pipeline_image_size, with
+    the CPU ms per image of this process (the trainer) and of the one service worker, and the bytes per example the
+    loopback carried. The service runs here too, on the same cores: the CPU per image is the figure to carry over.
+    """
+    results = {'training': {}, 'pipeline': {}}
+    with local_data_service(work_dir) as (address, worker_pid):
+        for placement, (way, on_service) in DATA_SERVICE_PLACEMENTS.items():
+            service = (address, worker_pid) if on_service else (None, None)
+            results['training'][placement] = _service_training(
+                model_name, way, info_of, train_batch_size, train_image_size, warmup, steps, repeats, *service)
+            results['pipeline'][placement] = _service_pipeline(
+                way, info_of('encoded'), pipeline_batch_size, pipeline_image_size, pipeline_warmup, pipeline_batches,
+                *service)
+    return dict(results, model=model_name)

@@ -30,6 +30,12 @@ LAYOUT_MODEL = 'small'
 WAIT_RANKED_WAYS = ('encoded', 'encoded_decoding', 'plain_tf_image')
 FEED_DICT_WAYS = ('serial_cv2', 'study_serial')  # fed before each step: no iterator wait to measure
 WAIT_TRACE_EVERY = 10
+# Issue 24's: the main job's model trained, and the pipeline alone at the pipelines' size, with the pipeline here or
+# on one tf.data service worker (benchmark_measure.DATA_SERVICE_PLACEMENTS).
+DATA_SERVICE_MODEL = 'small'
+# An H100-class GPU's Inception-ResNet-v2 training rate in mixed precision, estimated from published tables (issue 24):
+# not measured here (no GPU); the report turns the measured CPU ms per image into the cores that feed it.
+GPU_IMAGES_PER_SEC = 800
 # variant -> what feeds: onu_input's default (decoded epoch cached), onu_input decoding every image
 # exactly or at a reduced DCT scale, onu_input with augmentation placed on the model, and the plain
 # tf.image pipeline.
@@ -346,3 +352,25 @@ def records_tasks(settings, formats, info_of):
                 lambda r: f'{r["sec_per_batch"]:.3f} sec/batch, {r["examples_per_sec"]:.1f} examples/sec',
                 _training_estimate(settings, model_name, model_warmup + 1 + steps * settings.repeats)))
     return tasks
+
+
+def data_service_tasks(settings, info_of, work_dir):
+    """The task training DATA_SERVICE_MODEL and reading the pipeline alone, with the pipeline here and on one local
+    tf.data service worker (none if that model is not measured)."""
+    if DATA_SERVICE_MODEL not in settings.models:
+        return []
+    model_name = DATA_SERVICE_MODEL
+    batch, size = settings.train_batch_size[model_name], settings.train_image_size[model_name]
+    warmup, steps, repeats = settings.train_warmup_steps[model_name], settings.train_steps[model_name], settings.repeats
+    placements = len(benchmark_measure.DATA_SERVICE_PLACEMENTS)
+    pipeline_seconds = (settings.warmup_batches + settings.batches) * settings.batch_size / PRIOR_IMAGES_PER_SEC['pipeline']
+    return [Task(
+        ('data_service', model_name),
+        f'train {model_name} (batch {batch}, {size}x{size}) and read the pipeline alone ({settings.image_size}x'
+        f'{settings.image_size}) with it here and on a tf.data service worker',
+        lambda: benchmark_measure.measure_data_service(
+            model_name, info_of, batch, size, warmup, steps, repeats, settings.batch_size, settings.image_size,
+            settings.warmup_batches, settings.batches, work_dir),
+        lambda r: ', '.join(f'{placement} {result["trainer_cpu_ms_per_image"]:.2f}'
+                            for placement, result in r['pipeline'].items()) + ' trainer CPU ms/img',
+        30 + placements * (_training_estimate(settings, model_name, warmup + steps * repeats) + pipeline_seconds))]

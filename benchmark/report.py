@@ -188,6 +188,15 @@ def assemble_step_profile(results):
             if name not in ('other_processes_cores', 'task_seconds')}
 
 
+def assemble_data_service(results):
+    """Returns measure_data_service's result (the service's part of the run), or None if not measured."""
+    measured = results.get(('data_service', benchmark_plan.DATA_SERVICE_MODEL))
+    if not measured:
+        return None
+    return {name: value for name, value in measured[0].items()
+            if name not in ('other_processes_cores', 'task_seconds')}
+
+
 def _target(issue, text, measured, threshold, at_most=False):
     """Returns one target's verdict: measured >= threshold (or <= with at_most)."""
     passed = measured <= threshold if at_most else measured >= threshold
@@ -403,6 +412,50 @@ def _decode_rates_sentence(report):
             f'while measured) and {limit["cv2_single_core_images_per_sec"]:.1f} img/s with cv2.')
 
 
+DATA_SERVICE_TITLES = {'local': 'here (no service)', 'service': 'service worker, augmenting there',
+                       'service_on_model': 'service worker, augmentation on the model'}
+
+
+def data_service_table(part, rate_field):
+    """Returns the Markdown table of one part of the service's measurement (training or the pipeline alone)."""
+    return _table(['pipeline', 'examples/sec', 'trainer CPU ms/img', 'worker CPU ms/img', 'bytes/example sent'], [
+        [DATA_SERVICE_TITLES[placement], _cell(result[rate_field]), _cell(result['trainer_cpu_ms_per_image'], 2),
+         _cell(result['worker_cpu_ms_per_image'], 2) if placement != 'local' else '-',
+         f'{result["bytes_per_example"] / 1000:.1f} kB' if placement != 'local' else '-']
+        for placement, result in part.items()])
+
+
+def data_service_paragraph(report):
+    """Returns the paragraph that turns the pipeline's measured CPU ms per image into the cores one GPU needs."""
+    pipeline, size, rate = report['data_service']['pipeline'], report['settings']['image_size'], \
+        benchmark_plan.GPU_IMAGES_PER_SEC
+
+    def cores(ms_per_image):
+        return f'{rate * ms_per_image / 1000:.1f}'
+    local, service, on_model = pipeline['local'], pipeline['service'], pipeline['service_on_model']
+    return (f'Cores to feed one H100-class GPU training Inception-ResNet-v2 at {size}x{size} (about {rate} img/s in '
+            f'mixed precision, estimated from published tables, not measured: no GPU here), from the CPU ms per '
+            f'image measured above with the decoded-epoch cache off: with the pipeline on the GPU machine, '
+            f'{cores(local["trainer_cpu_ms_per_image"])} of its cores per GPU; with it on tf.data service workers '
+            f'augmenting there, {cores(service["worker_cpu_ms_per_image"])} worker cores and '
+            f'{cores(service["trainer_cpu_ms_per_image"])} on the GPU machine; with the augmentation on the model '
+            f'(the GPU), {cores(on_model["worker_cpu_ms_per_image"])} worker cores and '
+            f'{cores(on_model["trainer_cpu_ms_per_image"])} on the GPU machine. The service worker ran on the '
+            f'trainer\'s cores here, so its examples/sec say little; its CPU per image is the figure to carry over.')
+
+
+def data_service_section(report):
+    """Returns the Markdown lines of the service's part of a run."""
+    part, settings = report['data_service'], report['settings']
+    first = part['training']['local']
+    size = settings['image_size']
+    return [f'### tf.data service: the pipeline here or on one local service worker (encoded records, no decoded-epoch '
+            f'cache)', '', f'Training {part["model"]}, batch {first["batch_size"]}, {first["image_size"]}x'
+            f'{first["image_size"]}:', '', data_service_table(part['training'], 'examples_per_sec'), '',
+            f'The pipeline alone, batch {settings["batch_size"]}, {size}x{size}:', '',
+            data_service_table(part['pipeline'], 'images_per_sec'), '', data_service_paragraph(report), '']
+
+
 def targets_table(report):
     """Returns the Markdown table of the targets' verdicts."""
     return _table(['issue', 'target', 'measured', 'verdict'], [
@@ -444,6 +497,8 @@ def markdown_report(report):
     """Returns the run as Markdown: settings, the study-shaped table per model, details and targets."""
     if report.get('kind') == 'records':
         return records_markdown(report)
+    if report.get('kind') == 'data_service':
+        return '\n'.join(_run_description(report) + data_service_section(report))
     rows, settings = report['rows'], report['settings']
     lines = _run_description(report)
     for model_name in settings['models']:
@@ -465,6 +520,8 @@ def markdown_report(report):
         lines += [f'### Where the {profile["model"]} model\'s step time goes, float32 vs mixed (model only): '
                   f'ms per step, batch {profile["batch_size"]}, {profile["image_size"]}x{profile["image_size"]}',
                   '', step_profile_table(profile), '', step_profile_summary(profile), '']
+    if report.get('data_service'):
+        lines += data_service_section(report)
     lines += ['### Training preprocessing: CPU ms per image (images/sec in brackets)', '',
               augmentation_table(report), '',
               '### Targets', '', targets_table(report)]
@@ -602,10 +659,32 @@ def plot_records_report(report, path):
                  f'{report["hardware"]["cpu_model"]}, {report["hardware"]["usable_cores"]} cores', path)
 
 
+def plot_data_service_report(report, path):
+    """Draws the service's part of a run (CPU ms per image here and on the worker, per placement) as a PNG at path."""
+    plt = _pyplot()
+    part = report['data_service']
+    figure, axes = plt.subplots(1, 2, figsize=(14, 5), squeeze=False)
+    for axis, name in zip(axes[0], ('training', 'pipeline')):
+        results = part[name]
+        placements = list(results)
+        positions = np.arange(len(placements))
+        for offset, field, colour, label in ((-0.2, 'trainer_cpu_ms_per_image', 'tab:blue', 'trainer'),
+                                             (0.2, 'worker_cpu_ms_per_image', 'tab:orange', 'service worker')):
+            axis.bar(positions + offset, [results[p][field] for p in placements], 0.4, color=colour, label=label)
+        axis.set_xticks(positions, [DATA_SERVICE_TITLES[p].replace(', ', ',\n') for p in placements])
+        axis.set_title(f'{name}: CPU ms per image')
+        axis.legend(fontsize='small')
+    _save_figure(plt, figure, f'tf.data service: {report["hardware"]["cpu_model"]}, '
+                              f'{report["hardware"]["usable_cores"]} cores', path)
+
+
 def plot_report(report, path):
     """Draws the comparison (disk, pipeline rates, training speed per model) as a PNG at path."""
     if report.get('kind') == 'records':
         plot_records_report(report, path)
+        return
+    if report.get('kind') == 'data_service':
+        plot_data_service_report(report, path)
         return
     plt = _pyplot()
     rows, models = report['rows'], report['settings']['models']
