@@ -22,6 +22,9 @@ on the model's device:
 
     images, labels, draws = undistorted_inputs(info, 32, 299)   # uint8, for the model
     images = augment_batch(images, draws)
+
+With data_service (grpc://HOST:PORT), a tf.data service's workers make the same training batches
+(_service_batches) and the trainer only receives them.
 """
 import contextlib
 import dataclasses

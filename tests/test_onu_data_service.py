@@ -110,6 +110,16 @@ def test_an_address_is_grpc_host_port():
             onu_data_service.service_address(bad)
 
 
+def test_augmented_images_cross_the_network_as_uint8_within_half_a_grey_level():
+    augmented = np.random.default_rng(0).uniform(-1.0, 1.0, [4, 8, 8, 3]).astype(np.float32)
+    augmented[0, 0, 0] = [-1.0, 1.0, 1.0]  # the ends come back exactly
+    sent = onu_input._quantized(tf.constant(augmented))  # pylint: disable=protected-access
+    received = onu_input._dequantized(sent).numpy()  # pylint: disable=protected-access
+    assert sent.dtype == tf.uint8 and received.dtype == np.float32
+    assert np.abs(received - augmented).max() <= 1.0 / 255.0 + 1e-6  # half a grey level of [0, 1], in [-1, 1]
+    assert received[0, 0, 0].tolist() == [-1.0, 1.0, 1.0]
+
+
 def test_an_unreachable_service_or_a_cache_with_it_is_one_line(tmp_path):
     port = onu_launch.free_ports('127.0.0.1', 1)[0]
     result = run_script('onu_train.py', *TRAIN_FLAGS, f'--data_service=grpc://127.0.0.1:{port}',
