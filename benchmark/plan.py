@@ -36,6 +36,8 @@ DATA_SERVICE_MODEL = 'small'
 # An H100-class GPU's Inception-ResNet-v2 training rate in mixed precision, estimated from published tables (issue 24):
 # not measured here (no GPU); the report turns the measured CPU ms per image into the cores that feed it.
 GPU_IMAGES_PER_SEC = 800
+DATA_SERVICE_MIN_WARMUP = 10   # steps or batches
+DATA_SERVICE_MIN_WINDOW = 20
 # variant -> what feeds: onu_input's default (decoded epoch cached), onu_input decoding every image
 # exactly or at a reduced DCT scale, onu_input with augmentation placed on the model, and the plain
 # tf.image pipeline.
@@ -361,16 +363,21 @@ def data_service_tasks(settings, info_of, work_dir):
         return []
     model_name = DATA_SERVICE_MODEL
     batch, size = settings.train_batch_size[model_name], settings.train_image_size[model_name]
-    warmup, steps, repeats = settings.train_warmup_steps[model_name], settings.train_steps[model_name], settings.repeats
+    # Windows long enough that the batches buffered on either side of the network (full after the warm-up) are
+    # a small part of what a window counts, even in a --quick run.
+    warmup = max(settings.train_warmup_steps[model_name], DATA_SERVICE_MIN_WARMUP)
+    steps, repeats = max(settings.train_steps[model_name], DATA_SERVICE_MIN_WINDOW), settings.repeats
+    pipeline_warmup = max(settings.warmup_batches, DATA_SERVICE_MIN_WARMUP)
+    pipeline_batches = max(settings.batches, DATA_SERVICE_MIN_WINDOW)
     placements = len(benchmark_measure.DATA_SERVICE_PLACEMENTS)
-    pipeline_seconds = (settings.warmup_batches + settings.batches) * settings.batch_size / PRIOR_IMAGES_PER_SEC['pipeline']
+    pipeline_seconds = (pipeline_warmup + pipeline_batches) * settings.batch_size / PRIOR_IMAGES_PER_SEC['pipeline']
     return [Task(
         ('data_service', model_name),
         f'train {model_name} (batch {batch}, {size}x{size}) and read the pipeline alone ({settings.image_size}x'
         f'{settings.image_size}) with it here and on a tf.data service worker',
         lambda: benchmark_measure.measure_data_service(
             model_name, info_of, batch, size, warmup, steps, repeats, settings.batch_size, settings.image_size,
-            settings.warmup_batches, settings.batches, work_dir),
+            pipeline_warmup, pipeline_batches, work_dir),
         lambda r: ', '.join(f'{placement} {result["trainer_cpu_ms_per_image"]:.2f}'
                             for placement, result in r['pipeline'].items()) + ' trainer CPU ms/img',
         30 + placements * (_training_estimate(settings, model_name, warmup + steps * repeats) + pipeline_seconds))]

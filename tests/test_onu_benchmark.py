@@ -128,10 +128,23 @@ def test_quick_run_measures_every_row(make_tiny_dataset, tmp_path):
     assert tracing['traced'] > 0 and tracing['untraced'] > 0 and tracing['trace_every'] == 10
     assert '| logged: waiting, input work |' in markdown and 'Measuring what input costs as training logs' in markdown
 
+    # The pipeline here and on a tf.data service worker (started by the benchmark): the worker's CPU and the bytes
+    # it sent are counted only where it works, and a uint8 image of 32x32 is 3 kB.
+    service = report['data_service']
+    for part, size in (('training', 32), ('pipeline', 32)):
+        assert set(service[part]) == set(benchmark_measure.DATA_SERVICE_PLACEMENTS), part
+        assert service[part]['local']['worker_cpu_ms_per_image'] == 0 and service[part]['local']['bytes_per_example'] < 500
+        for placement in ('service', 'service_on_model'):
+            result = service[part][placement]
+            assert result['trainer_cpu_ms_per_image'] > 0 and result['worker_cpu_ms_per_image'] > 0, (part, placement)
+            assert result['bytes_per_example'] > 0.5 * size * size * 3, (part, placement)
+    assert '### tf.data service: the pipeline here or on one local service worker' in markdown
+    assert 'Cores to feed one H100-class GPU training Inception-ResNet-v2 at 32x32' in markdown
+
     # 4 storage + 1 Inception shards written + 2 countings + 9 pipeline (decode limit, 5 ways eval, 3 train)
     # + 30 training preprocessing + 9 training measurements + 2 side by side (Inception shards, wait tracing)
-    # + 2 of float32, mixed and XLA side by side + 1 step profile, one repeat each
-    assert report['other_processes']['measurements'] == 60 == len(report['measurements'])
+    # + 2 of float32, mixed and XLA side by side + 1 step profile + 1 tf.data service, one repeat each
+    assert report['other_processes']['measurements'] == 61 == len(report['measurements'])
     assert report['hardware']['usable_cores'] >= 1 and report['hardware']['cpu_model']
     assert {target['issue'] for target in report['targets']} == {2, 3, 12, 13, 20, 21}  # 7's need Inception-ResNet-v2
     assert all(isinstance(target['passed'], bool) for target in report['targets'])
