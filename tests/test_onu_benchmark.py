@@ -129,7 +129,8 @@ def test_quick_run_measures_every_row(make_tiny_dataset, tmp_path):
     assert '| logged: waiting, input work |' in markdown and 'Measuring what input costs as training logs' in markdown
 
     # The pipeline here and on a tf.data service worker (started by the benchmark): the worker's CPU and the bytes
-    # it sent are counted only where it works, and a uint8 image of 32x32 is 3 kB.
+    # it sent are counted only where it works; a uint8 image of 32x32 is 3 kB before the service compresses it
+    # (float32 would be four times that).
     service = report['data_service']
     for part, size in (('training', 32), ('pipeline', 32)):
         assert set(service[part]) == set(benchmark_measure.DATA_SERVICE_PLACEMENTS), part
@@ -137,7 +138,7 @@ def test_quick_run_measures_every_row(make_tiny_dataset, tmp_path):
         for placement in ('service', 'service_on_model'):
             result = service[part][placement]
             assert result['trainer_cpu_ms_per_image'] > 0 and result['worker_cpu_ms_per_image'] > 0, (part, placement)
-            assert result['bytes_per_example'] > 0.5 * size * size * 3, (part, placement)
+            assert 0 < result['bytes_per_example'] < 1.5 * size * size * 3, (part, placement)
     assert '### tf.data service: the pipeline here or on one local service worker' in markdown
     assert 'Cores to feed one H100-class GPU training Inception-ResNet-v2 at 32x32' in markdown
 
