@@ -93,21 +93,15 @@ def run_service():
     dispatcher = FLAGS.dispatcher or f'{FLAGS.host}:{port}'
     address = onu_data_service.service_address(dispatcher)
     signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(128 + number))  # to stop the servers below
-    processes, printers = [], []
     try:
-        for name, command in server_commands(dispatcher, port):
-            process, printer = onu_launch.start_process(name, command, REPO_DIR)
-            processes.append((name, process))
-            printers.append(printer)
-        onu_data_service.wait_for_workers(address, FLAGS.num_workers, START_TIMEOUT_SECS)
-        print(f'tf.data service ready: {FLAGS.num_workers} worker(s) here for the dispatcher at {address}; '
-              f'train with --data_service={address}', flush=True)
-        return supervise(processes, time.time() + FLAGS.timeout_secs if FLAGS.timeout_secs is not None else None)
+        with onu_launch.running(server_commands(dispatcher, port), REPO_DIR, []) as processes:
+            onu_data_service.wait_for_workers(address, FLAGS.num_workers, START_TIMEOUT_SECS)
+            print(f'tf.data service ready: {FLAGS.num_workers} worker(s) here for the dispatcher at {address}; '
+                  f'train with --data_service={address}', flush=True)
+            return supervise(processes, time.time() + FLAGS.timeout_secs if FLAGS.timeout_secs is not None else None)
     except KeyboardInterrupt:
         print('interrupted: stopping the service.', flush=True)
         return 130
-    finally:
-        onu_launch.stop(processes, printers)
 
 
 def main(argv):

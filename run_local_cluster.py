@@ -114,21 +114,16 @@ def run_cluster():
     ps_hosts = [f'{FLAGS.host}:{port}' for port in ports[:FLAGS.num_ps]]
     worker_hosts = [f'{FLAGS.host}:{port}' for port in ports[FLAGS.num_ps:]]
     deadline = time.time() + FLAGS.timeout_secs if FLAGS.timeout_secs is not None else None
-    processes, printers = [], []
+    processes = []
     try:
-        for name, command in task_commands(ps_hosts, worker_hosts):
-            process, printer = onu_launch.start_process(name, command, REPO_DIR)
-            processes.append((name, process))
-            printers.append(printer)
-        parameter_servers, workers = processes[:FLAGS.num_ps], processes[FLAGS.num_ps:]
-        status = wait_for_workers(workers, deadline)
-        if status == 0:
-            wait_for_ps(parameter_servers, FLAGS.ps_grace_secs)
+        with onu_launch.running(task_commands(ps_hosts, worker_hosts), REPO_DIR, processes):
+            parameter_servers, workers = processes[:FLAGS.num_ps], processes[FLAGS.num_ps:]
+            status = wait_for_workers(workers, deadline)
+            if status == 0:
+                wait_for_ps(parameter_servers, FLAGS.ps_grace_secs)
     except KeyboardInterrupt:
         print('interrupted: stopping the cluster.', flush=True)
         status = 130
-    finally:
-        onu_launch.stop(processes, printers)
     for name, process in processes:
         print(f'{name} (pid {process.pid}): exit status {process.returncode}', flush=True)
     return status

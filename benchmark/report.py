@@ -179,22 +179,23 @@ def assemble_augmentation(results, settings):
     return table
 
 
-def assemble_step_profile(results):
-    """Returns the step profile of benchmark_plan.PROFILED_MODEL (measure_step_profile's), or None if not measured."""
-    measured = results.get(('step_profile', benchmark_plan.PROFILED_MODEL))
+def _single_result(results, key):
+    """Returns the one result of the task with key, without the runner's own fields, or None if it did not run."""
+    measured = results.get(key)
     if not measured:
         return None
     return {name: value for name, value in measured[0].items()
             if name not in ('other_processes_cores', 'task_seconds')}
+
+
+def assemble_step_profile(results):
+    """Returns the step profile of benchmark_plan.PROFILED_MODEL (measure_step_profile's), or None if not measured."""
+    return _single_result(results, ('step_profile', benchmark_plan.PROFILED_MODEL))
 
 
 def assemble_data_service(results):
     """Returns measure_data_service's result (the service's part of the run), or None if not measured."""
-    measured = results.get(('data_service', benchmark_plan.DATA_SERVICE_MODEL))
-    if not measured:
-        return None
-    return {name: value for name, value in measured[0].items()
-            if name not in ('other_processes_cores', 'task_seconds')}
+    return _single_result(results, ('data_service', benchmark_plan.DATA_SERVICE_MODEL))
 
 
 def _target(issue, text, measured, threshold, at_most=False):

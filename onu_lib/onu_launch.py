@@ -3,6 +3,7 @@ ports, output prefixed with the process's name, and stopping what is left.
 
 A library module: explicit arguments only, no flags.
 """
+import contextlib
 import os
 import socket
 import subprocess
@@ -59,3 +60,18 @@ def stop(processes, printers=()):
             process.wait()
     for printer in printers:
         printer.join(timeout=TERMINATE_WAIT_SECS)
+
+
+@contextlib.contextmanager
+def running(commands, cwd, processes):
+    """Starts each (name, command) of commands in cwd (start_process), appending (name, process) to the list
+    processes; on the way out, whatever happened, stops those still running (stop)."""
+    printers = []
+    try:
+        for name, command in commands:
+            process, printer = start_process(name, command, cwd)
+            processes.append((name, process))
+            printers.append(printer)
+        yield processes
+    finally:
+        stop(processes, printers)
