@@ -165,6 +165,8 @@ def test_a_run_reads_its_batches_from_the_service_and_its_checkpoints_evaluate(s
         assert len(skipped) == 1 and bad in skipped[0] and 'cannot be decoded' in skipped[0]
         return
     assert skipped == [] and 'Traceback' not in result.stderr
+    if data_format != 'encoded':  # one evaluation shows the checkpoints are as usual
+        return
     evaluated = run_script('onu_eval.py', f'--checkpoint_dir={train_dir}', f'--eval_dir={tmp_path / "eval"}',
                            '--run_once')
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
