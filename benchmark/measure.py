@@ -760,4 +760,5 @@ def measure_data_service(model_name, info_of, train_batch_size, train_image_size
             results['pipeline'][placement] = _service_pipeline(
                 way, info_of('encoded'), pipeline_batch_size, pipeline_image_size, pipeline_warmup, pipeline_batches,
                 *service)
-    return dict(results, model=model_name)
+    return dict(results, model=model_name, warmup_steps=warmup, steps=steps, repeats=repeats,
+                warmup_batches=pipeline_warmup, batches=pipeline_batches)

@@ -452,8 +452,10 @@ def data_service_section(report):
     size = settings['image_size']
     return [f'### tf.data service: the pipeline here or on one local service worker (encoded records, no decoded-epoch '
             f'cache)', '', f'Training {part["model"]}, batch {first["batch_size"]}, {first["image_size"]}x'
-            f'{first["image_size"]}:', '', data_service_table(part['training'], 'examples_per_sec'), '',
-            f'The pipeline alone, batch {settings["batch_size"]}, {size}x{size}:', '',
+            f'{first["image_size"]}, {part["repeats"]} window(s) of {part["steps"]} steps after {part["warmup_steps"]}:',
+            '', data_service_table(part['training'], 'examples_per_sec'), '',
+            f'The pipeline alone, batch {settings["batch_size"]}, {size}x{size}, {part["batches"]} batches after '
+            f'{part["warmup_batches"]}:', '',
             data_service_table(part['pipeline'], 'images_per_sec'), '', data_service_paragraph(report), '']
 
 
