@@ -736,6 +736,28 @@ def _note_decode_failure(path):
                     path, reason, count)
 
 
+def _check_some_image_decodes(info):
+    """DataError when every image file of info has failed to decode: training would wait for a batch forever."""
+    failures = decode_failures()
+    if all(path in failures for path in info.files):
+        raise onu_dataset.DataError(
+            f'{os.path.join(info.data_dir, info.split)}: none of the {len(info.files)} images decodes; '
+            f'replace them with JPEG/PNG/GIF/BMP photos')
+
+
+def _photo_reader(info, at_least):
+    """Returns read(index) -> (upright uint8 image, int32 label) of image file `index` of info (at_least:
+    decode_image_bytes's)."""
+    paths = tf.constant(info.files)
+    labels = tf.constant(info.labels, tf.int32)
+    orientations = tf.constant(info.orientations, tf.int32)
+
+    def read(index):
+        image = decode_image_bytes(tf.io.read_file(paths[index]), at_least)
+        return apply_exif_orientation(image, orientations[index]), labels[index]
+    return read
+
+
 def _file_order(num_files, training, seed):
     """Returns (epoch, position) -> file index: the listing's order, or a permutation per epoch."""
     if not training:
@@ -756,28 +778,22 @@ def _decoded_files(info, training, seed, at_least=None, repeat=True):
     permutation per epoch forever (training), else one epoch.
     """
     num_files = len(info.files)
-    paths = tf.constant(info.files)
     names = tf.constant([onu_dataset.relative_name(path, info.data_dir) for path in info.files])
-    labels = tf.constant(info.labels, tf.int32)
-    orientations = tf.constant(info.orientations, tf.int32)
+    read_photo = _photo_reader(info, at_least)
     file_index = _file_order(num_files, training, seed)
 
     def report_skipped(epoch, first, end):
         for position in range(int(first), int(end)):
             index = file_index(epoch, tf.constant(position, tf.int64))
             _note_decode_failure(info.files[int(index)])
-        failures = decode_failures()
-        if training and all(path in failures for path in info.files):  # else it would spin forever
-            raise onu_dataset.DataError(
-                f'{os.path.join(info.data_dir, info.split)}: none of the {num_files} images decodes; '
-                f'replace them with JPEG/PNG/GIF/BMP photos')
+        if training:  # else it would spin forever
+            _check_some_image_decodes(info)
         return end
 
     def one_epoch(epoch):
         def read(position):
             index = file_index(epoch, position)
-            image = decode_image_bytes(tf.io.read_file(paths[index]), at_least)
-            return position, apply_exif_orientation(image, orientations[index]), labels[index], names[index]
+            return (position,) + read_photo(index) + (names[index],)
 
         def skip_gap(expected, example):
             position, image, label, name = example
@@ -1002,13 +1018,12 @@ SERVICE_CYCLE_LENGTH = 8       # photos or shards a service worker reads at once
 MAX_RECORDS_PER_SHARD = 2**24  # an example's key is shard draw * this + its index in the shard
 
 
-def _decoded_or_failed(info, index, image_size, at_least):
-    """Returns a one-element dataset: (resized uint8 image, label, index) of photo `index` of info, or, when it
-    cannot be read or decoded, (zeros, -1 - index, index): a failure the trainer reports (_reported_failures)."""
+def _decoded_or_failed(read_photo, index, image_size):
+    """Returns a one-element dataset: (resized uint8 image, label) of photo `index` (read_photo: _photo_reader's),
+    or, when it cannot be read or decoded, (zeros, -1 - index): a failure the trainer reports (_reported_failures)."""
     def read(index):
-        image = decode_image_bytes(tf.io.read_file(tf.gather(info.files, index)), at_least)
-        image = apply_exif_orientation(image, tf.gather(info.orientations, index))
-        return resize_for_training(image, image_size), tf.gather(tf.constant(info.labels, tf.int32), index)
+        image, label = read_photo(index)
+        return resize_for_training(image, image_size), label
     decoded = tf.data.Dataset.from_tensors(index).map(read).ignore_errors()  # a try with no py_function
     failed = tf.data.Dataset.from_tensors((tf.zeros([image_size, image_size, 3], tf.uint8),
                                            tf.cast(-1 - index, tf.int32)))
@@ -1027,8 +1042,10 @@ def _service_examples(info, image_size, seed, reduced_decode):
     unit_index = _file_order(num_units, True, seed)
     draws = tf.data.Dataset.counter().map(lambda draw: (draw, unit_index(draw // num_units, draw % num_units)))
     if info.data_format == 'images':
+        read_photo = _photo_reader(info, at_least)
+
         def unit(draw, index):
-            return _decoded_or_failed(info, index, image_size, at_least).map(lambda image, label: (image, label, draw))
+            return _decoded_or_failed(read_photo, index, image_size).map(lambda image, label: (image, label, draw))
         return draws.interleave(unit, cycle_length=SERVICE_CYCLE_LENGTH, num_parallel_calls=tf.data.AUTOTUNE,
                                 deterministic=False)
 
@@ -1051,11 +1068,7 @@ def _reported_failures(info, batches, batch_size):
     def kept(label):
         def report(label):
             _note_decode_failure(info.files[-1 - int(label)])
-            failures = decode_failures()
-            if all(path in failures for path in info.files):  # else it would wait for a batch forever
-                raise onu_dataset.DataError(
-                    f'{os.path.join(info.data_dir, info.split)}: none of the {len(info.files)} images decodes; '
-                    f'replace them with JPEG/PNG/GIF/BMP photos')
+            _check_some_image_decodes(info)  # else it would wait for a batch forever
             return False
         return tf.cond(label >= 0, lambda: True,
                        lambda: tf.numpy_function(report, [label], tf.bool, stateful=True))
