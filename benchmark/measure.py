@@ -415,7 +415,7 @@ class TrainingRun:
                               tf.compat.v1.local_variables_initializer()])
         self.windows, self.final_loss = [], None
         self._trace_every, self._steps_run, self.wait_fractions = trace_every, 0, []
-        self._pipeline_work = []  # (seconds of pipeline work, batches) at each waiting step
+        self._pipeline_work = []  # onu_input.PipelineWork at each waiting step
 
     def _run_step(self, options=None, run_metadata=None):
         """Runs one training step (traced when options ask for it)."""
@@ -431,12 +431,12 @@ class TrainingRun:
         self._pipeline_work.append(onu_input.pipeline_work(self.session.run(self._pipelines)))
 
     def work_per_batch(self):
-        """The input pipelines' seconds of work per batch between the first and the last waiting step, as training's
+        """The input pipelines' seconds of work per batch from the first to the last waiting step, as training's
         LoggerHook measures it between two log lines (None without two waiting steps or a pipeline)."""
-        if len(self._pipeline_work) < 2 or self._pipeline_work[-1][1] <= self._pipeline_work[0][1]:
-            return None
-        (first_work, first_batches), (last_work, last_batches) = self._pipeline_work[0], self._pipeline_work[-1]
-        return (last_work - first_work) / (last_batches - first_batches)
+        between = [onu_input.work_between(before, after)
+                   for before, after in zip(self._pipeline_work, self._pipeline_work[1:])]
+        batches = sum(batches for _, batches in between)
+        return sum(seconds for seconds, _ in between) / batches if batches > 0 else None
 
     def run(self, steps):
         """Runs steps training steps (every trace_every-th traced for its input wait)."""
