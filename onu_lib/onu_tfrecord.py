@@ -4,8 +4,8 @@ and the keys and small values of the tf.train.Example records they hold.
 A TFRecord file is a sequence of records, each an 8-byte little-endian length, a 4-byte masked CRC-32C of
 that length, the payload, and a 4-byte masked CRC of the payload; GZIP and ZLIB files are that sequence
 compressed as one stream. Counting reads each length header and seeks past the payload, so a shard of
-images costs a few bytes of reading per record. Pure Python: the data scripts, their worker processes and
-the layout search use it without importing TensorFlow.
+images costs a few bytes of reading per record. No TensorFlow (CRC-32C from google-crc32c): the data scripts,
+their worker processes and the layout search use it without importing TensorFlow.
 
     compression = sniff_compression(path)           # 'NONE', 'GZIP', 'ZLIB', or None: not a TFRecord file
     framing = read_framing(path, compression)        # .records complete, .problem: why the rest is not
@@ -18,6 +18,8 @@ import itertools
 import os
 import struct
 import zlib
+
+import google_crc32c
 
 COMPRESSIONS = ('NONE', 'GZIP', 'ZLIB')
 LENGTH_BYTES = 8
@@ -33,26 +35,9 @@ _FEATURE_KINDS = {1: BYTES, 2: FLOAT, 3: INT64}
 _VARINT, _FIXED64, _LENGTH_DELIMITED, _FIXED32 = 0, 1, 2, 5
 
 
-def _crc32c_table():
-    """The 256-entry table of CRC-32C (Castagnoli), the checksum TFRecord framing uses."""
-    table = []
-    for byte in range(256):
-        crc = byte
-        for _ in range(8):
-            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
-        table.append(crc)
-    return table
-
-
-_CRC32C_TABLE = _crc32c_table()
-
-
 def masked_crc32c(data):
-    """The masked CRC-32C of data, as TFRecord headers store it (only ever applied to 8-byte lengths here)."""
-    crc = 0xFFFFFFFF
-    for byte in data:
-        crc = _CRC32C_TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
-    crc ^= 0xFFFFFFFF
+    """The masked CRC-32C of data (bytes), as TFRecord framing stores it after a length and after a payload."""
+    crc = google_crc32c.value(data)
     return (((crc >> 15) | (crc << 17)) + _CRC_MASK_DELTA) & 0xFFFFFFFF
 
 
