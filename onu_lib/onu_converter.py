@@ -357,10 +357,15 @@ def convert_foreign_record(task, source, record_format):
 
 
 def _foreign_records(record_set):
-    """Yields (serialized record, <file>#<index>) of every record of record_set, in file order."""
+    """Yields (serialized record, <file>#<index>) of every record of record_set, in file order, each CRC checked;
+    DataError naming the file and the record at the first damaged one (never rewritten with a fresh CRC)."""
     for path in record_set.files:
-        for index, serialized in enumerate(onu_tfrecord.read_records(path, record_set.compression)):
-            yield serialized, f'{os.path.basename(path)}{onu_dataset.RECORD_NAME_SEPARATOR}{index}'
+        try:
+            for index, serialized in enumerate(onu_tfrecord.read_records(path, record_set.compression)):
+                yield serialized, f'{os.path.basename(path)}{onu_dataset.RECORD_NAME_SEPARATOR}{index}'
+        except onu_tfrecord.DamagedRecord as error:
+            raise DataError(f'{path}: {error}; re-create the file with the tool that wrote it, '
+                            f'or move it away') from None
 
 
 def _convert_record_split(record_set, output_dir, record_format, options, pool, skipped):

@@ -1,16 +1,18 @@
 """TFRecord files without TensorFlow: compression told from the bytes, records counted from their framing,
-and the keys and small values of the tf.train.Example records they hold.
+payloads checked against their CRCs, and the keys and small values of the tf.train.Example records they hold.
 
 A TFRecord file is a sequence of records, each an 8-byte little-endian length, a 4-byte masked CRC-32C of
 that length, the payload, and a 4-byte masked CRC of the payload; GZIP and ZLIB files are that sequence
 compressed as one stream. Counting reads each length header and seeks past the payload, so a shard of
-images costs a few bytes of reading per record. Pure Python: the data scripts, their worker processes and
-the layout search use it without importing TensorFlow.
+images costs a few bytes of reading per record; verifying reads every payload and checks its CRC.
+No TensorFlow (CRC-32C from google-crc32c): the data scripts, their worker processes and the layout search
+use it without importing TensorFlow.
 
-    compression = sniff_compression(path)           # 'NONE', 'GZIP', 'ZLIB', or None: not a TFRecord file
-    framing = read_framing(path, compression)        # .records complete, .problem: why the rest is not
-    for payload in read_records(path, compression):  # the serialized records
-        features = parse_example(payload)            # {key: Feature(kind, values)}
+    compression = sniff_compression(path)             # 'NONE', 'GZIP', 'ZLIB', or None: not a TFRecord file
+    framing = read_framing(path, compression)          # .records complete, .problem: why the rest is not
+    framing = read_framing(path, compression, verify=True)  # the same, reading and checking every payload
+    for payload in read_records(path, compression):    # the serialized records; DamagedRecord where one is
+        features = parse_example(payload)              # {key: Feature(kind, values)}
 """
 import dataclasses
 import io
@@ -18,6 +20,8 @@ import itertools
 import os
 import struct
 import zlib
+
+import google_crc32c
 
 COMPRESSIONS = ('NONE', 'GZIP', 'ZLIB')
 LENGTH_BYTES = 8
@@ -33,26 +37,9 @@ _FEATURE_KINDS = {1: BYTES, 2: FLOAT, 3: INT64}
 _VARINT, _FIXED64, _LENGTH_DELIMITED, _FIXED32 = 0, 1, 2, 5
 
 
-def _crc32c_table():
-    """The 256-entry table of CRC-32C (Castagnoli), the checksum TFRecord framing uses."""
-    table = []
-    for byte in range(256):
-        crc = byte
-        for _ in range(8):
-            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
-        table.append(crc)
-    return table
-
-
-_CRC32C_TABLE = _crc32c_table()
-
-
 def masked_crc32c(data):
-    """The masked CRC-32C of data, as TFRecord headers store it (only ever applied to 8-byte lengths here)."""
-    crc = 0xFFFFFFFF
-    for byte in data:
-        crc = _CRC32C_TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
-    crc ^= 0xFFFFFFFF
+    """The masked CRC-32C of data (bytes), as TFRecord framing stores it after a length and after a payload."""
+    crc = google_crc32c.value(data)
     return (((crc >> 15) | (crc << 17)) + _CRC_MASK_DELTA) & 0xFFFFFFFF
 
 
@@ -173,6 +160,15 @@ class Framing:
     problem: str = None  # None: the file ends exactly after its last record
 
 
+class DamagedRecord(Exception):
+    """Where a TFRecord file stops being whole: .record, the record's 1-based number; .problem, what is wrong."""
+
+    def __init__(self, record, problem):
+        super().__init__(problem)
+        self.record = record
+        self.problem = problem
+
+
 def _next_frame(stream, index):
     """(payload length, None) of the next record of stream, leaving it at the payload; (None, problem) at the end.
 
@@ -188,17 +184,45 @@ def _next_frame(stream, index):
     return int.from_bytes(header[:LENGTH_BYTES], 'little'), None
 
 
-def read_framing(path, compression):
-    """The Framing of a TFRecord file: length headers read, payloads skipped (seeked past when uncompressed)."""
-    count = 0
+def _walk(path, compression, read, verify):
+    """Yields the payload of each complete record (None if not read); DamagedRecord where the file stops being whole.
+
+    read: read the payloads (else seek or skip past them); verify: also check each payload's CRC.
+    """
     with _RecordStream(path, compression) as stream:
-        while True:
-            length, problem = _next_frame(stream, count)
+        for index in itertools.count():
+            length, problem = _next_frame(stream, index)
             if length is None:
-                return Framing(count, problem)
-            if not stream.skip(length + FOOTER_BYTES):
-                return Framing(count, stream.error or f'record {count + 1} is cut short: the file ends inside it')
+                if problem:
+                    raise DamagedRecord(index + 1, problem)
+                return
+            cut_short = f'record {index + 1} is cut short: the file ends inside it'
+            if not read:
+                if not stream.skip(length + FOOTER_BYTES):
+                    raise DamagedRecord(index + 1, stream.error or cut_short)
+                yield None
+                continue
+            payload = stream.read(length)
+            footer = stream.read(FOOTER_BYTES)
+            if len(payload) < length or len(footer) < FOOTER_BYTES:
+                raise DamagedRecord(index + 1, stream.error or cut_short)
+            if verify and masked_crc32c(payload) != int.from_bytes(footer, 'little'):
+                raise DamagedRecord(index + 1, f'record {index + 1} is damaged (its payload CRC does not match)')
+            yield payload
+
+
+def read_framing(path, compression, verify=False):
+    """The Framing of a TFRecord file: length headers read, payloads seeked past (uncompressed) or skipped.
+
+    verify: read every payload instead and check its CRC; a damaged one ends the count (Framing.problem names it).
+    """
+    count = 0
+    try:
+        for _ in _walk(path, compression, read=verify, verify=verify):
             count += 1
+    except DamagedRecord as error:
+        return Framing(count, error.problem)
+    return Framing(count)
 
 
 def count_records(path, compression):
@@ -207,21 +231,20 @@ def count_records(path, compression):
 
 
 def read_records(path, compression):
-    """Yields the payload of each complete record of a TFRecord file, in order (checksums not verified)."""
-    with _RecordStream(path, compression) as stream:
-        while True:
-            length, _ = _next_frame(stream, 0)
-            if length is None:
-                return
-            payload = stream.read(length)
-            if len(payload) < length or not stream.skip(FOOTER_BYTES):
-                return
-            yield payload
+    """Yields the payload of each record of a TFRecord file, in order, its CRC checked; DamagedRecord (naming the
+    record) for a damaged payload or length header, or a file cut short, instead of yielding it."""
+    yield from _walk(path, compression, read=True, verify=True)
 
 
 def first_record(path, compression):
-    """The payload of the first record of a TFRecord file, or None if it has none."""
-    return next(read_records(path, compression), None)
+    """The payload of the first record of a TFRecord file, or None if it has no complete one.
+
+    Its CRC is not checked: layouts are told from it, and reading the records (read_records) checks every one.
+    """
+    try:
+        return next(_walk(path, compression, read=True, verify=False), None)
+    except DamagedRecord:
+        return None
 
 
 # ----------------------------------------------------------------------------------------------

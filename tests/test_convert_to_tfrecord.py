@@ -470,6 +470,32 @@ def test_the_studys_raw_records_convert_to_encoded_records_of_the_same_pixels(tm
                                       np.asarray(Image.open(io.BytesIO(photo.data)).convert('RGB')))
 
 
+def test_a_damaged_record_of_another_tool_stops_the_conversion_in_one_line_and_is_never_rewritten(tmp_path):
+    inception = write_inception_records(str(tmp_path / 'inception'), layout_photos(), LAYOUT_CLASSES)
+    shard = os.path.join(inception, 'train-00001-of-00002')
+    payloads = list(tf.compat.v1.io.tf_record_iterator(shard))
+    data = bytearray(open(shard, 'rb').read())
+    data[sum(16 + len(p) for p in payloads[:3]) + 12 + len(payloads[3]) // 2] ^= 0x01  # inside record 4's JPEG
+    open(shard, 'wb').write(bytes(data))
+    assert onu_tfrecord.read_framing(shard, 'NONE') == onu_tfrecord.Framing(6, None)  # only its CRC tells
+    before = _tree_digest(inception)
+    records_dir = str(tmp_path / 'records')
+    done = run_script(SCRIPT, f'--data_dir={inception}', f'--output_dir={records_dir}', '--format=encoded',
+                      '--num_shards=2', '--processes=1')
+    assert done.returncode == 2
+    assert done.stderr == (f'error: {shard}: record 4 is damaged (its payload CRC does not match); re-create the '
+                           f'file with the tool that wrote it, or move it away\n')
+    assert _tree_digest(inception) == before
+    # The shard the damaged record would go to never appears; one finished before it was read holds only sound
+    # records; the manifest lists none of them.
+    shards = sorted(name for name in os.listdir(records_dir) if name.startswith(('train-', 'val-')))
+    assert shards in ([], ['train-encoded-00000-of-00002.tfrecord'])
+    for name in shards:
+        assert onu_tfrecord.read_framing(os.path.join(records_dir, name), 'NONE', verify=True) == (
+            onu_tfrecord.Framing(6, None))
+    assert onu_dataset.read_manifest(records_dir)['splits'] == {'train': {}, 'val': {}}
+
+
 def test_inception_records_convert_with_their_offset_and_names(tmp_path):
     photos = layout_photos()
     inception = write_inception_records(str(tmp_path / 'inception'), photos, LAYOUT_CLASSES)
