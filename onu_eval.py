@@ -480,6 +480,7 @@ def evaluate_checkpoints(writer, precision):
 
 def define_flags():
     """Declares this script's flags (the shared model and data flags come from onu_flags)."""
+    onu_flags.define_model_flags()
     flags.adopt_module_key_flags(onu_flags)
     flags.DEFINE_string('eval_dir', DEFAULT_EVAL_DIR,
                         f'Where TensorBoard event files and {RESULTS_FILENAME} (a JSON line per '

@@ -113,31 +113,6 @@ def show_progress():
     return sys.stdout.isatty() and sys.stderr.isatty()
 
 
-def define_data_dir_flag():
-    """Declares --data_dir, the data every script reads or writes: photos or records (README "Bring your own data")."""
-    flags.DEFINE_string('data_dir', onu_dataset.DEFAULT_DATA_DIR,
-                        'Folder with the data: photos in train/<class>/ and val/<class>/ or in <class>/ folders '
-                        '(split by --validation_percent), this repo\'s records, or records written by the study, '
-                        'TF-slim, the Inception/ImageNet converters or TFDS.')
-
-
-def define_split_flags():
-    """Declares --validation_percent and --labels_offset: how a split is made, and labels read, where the data is silent."""
-    flags.DEFINE_float('validation_percent', onu_dataset.DEFAULT_VALIDATION_PERCENT,
-                       'Photos in <class>/ folders without a train/val split: the percent held out for val, chosen '
-                       'by a hash of each file\'s path (the same on every run; adding photos never moves an old '
-                       'one). Training saves it in run_config.json for eval.', lower_bound=0.0, upper_bound=99.0)
-    flags.DEFINE_integer('labels_offset', None,
-                         'Records of other tools: subtract this from each stored label (1 for labels that start at '
-                         '1, label 0 unused as background); default: from the records\' own evidence.',
-                         lower_bound=0)
-
-
-def define_seed_flag(help_text):
-    """Declares --seed (default 0, so that a rerun repeats itself)."""
-    flags.DEFINE_integer('seed', 0, help_text)
-
-
 _ALIASES = {}  # deprecated flag name -> the flag it spells
 
 

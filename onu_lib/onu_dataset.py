@@ -333,28 +333,39 @@ def write_labels(path, class_names):
     write_text_atomic(path, ''.join(f'{label}:{name}\n' for label, name in enumerate(class_names)))
 
 
-def read_names_file(path):
-    """(form, names) of a labels file: ('ids', {id: name}) for id:name lines, ('lines', [name, ...]) otherwise."""
+_ID_NAME = re.compile(r'(\d+):(.+)')  # a line of TF-slim's labels file
+
+
+def _names_file_lines(path):
+    """The non-empty lines of a labels file, stripped; DataError when it is missing or unreadable."""
     try:
         with open(path, encoding='utf-8-sig') as f:  # -sig: a byte-order mark some editors write is not a name
-            lines = [line.strip() for line in f if line.strip()]
+            return [line.strip() for line in f if line.strip()]
     except FileNotFoundError:
         raise DataError(f'{path} not found: run python convert_to_tfrecord.py to write it') from None
     except (OSError, UnicodeDecodeError) as error:
         raise DataError(f'{path}: unreadable labels file ({error}); save it as UTF-8 text, or move it away') from None
-    pairs = [re.fullmatch(r'(\d+):(.+)', line) for line in lines]
+
+
+def read_names_file(path):
+    """(form, names) of a labels file: ('ids', {id: name}) for id:name lines, ('lines', [name, ...]) otherwise."""
+    lines = _names_file_lines(path)
+    pairs = [_ID_NAME.fullmatch(line) for line in lines]
     if lines and all(pairs):
         return 'ids', {int(pair.group(1)): pair.group(2).strip() for pair in pairs}
     return 'lines', lines
 
 
 def read_labels(path):
-    """The class names of this repo's labels file (TF-slim's id:name lines, ids 0, 1, ... in order)."""
-    form, names = read_names_file(path)
-    if form != 'ids' or sorted(names) != list(range(len(names))) or list(names) != sorted(names):
-        raise DataError(f'{path}: expected "<id>:<class name>" lines with ids 0, 1, 2, ... in order: fix the file or '
-                        f're-run python convert_to_tfrecord.py --overwrite')
-    return [names[label] for label in range(len(names))]
+    """The class names of this repo's labels file: TF-slim's id:name lines, ids 0, 1, 2, ... in order."""
+    names = []
+    for expected_id, line in enumerate(_names_file_lines(path)):
+        pair = _ID_NAME.fullmatch(line)
+        if not pair or int(pair.group(1)) != expected_id:
+            raise DataError(f'{path}: line {expected_id + 1} is {line!r}, expected "{expected_id}:<class name>": '
+                            f'fix the file or re-run python convert_to_tfrecord.py --overwrite')
+        names.append(pair.group(2).strip())
+    return names
 
 
 def write_manifest(records_dir, manifest):

@@ -141,7 +141,9 @@ def upright_rgb(path, orientation):
 
 
 def to_rgb(image):
-    """The PIL image as RGB, as every feeding mode sees it: grey replicated, palette expanded, alpha dropped."""
+    """The PIL image's pixels (read now) as RGB, as every feeding mode sees them: grey replicated, palette expanded,
+    alpha dropped."""
+    image.load()
     return image if image.mode == 'RGB' else image.convert('RGB')
 
 

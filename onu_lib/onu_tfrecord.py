@@ -13,8 +13,10 @@ use it without importing TensorFlow.
     framing = read_framing(path, compression, verify=True)  # the same, reading and checking every payload
     for payload in read_records(path, compression):    # the serialized records; DamagedRecord where one is
         features = parse_example(payload)              # {key: Feature(kind, values)}
+    write_records(path, [serialize_example({'image/class/label': 3, ...})], compression)   # as TensorFlow writes
 """
 import dataclasses
+import gzip
 import io
 import itertools
 import os
@@ -247,6 +249,34 @@ def first_record(path, compression):
         return None
 
 
+def _framed(payload):
+    """One record's bytes: the payload's length and its masked CRC, the payload, the payload's masked CRC."""
+    length = len(payload).to_bytes(LENGTH_BYTES, 'little')
+    return b''.join([length, masked_crc32c(length).to_bytes(4, 'little'), payload,
+                     masked_crc32c(payload).to_bytes(4, 'little')])
+
+
+def write_records(path, payloads, compression='NONE'):
+    """Writes the payloads as a TFRecord file at path, as TensorFlow's TFRecordWriter does (GZIP or ZLIB: the whole
+    stream compressed); returns how many were written."""
+    count = 0
+    with open(path, 'wb') as raw:
+        compressed = (gzip.GzipFile(fileobj=raw, mode='wb') if compression == 'GZIP' else
+                      zlib.compressobj() if compression == 'ZLIB' else None)
+        for payload in payloads:
+            framed = _framed(payload)
+            if compression == 'ZLIB':
+                raw.write(compressed.compress(framed))
+            else:
+                (compressed or raw).write(framed)
+            count += 1
+        if compression == 'ZLIB':
+            raw.write(compressed.flush())
+        elif compressed is not None:
+            compressed.close()
+    return count
+
+
 # ----------------------------------------------------------------------------------------------
 # tf.train.Example: Example{features: Features{feature: map<string, Feature>}},
 # Feature{oneof bytes_list, float_list, int64_list}, each a message with one repeated field.
@@ -414,6 +444,42 @@ def _example(reader, end, max_bytes):
             else:
                 reader.skip_field(wire_type, features_end)
     return features
+
+
+def _varint(value):
+    """The protobuf varint encoding of a non-negative int (int64s below 0 as their 64-bit two's complement)."""
+    value &= 0xFFFFFFFFFFFFFFFF
+    encoded = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if not value:
+            encoded.append(byte)
+            return bytes(encoded)
+        encoded.append(byte | 0x80)
+
+
+def _field(number, payload):
+    """A length-delimited protobuf field."""
+    return _varint(number << 3 | _LENGTH_DELIMITED) + _varint(len(payload)) + payload
+
+
+def _feature_message(values):
+    """A tf.train.Feature of values: bytes or str (bytes_list), int (int64_list, packed) or float (float_list)."""
+    values = values if isinstance(values, (list, tuple)) else [values]
+    if values and isinstance(values[0], int):
+        return _field(3, _field(1, b''.join(_varint(value) for value in values)))
+    if values and isinstance(values[0], float):
+        return _field(2, _field(1, struct.pack(f'<{len(values)}f', *values)))
+    return _field(1, b''.join(_field(1, value.encode() if isinstance(value, str) else value) for value in values))
+
+
+def serialize_example(features):
+    """A serialized tf.train.Example of {key: value or list of values} (bytes/str, int or float), keys sorted as
+    TensorFlow's deterministic serialization orders them."""
+    entries = b''.join(_field(1, _field(1, key.encode()) + _field(2, _feature_message(features[key])))
+                       for key in sorted(features))
+    return _field(1, entries)
 
 
 def parse_example(payload, max_bytes=None):

@@ -1,7 +1,7 @@
 """Shared tiny-data fixtures (small images, one tiny training run; in pytest's temp folders) and the script runner.
 
 Test files mirror the modules: tests/test_X.py tests X.py (a script, a core library at the root, or a library in
-onu_lib/). A library that is one script's engine is tested with it: onu_records with convert_to_tfrecord,
+onu_lib/). A library that is one script's engine is tested with it: onu_converter with convert_to_tfrecord,
 onu_sample_data with make_sample_data, onu_serving with onu_export, run_local_cluster with onu_cluster.
 
   make_tiny_dataset(name='data', train_per_class=4, val_per_class=2, image_size=(64, 48)) -> data_dir
@@ -49,7 +49,8 @@ from PIL import Image
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
-from onu_lib import onu_records  # noqa: E402  (needs REPO_ROOT on sys.path)
+from onu_lib import onu_converter  # noqa: E402  (needs REPO_ROOT on sys.path)
+from onu_lib import onu_dataset  # noqa: E402
 from onu_lib import onu_run_config  # noqa: E402
 from onu_lib import onu_sample_data  # noqa: E402
 
@@ -157,7 +158,7 @@ def tiny_data_dir(tmp_path_factory):
     """A read-only tiny sample dataset, already converted to both record kinds in <it>/tfrecords."""
     data_dir = str(tmp_path_factory.mktemp('tiny') / 'data')
     onu_sample_data.generate_dataset(data_dir, 4, 2, TINY_IMAGE_SIZE, seed=0, processes=1)
-    onu_records.convert(data_dir, num_shards=2, processes=1)
+    onu_converter.convert(onu_dataset.describe(data_dir), num_shards=2, processes=1)
     return data_dir
 
 

@@ -14,6 +14,7 @@ from benchmark import baselines as benchmark_baselines
 from benchmark import measure as benchmark_measure
 from benchmark import plan as benchmark_plan
 from benchmark import report as benchmark_report
+from onu_lib import onu_dataset
 import onu_input
 
 PIPELINE_ROWS = ('images', 'raw', 'encoded', 'serial_cv2', 'keras_reader')
@@ -217,7 +218,7 @@ def test_keras_baseline_rotates_up_to_the_same_angle(keras_layers):
 def test_serial_cv2_baseline_matches_the_pipeline(tiny_data_dir):
     with tf.Graph().as_default():  # the 4 val photos: the eval pipeline's one batch
         with tf.compat.v1.Session() as sess:
-            reference, reference_labels = sess.run(onu_input.inputs(onu_input.dataset_info(tiny_data_dir, 'images', 'val'), 4, IMAGE_SIZE))
+            reference, reference_labels = sess.run(onu_input.inputs(onu_dataset.describe(tiny_data_dir).split('val', 'images'), 4, IMAGE_SIZE))
     with tf.Graph().as_default():
         loader = benchmark_baselines.SerialCv2Loader(tiny_data_dir, 'val', batch_size=4, image_size=IMAGE_SIZE)
         feeds = list(loader.feed_dicts(epochs=1))
@@ -244,7 +245,7 @@ def test_op_kinds_cover_tensorflow_and_onednn_op_types():
 
 
 def test_step_profile_measures_every_kind_in_float32_and_mixed(tiny_data_dir):
-    photos = onu_input.dataset_info(tiny_data_dir, 'images', 'train')
+    photos = onu_dataset.describe(tiny_data_dir).split('train', 'images')
     profile = benchmark_measure.measure_step_profile('small', lambda way: photos, batch_size=4,
                                                      image_size=IMAGE_SIZE, warmup=1, steps=2)
     assert profile['compute_dtypes'] == {'float32': 'float32', 'mixed': 'bfloat16'}

@@ -172,13 +172,13 @@ def test_a_run_reads_its_batches_from_the_service_and_its_checkpoints_evaluate(s
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     with open(tmp_path / 'eval' / 'results.jsonl') as f:
         result = json.loads(f.readline())
-    held_out = onu_input.dataset_info(data_dir, 'images', 'val').num_examples
+    held_out = onu_dataset.describe(data_dir).split('val', 'images').num_examples
     assert result['step'] == STEPS and result['num_examples'] == held_out >= 1  # eval reads val locally, each once
 
 
 def _photo_counts(service, data_dir, epochs, batch_size):
     """Reads epochs' worth of training examples of data_dir from the service; returns {photo: times seen}."""
-    info = onu_input.dataset_info(data_dir, 'images', 'train', validation_percent=0)
+    info = onu_dataset.describe(data_dir, validation_percent=0).split('train', 'images')
     with tf.Graph().as_default():
         dataset = onu_input.make_dataset(info, batch_size, 32, training=True, augment_on='model', seed=3,
                                          data_service=service.address)

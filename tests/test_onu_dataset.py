@@ -12,6 +12,7 @@ from PIL import Image
 from PIL import ImageOps
 
 from conftest import REPO_ROOT
+from onu_lib import onu_photos
 from onu_lib import onu_dataset
 
 
@@ -90,7 +91,7 @@ def test_list_split_images_sniffs_content_and_reports_each_skip(messy_data_dir, 
     for name, word in messy_files.items():
         if word is not None:
             assert word in reasons[name], (name, reasons[name])
-    assert reasons['.DS_Store'] == reasons['Thumbs.db'] == onu_dataset.REASON_HIDDEN
+    assert reasons['.DS_Store'] == reasons['Thumbs.db'] == onu_photos.REASON_HIDDEN
     assert 'truncated' in reasons['truncated.jpg']
     expected = {  # name: (format, mode, orientation, kept byte for byte in encoded records)
         'plain.jpg': ('JPEG', 'RGB', 1, True), 'gray.jpg': ('JPEG', 'L', 1, True),
@@ -109,24 +110,24 @@ def test_list_split_images_sniffs_content_and_reports_each_skip(messy_data_dir, 
 def test_upright_rgb_matches_pillow_exif_transpose(tmp_path, pattern_image):
     for orientation in range(1, 9):
         exif = Image.Exif()
-        exif[onu_dataset.EXIF_ORIENTATION_TAG] = orientation
+        exif[onu_photos.EXIF_ORIENTATION_TAG] = orientation
         path = str(tmp_path / f'o{orientation}.png')
         pattern_image.save(path, exif=exif.tobytes())
-        info = onu_dataset.read_image_info(path)
+        info = onu_photos.read_image_info(path)
         assert info.orientation == orientation
         with Image.open(path) as image:
             expected = np.asarray(ImageOps.exif_transpose(image).convert('RGB'))
-        actual = np.asarray(onu_dataset.upright_rgb(path, info.orientation))
+        actual = np.asarray(onu_photos.upright_rgb(path, info.orientation))
         np.testing.assert_array_equal(actual, expected)
         assert actual.shape == (info.height, info.width, 3)
 
 
 def test_read_image_info_ignores_invalid_orientation(tmp_path, pattern_image):
     exif = Image.Exif()
-    exif[onu_dataset.EXIF_ORIENTATION_TAG] = 9
+    exif[onu_photos.EXIF_ORIENTATION_TAG] = 9
     path = str(tmp_path / 'odd.jpg')
     pattern_image.save(path, exif=exif.tobytes())
-    info = onu_dataset.read_image_info(path)
+    info = onu_photos.read_image_info(path)
     assert (info.orientation, info.width, info.height) == (1, 48, 32)
 
 

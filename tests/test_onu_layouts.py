@@ -16,7 +16,7 @@ from PIL import Image
 from onu_lib import onu_dataset
 import onu_input
 from onu_lib import onu_layouts
-from onu_lib import onu_records
+from onu_lib import onu_converter
 from onu_lib import onu_tfrecord
 from conftest import (LAYOUT_CLASS_NAMES, LAYOUT_CLASSES, LAYOUT_WRITERS, file_states, layout_photos, run_script,
                       write_inception_records, write_slim_records, write_study_records, write_tfrecord, _example)
@@ -61,10 +61,10 @@ def test_every_layout_has_a_writer_and_is_looked_for():
 def test_each_layout_is_found_counted_and_labelled(layout, tmp_path):
     photos = layout_photos()
     data_dir = LAYOUT_WRITERS[layout](str(tmp_path), photos, LAYOUT_CLASSES)
-    assert onu_input.data_layout(data_dir) == layout
+    assert onu_dataset.describe(data_dir).layout == layout
     for split in onu_dataset.SPLITS:
         expected = [photo.label for photo in photos if photo.split == split]
-        info = onu_input.dataset_info(data_dir, 'encoded', split)
+        info = onu_dataset.describe(data_dir).split(split, 'encoded')
         assert (info.layout, info.num_examples, info.class_names) == (layout, len(expected), LAYOUT_CLASS_NAMES[layout])
         assert sum(info.records_per_file) == len(expected)
         labels, names = _eval_labels(info)
@@ -76,7 +76,7 @@ def test_each_layout_is_found_counted_and_labelled(layout, tmp_path):
 def test_the_offset_comes_from_evidence_not_from_the_smallest_label(layout, tmp_path, val_classes):
     photos = layout_photos(val_classes=val_classes)
     data_dir = LAYOUT_WRITERS[layout](str(tmp_path), photos, LAYOUT_CLASSES)
-    info = onu_input.dataset_info(data_dir, 'encoded', 'val')
+    info = onu_dataset.describe(data_dir).split('val', 'encoded')
     assert info.labels_offset == (1 if layout == 'inception' else 0)
     assert info.class_names == LAYOUT_CLASS_NAMES[layout]
     assert sorted(_eval_labels(info)[0]) == sorted(photo.label for photo in photos if photo.split == 'val')
@@ -89,9 +89,9 @@ def test_inception_names_without_its_keys_need_labels_offset(tmp_path):
                        [_example({'image/encoded': p.data, 'image/class/label': p.label + 1})
                         for p in photos if p.split == split])
     with pytest.raises(onu_dataset.DataError) as error:
-        onu_input.dataset_info(str(tmp_path), 'encoded', 'train')
+        onu_dataset.describe(str(tmp_path)).split('train', 'encoded')
     assert '--labels_offset=0' in _one_line(error) and '--labels_offset=1' in _one_line(error)
-    info = onu_input.dataset_info(str(tmp_path), 'encoded', 'val', labels_offset=1)
+    info = onu_dataset.describe(str(tmp_path), labels_offset=1).split('val', 'encoded')
     assert info.class_names == ('class_1', 'class_2', 'class_3')
     assert sorted(_eval_labels(info)[0]) == sorted(p.label for p in photos if p.split == 'val')
 
@@ -102,23 +102,23 @@ def test_labels_files_give_offset_and_names(tmp_path):
     shifted = write_slim_records(str(tmp_path / 'shifted'), [
         type(p)(split=p.split, label=p.label + 1, image=p.image, name=p.name, data=p.data) for p in photos],
         ['background'] + list(LAYOUT_CLASSES))
-    info = onu_input.dataset_info(shifted, 'encoded', 'train')
+    info = onu_dataset.describe(shifted).split('train', 'encoded')
     assert (info.labels_offset, info.class_names) == (1, LAYOUT_CLASSES)
     assert sorted(_eval_labels(info)[0]) == sorted(p.label for p in photos if p.split == 'train')
     # Inception's own labels file (its converter's input): one name per line, line 1 is label 1.
     inception = write_inception_records(str(tmp_path / 'inception'), photos, LAYOUT_CLASSES, with_text=False)
     with open(os.path.join(inception, 'labels.txt'), 'w') as f:
         f.write('\n'.join(LAYOUT_CLASSES) + '\n')
-    info = onu_input.dataset_info(inception, 'encoded', 'train')
+    info = onu_dataset.describe(inception).split('train', 'encoded')
     assert (info.labels_offset, info.class_names) == (1, LAYOUT_CLASSES)
 
 
 def test_a_label_outside_the_classes_is_a_one_line_error(tmp_path):
     photos = layout_photos()
     slim = write_slim_records(str(tmp_path), photos, ['background'] + list(LAYOUT_CLASSES))
-    info = onu_input.dataset_info(slim, 'encoded', 'train')  # labels.txt says 1-based, the records hold 0
+    info = onu_dataset.describe(slim).split('train', 'encoded')  # labels.txt says 1-based, the records hold 0
     with pytest.raises(onu_dataset.DataError) as error:
-        with onu_input.damaged_records_as_data_error(info):
+        with onu_dataset.read_errors_as_data_error(info):
             _eval_labels(info)
     message = _one_line(error)
     assert 'label 0' in message and '--labels_offset' in message
@@ -128,7 +128,7 @@ def test_a_label_outside_the_classes_is_a_one_line_error(tmp_path):
 def test_raw_records_of_one_three_and_four_bytes_per_pixel_read_as_rgb(tmp_path, mode):
     photos = layout_photos(mode=mode, train=1, val=1)
     write_study_records(str(tmp_path), photos, kinds=('raw',))
-    info = onu_input.dataset_info(str(tmp_path), 'raw', 'val')
+    info = onu_dataset.describe(str(tmp_path)).split('val', 'raw')
     size = photos[0].image.size
     with tf.Graph().as_default():
         dataset = onu_input._decoded_records(info, training=False, seed=None, deterministic=True)
@@ -149,7 +149,7 @@ def test_raw_bytes_that_fit_no_pixel_size_name_the_file_and_record(tmp_path):
     write_tfrecord(str(tmp_path / 'x_train_raw.tfrecord'), records)
     write_tfrecord(str(tmp_path / 'x_val_raw.tfrecord'), records[:1])
     with pytest.raises(onu_dataset.DataError) as error:
-        onu_input.dataset_info(str(tmp_path), 'raw', 'train')
+        onu_dataset.describe(str(tmp_path)).split('train', 'raw')
     message = _one_line(error)
     assert str(tmp_path / 'x_train_raw.tfrecord') in message and 'record 2' in message and '2400 bytes' in message
 
@@ -157,7 +157,7 @@ def test_raw_bytes_that_fit_no_pixel_size_name_the_file_and_record(tmp_path):
 def test_gzip_records_are_recognised_from_their_bytes(tmp_path):
     photos = layout_photos()
     write_study_records(str(tmp_path), photos, kinds=('encoded',), compression='GZIP')
-    info = onu_input.dataset_info(str(tmp_path), 'encoded', 'train')
+    info = onu_dataset.describe(str(tmp_path)).split('train', 'encoded')
     assert info.compression_type == 'GZIP' and info.num_examples == 12
     assert sorted(_eval_labels(info)[0]) == sorted(p.label for p in photos if p.split == 'train')
 
@@ -165,7 +165,7 @@ def test_gzip_records_are_recognised_from_their_bytes(tmp_path):
 def test_empty_trailing_shards_count_as_empty(tmp_path):
     photos = layout_photos(train=1, val=1)  # 3 photos a split in 5 shards: two are empty files
     write_slim_records(str(tmp_path), photos, LAYOUT_CLASSES)
-    info = onu_input.dataset_info(str(tmp_path), 'encoded', 'train')
+    info = onu_dataset.describe(str(tmp_path)).split('train', 'encoded')
     assert info.records_per_file == (1, 1, 1, 0, 0)
     assert sorted(_eval_labels(info)[0]) == [0, 1, 2]
 
@@ -176,7 +176,7 @@ def test_a_truncated_shard_is_a_one_line_error_naming_it(tmp_path):
     data = open(shard, 'rb').read()
     open(shard, 'wb').write(data[:len(data) - 30])
     with pytest.raises(onu_dataset.DataError) as error:
-        onu_input.dataset_info(str(tmp_path), 'encoded', 'train')
+        onu_dataset.describe(str(tmp_path)).split('train', 'encoded')
     assert _one_line(error).startswith(f'{shard}: damaged or truncated record file (record 3 is cut short')
 
 
@@ -184,7 +184,7 @@ def test_a_folder_of_no_known_layout_says_what_was_looked_for(tmp_path):
     (tmp_path / 'data.bin').write_bytes(bytes(100))
     (tmp_path / 'notes.txt').write_text('nothing here')
     with pytest.raises(onu_dataset.DataError) as error:
-        onu_input.data_layout(str(tmp_path))
+        onu_dataset.describe(str(tmp_path)).layout
     message = _one_line(error)
     assert 'train/<class>/' in message and 'manifest.json' in message
     assert all(record_layout.looks_like in message for record_layout in onu_layouts.RECORD_LAYOUTS)
@@ -194,20 +194,20 @@ def test_counts_are_cached_outside_the_folder_and_a_changed_shard_is_recounted(t
     photos = layout_photos()
     data_dir = write_inception_records(str(tmp_path / 'data'), photos, LAYOUT_CLASSES)
     before = file_states(data_dir)
-    assert onu_input.dataset_info(data_dir, 'encoded', 'train').num_examples == 12
+    assert onu_dataset.describe(data_dir).split('train', 'encoded').num_examples == 12
     index = onu_layouts._index_path(data_dir)
     assert os.path.isfile(index) and index.startswith(os.environ['ONU_CACHE_DIR'])
     assert file_states(data_dir) == before  # nothing written into the data folder
     counted = []
     real_framing = onu_tfrecord.read_framing
     monkeypatch.setattr(onu_tfrecord, 'read_framing', lambda *args: counted.append(args) or real_framing(*args))
-    assert onu_input.dataset_info(data_dir, 'encoded', 'train').num_examples == 12
+    assert onu_dataset.describe(data_dir).split('train', 'encoded').num_examples == 12
     assert counted == []  # from the cache
     shard = os.path.join(data_dir, 'train-00001-of-00002')
     extra = _example({'image/encoded': photos[0].data, 'image/class/label': 1, 'image/class/text': 'daisy',
                       'image/colorspace': 'RGB', 'image/channels': 3})
     write_tfrecord(shard, list(onu_tfrecord.read_records(shard, 'NONE')) + [extra])
-    assert onu_input.dataset_info(data_dir, 'encoded', 'train').num_examples == 13
+    assert onu_dataset.describe(data_dir).split('train', 'encoded').num_examples == 13
     assert [os.path.basename(args[0]) for args in counted] == ['train-00001-of-00002']
 
 
@@ -267,12 +267,12 @@ def test_labels_files_are_placed_by_id_and_read_with_a_byte_order_mark(tmp_path)
     photos = [p for p in layout_photos() if p.label != 1]  # no photo of the class without a name
     write_slim_records(str(tmp_path), photos, LAYOUT_CLASSES)
     (tmp_path / 'labels.txt').write_text('\ufeff0:daisy\n2:tulip\n', encoding='utf-8')
-    info = onu_input.dataset_info(str(tmp_path), 'encoded', 'train')
+    info = onu_dataset.describe(str(tmp_path)).split('train', 'encoded')
     assert (info.labels_offset, info.class_names) == (0, ('daisy', 'class_1', 'tulip'))
     (tmp_path / 'labels.txt').write_bytes('0:pâquerette\n'.encode('latin-1'))
     onu_layouts._found.clear()
     with pytest.raises(onu_dataset.DataError) as error:
-        onu_input.dataset_info(str(tmp_path), 'encoded', 'train')
+        onu_dataset.describe(str(tmp_path)).split('train', 'encoded')
     assert _one_line(error).startswith(f'{tmp_path / "labels.txt"}: unreadable labels file')
 
 
@@ -280,7 +280,7 @@ def test_files_without_a_single_record_are_a_one_line_error(tmp_path):
     write_tfrecord(str(tmp_path / 'x_train.tfrecord'), [])
     write_tfrecord(str(tmp_path / 'x_val.tfrecord'), [])
     with pytest.raises(onu_dataset.DataError) as error:
-        onu_input.data_layout(str(tmp_path))
+        onu_dataset.describe(str(tmp_path)).layout
     assert 'hold no complete record' in _one_line(error)
 
 
@@ -290,12 +290,12 @@ def test_a_record_unlike_the_first_is_a_one_line_error_or_skipped_when_convertin
     shard = str(tmp_path / 'flowers_train_00000-of-00001.tfrecord')
     records = list(onu_tfrecord.read_records(shard, 'NONE'))
     write_tfrecord(shard, records[:2] + [_example({'image/encoded': photos[0].data})] + records[2:])  # no label
-    info = onu_input.dataset_info(str(tmp_path), 'encoded', 'train')
+    info = onu_dataset.describe(str(tmp_path)).split('train', 'encoded')
     with pytest.raises(onu_dataset.DataError) as error:
-        with onu_input.damaged_records_as_data_error(info):
+        with onu_dataset.read_errors_as_data_error(info):
             _eval_labels(info)
     assert _one_line(error).startswith(f'{tmp_path}: a train record lacks what the first one holds')
-    manifest = onu_records.convert(str(tmp_path), formats=('encoded',), processes=1)
+    manifest = onu_converter.convert(onu_dataset.describe(str(tmp_path)), formats=('encoded',), processes=1)
     assert manifest['splits']['train']['encoded']['records'] == 6
     assert manifest['skipped'] == [{'path': 'flowers_train_00000-of-00001.tfrecord#2', 'format': 'encoded',
                                     'reason': "no 'image/class/label'", 'split': 'train'}]
@@ -304,16 +304,16 @@ def test_a_record_unlike_the_first_is_a_one_line_error_or_skipped_when_convertin
     shutil.rmtree(tmp_path / 'tfrecords')
     onu_layouts._found.clear()
     with pytest.raises(onu_dataset.DataError) as error:
-        onu_input.dataset_info(str(tmp_path), 'encoded', 'train')
+        onu_dataset.describe(str(tmp_path)).split('train', 'encoded')
     assert _one_line(error).startswith(f'{shard}: record 3 has no image/class/label')
 
 
 def test_converted_records_must_match_the_labels_offset_asked(tmp_path):
     photos = layout_photos()
     data_dir = write_inception_records(str(tmp_path), photos, LAYOUT_CLASSES)
-    onu_records.convert(data_dir, formats=('raw',), processes=1)
-    assert onu_input.has_records(data_dir, 'raw', labels_offset=1) and onu_input.has_records(data_dir, 'raw')
-    assert not onu_input.has_records(data_dir, 'raw', labels_offset=0)  # training converts again
+    onu_converter.convert(onu_dataset.describe(data_dir), formats=('raw',), processes=1)
+    assert onu_dataset.describe(data_dir, labels_offset=1).has_records('raw') and onu_dataset.describe(data_dir).has_records('raw')
+    assert not onu_dataset.describe(data_dir, labels_offset=0).has_records('raw')  # training converts again
     with pytest.raises(onu_dataset.DataError) as error:
-        onu_input.dataset_info(data_dir, 'raw', 'train', labels_offset=0)
+        onu_dataset.describe(data_dir, labels_offset=0).split('train', 'raw')
     assert '--labels_offset=1' in _one_line(error)

@@ -15,7 +15,7 @@ import tensorflow as tf
 from conftest import LAYOUT_CLASSES, layout_photos, run_script, write_inception_records
 from test_onu_export import eval_graph_softmax
 
-from onu_lib import onu_records
+from onu_lib import onu_converter
 from onu_lib import onu_dataset
 import onu_input
 import onu_predict
@@ -95,8 +95,8 @@ def test_bad_files_get_one_error_line_each_and_the_rest_are_classified(model, ph
 def test_predictions_equal_the_eval_softmax_on_the_same_photos(model, tiny_run, messy_data_dir, tmp_path):
     data_dir = str(tmp_path / 'data')
     shutil.copytree(messy_data_dir, data_dir)
-    onu_records.convert(data_dir, formats=('encoded',), num_shards=1, processes=1)
-    info = onu_input.dataset_info(data_dir, 'encoded', 'train')
+    onu_converter.convert(onu_dataset.describe(data_dir), formats=('encoded',), num_shards=1, processes=1)
+    info = onu_dataset.describe(data_dir).split('train', 'encoded')
     expected, _ = eval_graph_softmax(os.path.join(model, 'model.ckpt-12'), tiny_run.config.moving_average_decay,
                                      data_dir, 'encoded', 'train')
     filenames = [tf.train.Example.FromString(record.numpy()).features.feature[onu_dataset.KEY_FILENAME]
