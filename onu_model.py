@@ -2,8 +2,9 @@
 
 Models (chosen by name), both fed float32 RGB images in [-1, 1]:
   inception_resnet_v2  Szegedy et al. 2016, "Inception-v4, Inception-ResNet and the Impact of
-                       Residual Connections on Learning", with TF-slim's scope, end-point and
-                       variable names, so the published inception_resnet_v2_2016_08_30.ckpt restores.
+                       Residual Connections on Learning", with TF-slim's call signatures (defaults
+                       included), scope, end-point and variable names, so code written for slim's nets
+                       runs on it and the published inception_resnet_v2_2016_08_30.ckpt restores.
   small                a CIFAR-10-tutorial-sized CNN with batch norm for CPUs and quick runs.
 A model is one entry of MODELS (a ModelSpec: its builder, arg scope and every setting that differs between
 models); the flags' defaults and help, the benchmark and the tests read it, so adding a model adds one entry.
@@ -296,12 +297,14 @@ def _classifier_head(net, num_classes, dropout_keep_prob, is_training, end_point
 
 
 @_fast_graph_building
-def inception_resnet_v2(inputs, num_classes, is_training, dropout_keep_prob, reuse=None, scope=IRV2_SCOPE,
-                        create_aux_logits=True, activation_fn=tf.nn.relu):
+def inception_resnet_v2(inputs, num_classes=1001, is_training=True, dropout_keep_prob=0.8, reuse=None,
+                        scope=IRV2_SCOPE, create_aux_logits=True, activation_fn=tf.nn.relu):
     """Builds Inception-ResNet-v2 with its classifier; returns (logits, end_points).
 
-    With num_classes 0 or None it returns the globally pooled 1536-d features instead of logits.
-    Use it inside inception_resnet_v2_arg_scope(), or through inference() with its MODELS entry's settings.
+    TF-slim's signature and defaults (nets/inception_resnet_v2.py): inception_resnet_v2(images) inside
+    inception_resnet_v2_arg_scope() builds slim's 1001-class training network. With num_classes 0 or None
+    it returns the globally pooled 1536-d features instead of logits. inference() passes its MODELS entry's
+    settings instead of these defaults.
     """
     with tf.compat.v1.variable_scope(scope, IRV2_SCOPE, [inputs], reuse=reuse) as var_scope:
         with slim.arg_scope([slim.batch_norm, slim.dropout], is_training=is_training):
@@ -321,14 +324,14 @@ def inception_resnet_v2(inputs, num_classes, is_training, dropout_keep_prob, reu
 
 
 def _conv_bn_arg_scope(weight_decay, batch_norm_decay, batch_norm_epsilon, activation_fn,
-                       batch_norm_scale):
+                       batch_norm_updates_collections, batch_norm_scale):
     """Returns an arg_scope: L2-decayed conv/fc weights and biases, batch-normed convolutions."""
     regularizer = slim.l2_regularizer(weight_decay)
     batch_norm_params = {
         'decay': batch_norm_decay,
         'epsilon': batch_norm_epsilon,
         'scale': batch_norm_scale,
-        'updates_collections': tf.compat.v1.GraphKeys.UPDATE_OPS,
+        'updates_collections': batch_norm_updates_collections,
     }
     with slim.arg_scope([slim.conv2d, slim.fully_connected], weights_regularizer=regularizer,
                         biases_regularizer=regularizer):
@@ -337,26 +340,34 @@ def _conv_bn_arg_scope(weight_decay, batch_norm_decay, batch_norm_epsilon, activ
             return scope
 
 
-def inception_resnet_v2_arg_scope(weight_decay, batch_norm_decay=0.9997, batch_norm_epsilon=0.001,
-                                  activation_fn=tf.nn.relu, batch_norm_scale=False):
-    """Returns the arg_scope Inception-ResNet-v2 is built (and its checkpoint was trained) with."""
+def inception_resnet_v2_arg_scope(weight_decay=0.00004, batch_norm_decay=0.9997, batch_norm_epsilon=0.001,
+                                  activation_fn=tf.nn.relu,
+                                  batch_norm_updates_collections=tf.compat.v1.GraphKeys.UPDATE_OPS,
+                                  batch_norm_scale=False):
+    """Returns the arg_scope Inception-ResNet-v2 is built (and its checkpoint was trained) with.
+
+    TF-slim's signature and defaults. batch_norm_updates_collections None (statistics updated in place)
+    fails inside tf-slim on TF 2.21 (its fused batch norm uses the removed ops.Tensor).
+    """
     return _conv_bn_arg_scope(weight_decay, batch_norm_decay, batch_norm_epsilon, activation_fn,
-                              batch_norm_scale)
+                              batch_norm_updates_collections, batch_norm_scale)
 
 
 # ---------------------------------------------------------------------------------------------
 # small: a CIFAR-10-tutorial-sized CNN
 # ---------------------------------------------------------------------------------------------
 
+SMALL_SCOPE = 'SmallNet'
 SMALL_DEPTHS = (32, 64, 128, 256)
 
 
 @_fast_graph_building
-def small_net(inputs, num_classes, is_training, dropout_keep_prob, reuse, scope):
+def small_net(inputs, num_classes=1001, is_training=True, dropout_keep_prob=0.5, reuse=None, scope=SMALL_SCOPE):
     """Builds the small CNN (four 3x3 conv+BN layers, 2x2 pooling between, global pool, dropout, linear).
 
-    Works at any input size; returns (logits, end_points). Use it inside small_net_arg_scope(), or through
-    inference() with its MODELS entry's settings.
+    Works at any input size; returns (logits, end_points). Called like Inception-ResNet-v2 (slim's
+    1001 classes and training mode by default): small_net(images) inside small_net_arg_scope(), or
+    through inference() with its MODELS entry's settings.
     """
     end_points = {}
     with tf.compat.v1.variable_scope(scope, values=[inputs], reuse=reuse):
@@ -372,10 +383,10 @@ def small_net(inputs, num_classes, is_training, dropout_keep_prob, reuse, scope)
     return logits, end_points
 
 
-def small_net_arg_scope(weight_decay, batch_norm_decay=0.99, batch_norm_epsilon=0.001):
+def small_net_arg_scope(weight_decay=0.0005, batch_norm_decay=0.99, batch_norm_epsilon=0.001):
     """Returns the small model's arg_scope; its batch-norm statistics adapt within a short run."""
     return _conv_bn_arg_scope(weight_decay, batch_norm_decay, batch_norm_epsilon, tf.nn.relu,
-                              batch_norm_scale=True)
+                              tf.compat.v1.GraphKeys.UPDATE_OPS, batch_norm_scale=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -387,8 +398,10 @@ class ModelSpec:
     """A registered model: how inference() builds it and every setting that differs between models.
 
     build(images, num_classes, is_training=, dropout_keep_prob=, reuse=, scope=) returns (logits,
-    end_points); inference() calls it inside arg_scope(weight_decay). A model with aux_logits also
-    takes create_aux_logits= and puts an 'AuxLogits' end point, which loss() adds with AUX_LOSS_WEIGHT.
+    end_points); inference() calls it inside arg_scope(weight_decay) with this entry's values. A model with
+    aux_logits also takes create_aux_logits= and puts an 'AuxLogits' end point, which loss() adds with
+    AUX_LOSS_WEIGHT. Like TF-slim's nets, build and arg_scope also take the minimal call,
+    build(images) inside arg_scope(), with defaults of their own.
     """
     name: str                     # --model's spelling, saved in run_config.json
     build: object
@@ -413,7 +426,7 @@ MODELS = {spec.name: spec for spec in (
               prior_sec_per_step_32=16.0, prior_build_seconds=40.0, benchmark_steps=1, benchmark_warmup_steps=2,
               aux_logits=True),
     ModelSpec(name='small', build=small_net, arg_scope=small_net_arg_scope,
-              scope='SmallNet', classifier_scopes=('SmallNet/Logits',),
+              scope=SMALL_SCOPE, classifier_scopes=(f'{SMALL_SCOPE}/Logits',),
               image_size=64, learning_rate=0.02, weight_decay=0.0005, dropout_keep_prob=0.5,
               prior_sec_per_step_32=0.5, prior_build_seconds=3.0, benchmark_steps=20, benchmark_warmup_steps=5),
 )}
@@ -443,7 +456,7 @@ def inference(images, num_classes, model_name, is_training, weight_decay=None, d
     """
     spec = model_spec(model_name)
     options = {'create_aux_logits': create_aux_logits} if spec.aux_logits else {}
-    with slim.arg_scope(spec.arg_scope(spec.weight_decay if weight_decay is None else weight_decay)):
+    with slim.arg_scope(spec.arg_scope(weight_decay=spec.weight_decay if weight_decay is None else weight_decay)):
         return spec.build(images, num_classes, is_training=is_training, reuse=reuse, scope=spec.scope,
                           dropout_keep_prob=spec.dropout_keep_prob if dropout_keep_prob is None else dropout_keep_prob,
                           **options)

@@ -1,7 +1,9 @@
-"""Tests of onu_model: the batch-norm work-around, the registry and every model in it, the loss, the train op,
-moving averages."""
+"""Tests of onu_model: the batch-norm work-around, the registry and every model in it (also called as TF-slim's
+nets are), the loss, the train op, moving averages."""
 
+import dataclasses
 import importlib
+import inspect
 import math
 import sys
 
@@ -135,22 +137,25 @@ def variable_values(session, variables):
 
 
 @pytest.fixture(scope='module')
-def models_at_default_size():
-    """Every registered model with 1001 classes built (not run) on 2 inputs of its default size, each in its own
-    graph: {model name: (graph, logits, end_points)}."""
+def models_by_slims_minimal_call():
+    """Every registered model built (not run) as code written for TF-slim's nets calls them, build(images)
+    inside arg_scope(), on 2 inputs of its default size, each in its own graph: {model name: (graph, logits,
+    end_points)}."""
     built = {}
     for name, spec in onu_model.MODELS.items():
         graph = tf.Graph()
         with graph.as_default():
             images = tf.compat.v1.placeholder(tf.float32, [2, spec.image_size, spec.image_size, 3])
-            built[name] = (graph, *onu_model.inference(images, 1001, name, is_training=False))
+            with slim.arg_scope(spec.arg_scope()):
+                built[name] = (graph, *spec.build(images))
     return built
 
 
 @pytest.fixture(scope='module')
-def irv2_299(models_at_default_size):
-    """Inception-ResNet-v2 built on a 2x299x299x3 input: (graph, end_points)."""
-    graph, _, end_points = models_at_default_size[IRV2]
+def irv2_299(models_by_slims_minimal_call):
+    """Inception-ResNet-v2 as TF-slim's train_image_classifier.py builds it (1001 classes, training mode) on a
+    2x299x299x3 input: (graph, end_points)."""
+    graph, _, end_points = models_by_slims_minimal_call[IRV2]
     assert onu_model.MODELS[IRV2].image_size == 299
     return graph, end_points
 
@@ -203,16 +208,37 @@ def test_every_registered_model_has_every_setting(model_name):
 
 
 @pytest.mark.parametrize('model_name', onu_model.MODEL_NAMES)
-def test_every_model_builds_at_its_default_size_under_its_scope(models_at_default_size, model_name):
+def test_every_model_builds_with_slims_minimal_call_under_its_scope(models_by_slims_minimal_call, model_name):
     spec = onu_model.MODELS[model_name]
-    graph, logits, _ = models_at_default_size[model_name]
-    assert logits.shape.as_list() == [2, 1001]
+    graph, logits, end_points = models_by_slims_minimal_call[model_name]
+    assert logits.shape.as_list() == [2, 1001]  # TF-slim's ImageNet classes: 1000 and background
+    assert end_points['Predictions'].shape.as_list() == [2, 1001]
     variables = graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
     assert variables and all(v.op.name.startswith(spec.scope + '/') for v in variables)
     for scope in spec.classifier_scopes:  # each ends in a layer of one output per class
         weights = [v for v in variables if v.op.name.startswith(scope + '/') and v.op.name.endswith('/weights')]
         assert weights and weights[-1].shape[-1] == 1001, scope
-    assert graph.get_collection(tf.compat.v1.GraphKeys.REGULARIZATION_LOSSES)  # its weight decay
+    assert graph.get_collection(tf.compat.v1.GraphKeys.REGULARIZATION_LOSSES)  # the arg scope's weight decay
+    assert graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)  # training mode: batch-norm updates
+
+
+def test_inference_builds_with_the_registry_values_not_the_builders_defaults(monkeypatch):
+    small = onu_model.MODELS['small']
+    variant = dataclasses.replace(small, name='small_variant', weight_decay=0.003, dropout_keep_prob=0.25)
+    monkeypatch.setitem(onu_model.MODELS, variant.name, variant)
+    with tf.Graph().as_default():
+        images = tf.constant(np.random.RandomState(3).uniform(-1, 1, [4, 32, 32, 3]).astype(np.float32))
+        _, end_points = onu_model.inference(images, 3, variant.name, is_training=True)
+        decayed = [v for v in tf.compat.v1.trainable_variables() if v.op.name.endswith(('/weights', '/biases'))]
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            regularization, weights, pooled, dropped_out = session.run([
+                tf.compat.v1.losses.get_regularization_loss(), decayed,
+                slim.flatten(end_points['global_pool']), end_points['PreLogitsFlatten']])
+    assert regularization == pytest.approx(0.003 * sum((w ** 2).sum() for w in weights) / 2, rel=1e-5)
+    kept = dropped_out != 0
+    assert kept.any()
+    np.testing.assert_allclose(dropped_out[kept] / pooled[kept], 1 / 0.25, rtol=1e-5)  # slim.dropout's 1 / keep
 
 
 def test_an_unknown_model_is_one_line_naming_the_registered_ones():
@@ -228,6 +254,24 @@ def test_an_unknown_model_is_one_line_naming_the_registered_ones():
 
 
 # --- Inception-ResNet-v2 ---
+
+def test_irv2_called_as_tf_slim_builds_1001_class_logits_and_aux_logits(models_by_slims_minimal_call):
+    _, logits, end_points = models_by_slims_minimal_call[IRV2]
+    assert logits is end_points['Logits'] and logits.shape.as_list() == [2, 1001]
+    assert end_points['AuxLogits'].shape.as_list() == [2, 1001]
+
+
+def test_irv2_signatures_are_tf_slims_with_its_defaults():
+    def parameters(function):  # in order: slim's callers pass some of them by position
+        return [(name, parameter.default) for name, parameter in inspect.signature(function).parameters.items()]
+    assert parameters(onu_model.inception_resnet_v2) == [
+        ('inputs', inspect.Parameter.empty), ('num_classes', 1001), ('is_training', True), ('dropout_keep_prob', 0.8),
+        ('reuse', None), ('scope', 'InceptionResnetV2'), ('create_aux_logits', True), ('activation_fn', tf.nn.relu)]
+    assert parameters(onu_model.inception_resnet_v2_arg_scope) == [
+        ('weight_decay', 0.00004), ('batch_norm_decay', 0.9997), ('batch_norm_epsilon', 0.001),
+        ('activation_fn', tf.nn.relu), ('batch_norm_updates_collections', tf.compat.v1.GraphKeys.UPDATE_OPS),
+        ('batch_norm_scale', False)]
+
 
 def test_irv2_end_points_at_299(irv2_299):
     _, end_points = irv2_299
@@ -263,14 +307,16 @@ def test_irv2_variables_have_the_published_checkpoint_names_and_shapes(irv2_299)
 def test_irv2_end_points_at_150_with_aux_logits():
     with tf.Graph().as_default():
         _, end_points = onu_model.inference(tf.zeros([1, 150, 150, 3]), 5, IRV2, is_training=False)
-        aux_conv = tf.compat.v1.global_variables('InceptionResnetV2/AuxLogits/Conv2d_2a_5x5/weights')[0]
+        variables = {v.op.name: v.shape.as_list() for v in tf.compat.v1.global_variables()}
+    expected = published_checkpoint_variables(num_classes=5)
+    expected['InceptionResnetV2/AuxLogits/Conv2d_2a_5x5/weights'] = [1, 1, 128, 768]  # what the 5x5/3 pool leaves
+    assert variables == expected  # inference() builds the published names
     shapes = {name: end_points[name].shape.as_list()[1:] for name in
               ('Conv2d_1a_3x3', 'MaxPool_5a_3x3', 'Mixed_5b', 'PreAuxLogits', 'Mixed_7a', 'Conv2d_7b_1x1')}
     assert shapes == {'Conv2d_1a_3x3': [74, 74, 32], 'MaxPool_5a_3x3': [16, 16, 192], 'Mixed_5b': [16, 16, 320],
                       'PreAuxLogits': [7, 7, 1088], 'Mixed_7a': [3, 3, 2080], 'Conv2d_7b_1x1': [3, 3, 1536]}
     assert end_points['AuxLogits'].shape.as_list() == [1, 5]
     assert end_points['Logits'].shape.as_list() == [1, 5]
-    assert aux_conv.shape.as_list() == [1, 1, 128, 768]  # the aux conv covers what the 5x5/3 pool leaves
 
 
 def test_irv2_without_aux_logits_on_a_330x400_input():
