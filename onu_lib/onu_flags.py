@@ -16,6 +16,7 @@ from onu_lib import onu_data_service
 from onu_lib import onu_dataset
 import onu_input
 import onu_model
+from onu_lib import onu_precision
 from onu_lib import onu_training
 
 DEFAULT_TRAIN_DIR = '/tmp/onu_train'
@@ -54,8 +55,8 @@ def define_allow_raw_weights_flag(help_text):
 
 
 def define_precision_flag(default, help_text):
-    """Declares --precision: auto (the hardware decides), float32 or mixed (see onu_model.choose_precision)."""
-    flags.DEFINE_enum('precision', default, ('auto',) + onu_model.PRECISIONS, help_text)
+    """Declares --precision: auto (the hardware decides), float32 or mixed (see onu_precision.choose_precision)."""
+    flags.DEFINE_enum('precision', default, ('auto',) + onu_precision.PRECISIONS, help_text)
 
 
 def define_training_flags():
