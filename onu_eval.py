@@ -39,6 +39,7 @@ from onu_lib import onu_eval_summaries
 from onu_lib import onu_flags
 import onu_input
 import onu_model
+from onu_lib import onu_precision
 from onu_lib import onu_run_config
 
 DEFAULT_EVAL_DIR = '/tmp/onu_eval'
@@ -237,8 +238,8 @@ def evaluate(checkpoint_path, run_config, info, batch_size=32, num_examples=None
                    'losses': tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)}
         if max_mistakes > 0:  # the photos of the mistakes (a copy of every batch out of the session)
             fetches['images'] = images
-        session_config = onu_model.set_precision_options(
-            onu_model.session_config(hide_gpus=device == 'cpu'), compute_dtype)
+        session_config = onu_precision.set_precision_options(
+            onu_precision.session_config(hide_gpus=device == 'cpu'), compute_dtype)
         with tf.compat.v1.Session(config=session_config) as session:
             step, weights = restore_checkpoint(session, checkpoint_path, run_config, allow_raw_weights)
             with onu_dataset.read_errors_as_data_error(info):
@@ -515,7 +516,7 @@ def evaluate_from_flags():
     """Evaluates the checkpoints the flags name, writing summaries and results to --eval_dir (one evaluator each)."""
     onu_checkpoint.hold_folder(FLAGS.eval_dir, 'evaluation', 'eval_dir')
     use_device(FLAGS.device)
-    precision = onu_model.resolve_precision(FLAGS.precision, use_gpus=FLAGS.device == 'gpu')
+    precision = onu_precision.resolve_precision(FLAGS.precision, use_gpus=FLAGS.device == 'gpu')
     with onu_checkpoint.stop_on_write_failure(FLAGS.eval_dir, 'evaluation'):
         writer = summary_writer(FLAGS.eval_dir)
         try:

@@ -35,6 +35,7 @@ from onu_lib import onu_layouts
 from onu_lib import onu_tfrecord
 import onu_model
 from onu_lib import onu_converter
+from onu_lib import onu_precision
 from onu_lib import onu_training
 
 REPO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -186,7 +187,7 @@ def _time_runs(sess, fetch, warmup, runs, feeds=None):
 
 def _session(config=None):
     """Returns a session configured as training configures it (or with config)."""
-    return tf.compat.v1.Session(config=config or onu_model.session_config())
+    return tf.compat.v1.Session(config=config or onu_precision.session_config())
 
 
 def cpu_ms_per_image(result):
@@ -394,7 +395,8 @@ class TrainingRun:
             train_op = _train_op(model_name, total_loss, global_step, info.num_examples, batch_size, compute_dtype)
             self._step = [train_op, total_loss]  # one fetch list throughout: a new one sets up a new executor
             self._pipelines = tf.compat.v1.get_collection(onu_input.PIPELINE_MODEL_OPS)
-            self.session = _session(onu_model.set_precision_options(onu_model.session_config(), compute_dtype, xla))
+            self.session = _session(
+                onu_precision.set_precision_options(onu_precision.session_config(), compute_dtype, xla))
             self.session.run([tf.compat.v1.global_variables_initializer(),
                               tf.compat.v1.local_variables_initializer()])
         self.windows, self.final_loss = [], None

@@ -18,7 +18,7 @@ from benchmark import plan as benchmark_plan
 from benchmark import runner as benchmark_runner
 from onu_lib import onu_dataset
 from onu_lib import onu_pool
-import onu_model
+from onu_lib import onu_precision
 
 ROW_ORDER = benchmark_plan.PIPELINE_WAYS + ('decode_limit', 'synthetic')
 ROW_TITLES = {
@@ -245,7 +245,7 @@ def evaluate_targets(rows, augmentation, precision, settings, cores):
     if 'small' in models:
         targets.append(_target(12, 'main job (small model, encoded) input-bound fraction',
                                rows['encoded']['training']['small']['input_bound_fraction'], 0.25, at_most=True))
-    fast_path = bool(onu_model.detect_hardware().cpu_bfloat16_flags)
+    fast_path = bool(onu_precision.detect_hardware().cpu_bfloat16_flags)
     for model_name, threshold in (('small', 1.8), ('inception_resnet_v2', 1.25)):
         if model_name in models and fast_path:
             entries = precision[model_name]

@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from onu_lib import onu_dataset
 from onu_lib import onu_pool
-import onu_model
+from onu_lib import onu_precision
 from onu_lib import onu_training
 
 RESULT_MARKER = 'onu_benchmark result: '
@@ -221,7 +221,7 @@ def photo_paths(data_dir):
 
 def hardware_info():
     """Returns the CPU model, core counts, GPUs and versions this run measured on."""
-    cpu_model = onu_model.read_cpu_info()[0] or platform.processor() or platform.machine()
+    cpu_model = onu_precision.read_cpu_info()[0] or platform.processor() or platform.machine()
     gpus = [tf.config.experimental.get_device_details(gpu).get('device_name', gpu.name)
             for gpu in tf.config.list_physical_devices('GPU')]
     return {'cpu_model': cpu_model, 'cpu_count': os.cpu_count(), 'usable_cores': onu_pool.worker_count(),

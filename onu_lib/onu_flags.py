@@ -96,9 +96,9 @@ def define_allow_raw_weights_flag(help_text):
 
 
 def define_precision_flag(default, help_text):
-    """Declares --precision: auto (the hardware decides), float32 or mixed (see onu_model.choose_precision)."""
-    import onu_model  # pylint: disable=import-outside-toplevel  (TensorFlow: not for the data scripts)
-    flags.DEFINE_enum('precision', default, ('auto',) + onu_model.PRECISIONS, help_text)
+    """Declares --precision: auto (the hardware decides), float32 or mixed (see onu_precision.choose_precision)."""
+    from onu_lib import onu_precision  # pylint: disable=import-outside-toplevel  (TensorFlow)
+    flags.DEFINE_enum('precision', default, ('auto',) + onu_precision.PRECISIONS, help_text)
 
 
 def define_training_flags():

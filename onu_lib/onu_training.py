@@ -22,6 +22,7 @@ from onu_lib import onu_converter
 from onu_lib import onu_dataset
 import onu_input
 import onu_model
+from onu_lib import onu_precision
 from onu_lib import onu_run_config
 from onu_lib import onu_sample_data
 from onu_lib import onu_serving
@@ -593,11 +594,11 @@ def _hook(hooks, hook_type):
 
 def training_role(options):
     """Returns (precision, this process's onu_cluster.Role) as options (or TF_CONFIG) say."""
-    precision = onu_model.resolve_precision(options.precision)
+    precision = onu_precision.resolve_precision(options.precision)
     task = onu_cluster.resolve_task(list(options.ps_hosts), list(options.worker_hosts), options.job_name,
                                     options.task_index, os.environ.get('TF_CONFIG'), options.sync_replicas,
                                     options.model is not None)
-    session = onu_model.set_precision_options(onu_model.session_config(), precision.compute_dtype, options.xla)
+    session = onu_precision.set_precision_options(onu_precision.session_config(), precision.compute_dtype, options.xla)
     return precision, onu_cluster.join(task, session, options.sync_replicas)
 
 

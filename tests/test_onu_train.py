@@ -17,6 +17,7 @@ from conftest import (REPO_ROOT, TINY_RUN_NOTES, TINY_RUN_STEPS, copy_train_dir,
 
 from onu_lib import onu_dataset
 import onu_model
+from onu_lib import onu_precision
 from onu_lib import onu_run_config
 
 TIMEOUT_SECS = 240
@@ -263,8 +264,8 @@ def _checkpoint_dtypes(train_dir):
 def test_precision_is_printed_and_saved_and_runs_resume_in_the_other(tiny_run, tmp_path):
     data_dir, train_dir, result = tiny_run.data_dir, tiny_run.train_dir, tiny_run.result
     assert result.returncode == 0, result.stderr[-3000:]
-    hardware = onu_model.detect_hardware()
-    expected, _ = onu_model.choose_precision('auto', hardware)  # the default --precision=auto
+    hardware = onu_precision.detect_hardware()
+    expected, _ = onu_precision.choose_precision('auto', hardware)  # the default --precision=auto
     assert f'precision: {expected.describe()}' in result.stdout
     assert 'GPUs: none visible' in result.stdout and (hardware.cpu_model or 'unknown') in result.stdout
     run_config = onu_run_config.RunConfig.load(train_dir)
