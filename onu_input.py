@@ -483,7 +483,7 @@ def _without_unreadable(examples, info, order):
             lambda: tf.numpy_function(report, [order(epoch, tf.range(gap_start, position))], tf.bool, stateful=True),
             lambda: tf.constant(True))
         with tf.control_dependencies([reported]):
-            return label != END_OF_UNIT
+            return tf.not_equal(label, END_OF_UNIT)
     return examples.filter(kept)
 
 

@@ -257,14 +257,14 @@ _skipped = {}  # path -> why, for every photo this process has left out
 _skipped_lock = threading.Lock()
 
 
-def report_skipped(path, reason):
-    """Warns, the first time this process skips path, why; returns False if it was reported before."""
+def report_skipped(path, reason, fix='fix or remove it'):
+    """Warns, the first time this process skips path, why and what to do; returns False if it was reported before."""
     with _skipped_lock:
         if path in _skipped:
             return False
         _skipped[path] = reason
         count = len(_skipped)
-    logging.warning('skipping %s: %s; fix or remove it (%d file(s) skipped so far)', path, reason, count)
+    logging.warning('skipping %s: %s; %s (%d file(s) skipped so far)', path, reason, fix, count)
     return True
 
 
@@ -598,8 +598,8 @@ class DataDir:
             report_skipped(path, reason)
         for image in images:
             if image.image_format not in onu_photos.TF_DECODABLE_FORMATS:
-                report_skipped(image.path, f'a {image.image_format} file, which --data_format=images cannot decode '
-                                           f'(encoded and raw records include it: {self.convert_command("encoded")})')
+                report_skipped(image.path, f'a {image.image_format} file, which --data_format=images cannot decode',
+                               f'encoded and raw records include it: {self.convert_command("encoded")}')
         images = [image for image in images if image.image_format in onu_photos.TF_DECODABLE_FORMATS]
         if not images:
             if bare:
@@ -740,11 +740,8 @@ def find_damaged_shards(info):
 
 def _raised_data_error(message):
     """Returns the message of a DataError raised inside the pipeline (by a numpy_function), or None."""
-    prefix = f'{DataError.__name__}: '
-    for line in str(message).splitlines():
-        if line.startswith(prefix):
-            return line[len(prefix):]
-    return None
+    match = re.search(rf'(?:^|\W){DataError.__name__}: (.*)', str(message))
+    return match.group(1).strip() if match else None
 
 
 def _label_out_of_range(message):

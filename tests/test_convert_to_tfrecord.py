@@ -237,7 +237,7 @@ def test_a_file_failing_to_decode_is_skipped_in_raw_or_fails_strict(make_tiny_da
             raise OSError('broken data\nstream')
         return real_upright_rgb(path, orientation)
 
-    monkeypatch.setattr(onu_dataset, 'upright_rgb', failing_upright_rgb)
+    monkeypatch.setattr(onu_photos, 'upright_rgb', failing_upright_rgb)
     records_dir = os.path.join(data_dir, 'tfrecords')
     with pytest.raises(onu_dataset.DataError) as error:
         onu_converter.convert(onu_dataset.describe(data_dir), formats=('raw',), strict=True, processes=1)
@@ -365,7 +365,7 @@ def test_script_exit_codes_and_output(make_tiny_dataset, tmp_path):
     missing = run_script(SCRIPT, f'--data_dir={tmp_path / "nowhere"}', timeout=120)
     assert missing.returncode == 2
     assert missing.stderr.startswith('error: ') and missing.stderr.count('\n') == 1
-    assert str(tmp_path / 'nowhere' / 'train') in missing.stderr
+    assert f'{tmp_path / "nowhere"}: data dir not found' in missing.stderr and 'make_sample_data.py' in missing.stderr
     data_dir = make_tiny_dataset()
     done = run_script(SCRIPT, f'--data_dir={data_dir}', '--format=encoded', '--processes=1')
     assert done.returncode == 0, done.stderr

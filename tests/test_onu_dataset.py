@@ -181,11 +181,12 @@ def test_manifest_round_trip_and_shard_paths(tmp_path):
     assert '--format=raw' in _one_line(error)
 
 
-def test_records_dir_for(tmp_path):
+def test_records_dir_is_the_folder_with_the_manifest(tmp_path):
     data_dir = str(tmp_path)
-    assert onu_dataset.records_dir_for(data_dir) == os.path.join(data_dir, onu_dataset.RECORDS_SUBDIR)
+    os.makedirs(os.path.join(data_dir, 'F603'))  # a class folder: photos, no records yet
+    assert onu_dataset.describe(data_dir).records_dir() == os.path.join(data_dir, onu_dataset.RECORDS_SUBDIR)
     onu_dataset.write_manifest(data_dir, {'version': onu_dataset.MANIFEST_VERSION})
-    assert onu_dataset.records_dir_for(data_dir) == data_dir
+    assert onu_dataset.describe(data_dir).records_dir() == data_dir
 
 
 def test_importing_onu_dataset_does_not_import_tensorflow():
@@ -243,13 +244,13 @@ def test_bare_class_folders_split_into_disjoint_sets_and_added_photos_move_no_ol
 
 def test_records_dir_is_found_in_the_folder_or_in_the_cache(tmp_path):
     data_dir = str(tmp_path / 'data')
-    os.makedirs(data_dir)
-    assert onu_dataset.records_dir_for(data_dir) == os.path.join(data_dir, onu_dataset.RECORDS_SUBDIR)
+    os.makedirs(os.path.join(data_dir, 'F603'))
+    assert onu_dataset.describe(data_dir).records_dir() == os.path.join(data_dir, onu_dataset.RECORDS_SUBDIR)
     cached = onu_dataset.cached_records_dir(data_dir)
     assert cached.startswith(onu_dataset.cache_dir()) and os.path.basename(cached).startswith('data-')
     os.makedirs(cached)
     onu_dataset.write_manifest(cached, {'version': onu_dataset.MANIFEST_VERSION})
-    assert onu_dataset.records_dir_for(data_dir) == cached
+    assert onu_dataset.describe(data_dir).records_dir() == cached
     assert onu_dataset.cached_records_dir(str(tmp_path / 'other' / 'data')) != cached  # same name, other folder
 
 
@@ -262,5 +263,6 @@ def test_records_of_a_folder_turned_read_only_are_found_by_format(tmp_path):
     os.makedirs(cached)
     onu_dataset.write_manifest(cached, {'version': onu_dataset.MANIFEST_VERSION, 'splits': {'train': {'encoded': {}}}})
     assert onu_dataset.records_dirs(data_dir) == [in_folder, cached]
-    assert onu_dataset.records_dir_for(data_dir, 'raw') == in_folder == onu_dataset.records_dir_for(data_dir)
-    assert onu_dataset.records_dir_for(data_dir, 'encoded') == cached
+    data = onu_dataset.describe(data_dir)
+    assert data.records_dir('raw') == in_folder == data.records_dir()
+    assert data.records_dir('encoded') == cached

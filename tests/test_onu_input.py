@@ -521,7 +521,7 @@ def test_corrupted_record_names_the_shard(tiny_data_dir, tmp_path):
             with onu_dataset.read_errors_as_data_error(onu_dataset.describe(data_dir).split('train', 'encoded')):
                 _run_to_end(images)
     message = str(error.value)
-    assert message.startswith(damaged) and 'corrupted record' in message
+    assert message.startswith(damaged) and 'is damaged (its payload CRC does not match)' in message
     assert '--overwrite' in message and '\n' not in message
 
 
@@ -609,7 +609,7 @@ def test_images_mode_leaves_out_what_it_cannot_decode_with_one_line(make_tiny_da
         assert info.num_examples == 4 and not any(path.endswith('.tif') for path in info.files)
         onu_dataset.describe(data_dir).split('val', 'images')
     lines = [r.getMessage() for r in caplog.records if 'scan.tif' in r.getMessage()]
-    assert len(lines) == 1 and 'TIFF' in lines[0] and 'records include them' in lines[0]
+    assert len(lines) == 1 and 'TIFF' in lines[0] and 'records include it' in lines[0]
     assert len(_eval_examples('val', data_dir, 'images')[1]) == 4  # counted as it is read
     onu_converter.convert(onu_dataset.describe(data_dir), formats=('encoded',), processes=1)  # records read it through Pillow
     assert onu_dataset.describe(data_dir).split('val', 'encoded').num_examples == 5
