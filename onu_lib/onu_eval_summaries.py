@@ -1,7 +1,7 @@
 """Pictures of an evaluation for TensorBoard: confusion-matrix heatmap, grid of mistakes, PR curves.
 
-    confusion_matrix_png(confusion, class_names)           -> PNG bytes
-    mistakes_grid_png(mistakes, class_names, max_mistakes)  -> PNG bytes, None without mistakes
+    confusion_matrix_png(confusion, class_names)           -> PNG bytes (confusion_matrix_figure: the Figure)
+    mistakes_grid_png(mistakes, class_names, max_mistakes)  -> PNG bytes, None without mistakes (mistakes_grid_figure)
     select_mistakes / misclassified                         -> which examples were wrong
     image_summary_value(tag, png) / pr_curve_summary_values(labels, probabilities, class_names)
                                                             -> tf.compat.v1.Summary.Value(s)
@@ -82,7 +82,7 @@ def misclassified(filenames, labels, probabilities):
     return [text(filenames[index]) for index in np.flatnonzero(predicted != labels)]
 
 
-def _png(figure):
+def figure_png(figure):
     """Returns the figure rendered as RGB PNG bytes, exactly figsize * dpi pixels."""
     canvas = FigureCanvasAgg(figure)
     canvas.draw()
@@ -93,7 +93,12 @@ def _png(figure):
 
 
 def confusion_matrix_png(confusion, class_names, title=None):
-    """Returns a PNG heatmap of confusion[true, predicted] counts, each cell annotated with its count.
+    """Returns confusion_matrix_figure's heatmap as PNG bytes."""
+    return figure_png(confusion_matrix_figure(confusion, class_names, title))
+
+
+def confusion_matrix_figure(confusion, class_names, title=None):
+    """Returns a Figure: a heatmap of confusion[true, predicted] counts, each cell annotated with its count.
 
     Cells are coloured by the fraction of their row (the true class), so that rare classes stay
     readable; the default title gives the number of examples.
@@ -105,7 +110,9 @@ def confusion_matrix_png(confusion, class_names, title=None):
     totals = confusion.sum(axis=1, keepdims=True)
     fractions = confusion / np.maximum(totals, 1)
     side = max(4.0, 1.5 + 0.55 * count)
-    figure = Figure(figsize=(side + 1.0, side), dpi=DPI, layout='constrained')
+    # 'compressed', not 'constrained': square cells fix the axes' aspect, and constrained layout then misjudges the
+    # left margin (the true-class label was cut off at the left edge for y labels of 7 to 8 characters).
+    figure = Figure(figsize=(side + 1.0, side), dpi=DPI, layout='compressed')
     axes = figure.subplots()
     heatmap = axes.imshow(fractions, cmap='Blues', vmin=0.0, vmax=1.0)
     figure.colorbar(heatmap, ax=axes, shrink=0.8, label='fraction of the true class')
@@ -120,7 +127,7 @@ def confusion_matrix_png(confusion, class_names, title=None):
     axes.set_xlabel('predicted class')
     axes.set_ylabel('true class')
     axes.set_title(title or f'Confusion matrix ({int(confusion.sum())} examples)')
-    return _png(figure)
+    return figure
 
 
 def _short_name(filename):
@@ -139,7 +146,13 @@ def mistake_caption(mistake, class_names):
 
 
 def mistakes_grid_png(mistakes, class_names, max_mistakes):
-    """Returns a PNG grid of the first max_mistakes mistakes with captions; None if there are none.
+    """Returns mistakes_grid_figure's grid as PNG bytes; None if there are no mistakes to show."""
+    figure = mistakes_grid_figure(mistakes, class_names, max_mistakes)
+    return None if figure is None else figure_png(figure)
+
+
+def mistakes_grid_figure(mistakes, class_names, max_mistakes):
+    """Returns a Figure: a grid of the first max_mistakes mistakes with captions; None if there are none.
 
     The grid is up to GRID_COLUMNS tiles wide; each tile is TILE_SIZE_INCHES at DPI.
     """
@@ -156,7 +169,7 @@ def mistakes_grid_png(mistakes, class_names, max_mistakes):
         image = np.asarray(mistake.image)
         axes.imshow(image, cmap='gray' if image.ndim == 2 else None)
         axes.set_title(mistake_caption(mistake, class_names), fontsize=8)
-    return _png(figure)
+    return figure
 
 
 def image_summary_value(tag, png_bytes):

@@ -3,6 +3,8 @@ TensorBoard server that has to list and serve what was written."""
 import io
 import math
 
+import matplotlib
+from matplotlib.text import Text
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -80,6 +82,67 @@ def test_confusion_png_shows_the_counts_the_colours_and_the_names():
     for different in (doubled, transposed, renamed):
         different = np.asarray(decoded(different))
         assert different.shape == pixels.shape and not np.array_equal(different, pixels)
+
+
+def rendered(figure):
+    """Returns the figure's pixels as its PNG holds them ([H, W, 3] uint8); the figure keeps the renderer's layout."""
+    return np.asarray(decoded(summaries.figure_png(figure)))
+
+
+def heatmap_axes(figure):
+    """Returns the heatmap's axes (the colour bar is the other one)."""
+    [axes] = [axes for axes in figure.axes if axes.get_images()]
+    return axes
+
+
+def pixel_at(figure, pixels, axes, x, y):
+    """Returns the RGB pixel at data point (x, y) of axes (display y counts from the bottom, PNG rows from the top)."""
+    column, row = axes.transData.transform((x, y))
+    return pixels[int(round(pixels.shape[0] - row)), int(round(column))].astype(int)
+
+
+def test_each_cell_is_coloured_by_its_share_of_the_true_class():
+    # Shares of the row (true class) and of the column differ strongly here: [1, 0] is 0.1 of its row, 0.01 of its
+    # column; [0, 1] 0.1 of its row, 0.56 of its column.
+    confusion = np.array([[90, 10, 0], [1, 8, 1], [2, 0, 18]])
+    figure = summaries.confusion_matrix_figure(confusion, ['F603', 'F663N', 'HG8245'])
+    pixels = rendered(figure)
+    axes = heatmap_axes(figure)
+    blues = matplotlib.colormaps['Blues']  # vmin 0, vmax 1
+    for (true, predicted), share in np.ndenumerate(confusion / confusion.sum(axis=1, keepdims=True)):
+        # 0.3 of a cell from its centre: inside the cell, clear of the count written at the centre.
+        colour = pixel_at(figure, pixels, axes, predicted + 0.3, true + 0.3)
+        expected = np.round(np.array(blues(share)[:3]) * 255).astype(int)
+        assert np.abs(colour - expected).max() <= 2, (true, predicted, colour, expected)
+
+
+def extent_in_pixels(artist, figure):
+    """Returns an artist's (left, top, right, bottom) in PNG pixels (rows from the top) after figure_png."""
+    box = artist.get_window_extent(figure.canvas.get_renderer())
+    height = figure.bbox.height
+    return box.x0, height - box.y1, box.x1, height - box.y0
+
+
+def lies_inside(box, width, height):
+    """Returns True when the (left, top, right, bottom) box lies within a width x height picture."""
+    left, top, right, bottom = box
+    return 0 <= left and right <= width and 0 <= top and bottom <= height
+
+
+@pytest.mark.parametrize('names', [['F603', 'F663N'], ['F603', 'HG8245'], ['F603', 'F663N', 'GM220-S'],
+                                   ['F603', 'HG8245H5-ONU-model'], [f'ONU-{i:02d}' for i in range(12)]],
+                         ids=['2', '2-longer', '3-longer', '2-long-rotated', '12'])
+def test_every_text_of_the_heatmap_lies_inside_the_picture(names):
+    figure = summaries.confusion_matrix_figure(some_confusion(len(names), 0), names)
+    pixels = rendered(figure)
+    height, width = pixels.shape[:2]
+    texts = [text for text in figure.findobj(Text) if text.get_visible() and text.get_text()]
+    shown = {text.get_text() for text in texts}
+    assert {'true class', 'predicted class', 'fraction of the true class', *names} <= shown
+    boxes = [(text.get_text(), extent_in_pixels(text, figure)) for text in texts]
+    assert [(text, box) for text, box in boxes if not lies_inside(box, width, height)] == []
+    # Nothing is cut at the picture's edges: its outermost rows and columns are background.
+    assert (pixels[[0, -1]] == 255).all() and (pixels[:, [0, -1]] == 255).all()
 
 
 def test_confusion_png_refuses_a_matrix_of_other_classes():
