@@ -31,7 +31,7 @@ def test_native_start_up_lines_are_dropped_and_everything_else_kept(capfd):
 
 
 def env_with_log_level(level):
-    """Returns this environment with TF_CPP_MIN_LOG_LEVEL set to level (None: unset) and no onu_cli setting inherited."""
+    """Returns this environment with TF_CPP_MIN_LOG_LEVEL at level (None: unset), no onu_cli setting inherited."""
     env = {name: value for name, value in os.environ.items() if not name.startswith(('TF_CPP', 'ONU_'))}
     if level is not None:
         env[onu_cli.TF_LOG_LEVEL_ENV] = level
