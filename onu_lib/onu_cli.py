@@ -1,13 +1,14 @@
 """What every onu script does first and last: a quiet start, deprecated flag spellings, one-line errors.
 
 Each script imports this module first, before TensorFlow and any onu module that imports it. On
-import, unless the user set TF_CPP_MIN_LOG_LEVEL or passed --verbose, it sets TensorFlow's C++
-logging to errors only and filters the known harmless deprecation warnings of tf-slim and the
-legacy layers, in this one place. A script that uses TensorFlow then calls import_tensorflow():
-TensorFlow 2.21 writes its start-up lines (oneDNN, CUDA probing) through absl before its log level
-applies, so they are dropped from the process's stderr while TensorFlow loads and probes its
-devices. Real warnings (a skipped photo, a damaged record, a precision fallback) are the scripts'
-own lines and always print. The data scripts never import TensorFlow, nor do their workers.
+import, unless --verbose, it filters the known harmless deprecation warnings of tf-slim and the
+legacy layers, in this one place, and sets TensorFlow's C++ logging to errors only unless the user
+set TF_CPP_MIN_LOG_LEVEL (their level then governs what TensorFlow logs). A script that uses
+TensorFlow then calls import_tensorflow(): TensorFlow 2.21 writes its start-up lines (oneDNN, CUDA
+probing) through absl before any log level applies, so, whatever the level, they are dropped from the
+process's stderr while TensorFlow loads and probes its devices. Real warnings (a skipped photo, a
+damaged record, a precision fallback) are the scripts' own lines and always print. The data scripts
+never import TensorFlow, nor do their workers.
 """
 import contextlib
 import os
@@ -87,8 +88,10 @@ def native_start_up_lines_dropped():
 
 
 def import_tensorflow():
-    """Imports TensorFlow and lets it probe its devices, quietly unless --verbose or the user's log level."""
-    if verbose_requested() or USER_SET_TF_LOG_LEVEL:
+    """Imports TensorFlow and lets it probe its devices, its start-up lines dropped unless --verbose."""
+    # Not skipped for a TF_CPP_MIN_LOG_LEVEL the user set: no level stops these lines (users set 2 to quiet
+    # TensorFlow, and got the oneDNN, cudart and cuInit lines back). Their level governs what follows.
+    if verbose_requested():
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
         return tf
     with native_start_up_lines_dropped():
