@@ -81,7 +81,8 @@ class RecordLayout:
     image_keys: {key: the data format of its bytes ('encoded' or 'raw')}, in order of preference; written_keys: the
     other keys the tool writes (image/height, image/class/text, ...). sample_file_name: str.format template of a
     file the tool writes, with {name} (the data set's), {split} (a split token of split_tokens), {index} and
-    {count} (shard numbers; unsharded layouts have one file per split), {format} (the data format).
+    {count} (shard numbers; unsharded layouts have one file per split), {format} (the data format, as
+    format_tokens spells it in file names).
     """
     name: str
     looks_like: str             # the file names, for messages
@@ -91,6 +92,7 @@ class RecordLayout:
     image_keys: dict
     label_key: str
     written_keys: tuple = ()
+    format_tokens: dict = None  # {data format: how the tool's file names spell it}; None: the format's name
     height_key: str = onu_dataset.KEY_HEIGHT  # raw pixels: their height and width
     width_key: str = onu_dataset.KEY_WIDTH
     filename_key: str = onu_dataset.KEY_FILENAME  # the record's file name, when the tool writes one
@@ -98,7 +100,8 @@ class RecordLayout:
     labels_base: int = None     # the label the tool gives the first class; None: varies, evidence needed
     labels_base_keys: tuple = ()  # keys that show the tool wrote a record: labels_base counts as evidence then
     names_files: tuple = ()     # files beside the records that name the classes, in order of preference
-    names_form: str = 'ids'     # how the tool writes its names file: id:name lines, or one name per line
+    writes_names_file: bool = True  # the tool itself writes names_files[0] beside its records (else users may)
+    names_form: str = 'ids'     # how the names file is written: id:name lines, or one name per line
     first_line_label: int = 0   # the label of line 1 of a names file with one name per line
     counts_file: CountsFile = None  # a file of the tool's own with the records per shard
     version_folder: str = None  # the tool keeps its files in <data_dir>/<version>/ (TFDS), e.g. '3.0.1'
@@ -113,10 +116,15 @@ class RecordLayout:
         """True when the tool writes a split as numbered shards, False for one file per split."""
         return '{index' in self.sample_file_name
 
+    def file_name_of(self, split_token, index=0, count=1, data_format='encoded', name='flowers'):
+        """The name the tool gives a file of split_token (shard index of count) holding data_format images."""
+        format_token = (self.format_tokens or {}).get(data_format, data_format)
+        return self.sample_file_name.format(name=name, split=split_token, index=index, count=count, format=format_token)
+
     def sample_names(self, data_format='encoded'):
         """File names this tool writes for each split (two shards each, when it shards)."""
         count = 2 if self.sharded else 1
-        return [self.sample_file_name.format(name='flowers', split=token, index=index, count=count, format=data_format)
+        return [self.file_name_of(token, index, count, data_format)
                 for token in self.split_tokens.values() for index in range(count)]
 
 
@@ -153,16 +161,17 @@ RECORD_LAYOUTS = (
         written_keys=(onu_dataset.KEY_HEIGHT, onu_dataset.KEY_WIDTH, onu_dataset.KEY_FORMAT,
                       onu_dataset.KEY_FILENAME) + _INCEPTION_KEYS,
         labels_base=1, labels_base_keys=_INCEPTION_KEYS, names_files=(onu_dataset.LABELS_FILENAME,),
-        names_form='lines', first_line_label=1),
+        writes_names_file=False, names_form='lines', first_line_label=1),
     RecordLayout(
         name='single_file', looks_like="one file per split: the study's 603_663_train_raw.tfrecord and "
                                        "603_663_val_g.tfrecord, TF-slim's cifar10_train.tfrecord",
         file_name=re.compile(rf'(?!.*{SHARD_NUMBERS})(?:.*?[_.-])?(?P<split>{SPLIT_TOKENS})(?:[_.-].*)?'
                              r'\.(?:tfrecords?|records?)'),
         sample_file_name='603_663_{split}_{format}.tfrecord', split_tokens={'train': 'train', 'val': 'val'},
+        format_tokens={'raw': 'raw', 'encoded': 'g'},
         image_keys={onu_dataset.KEY_RAW: 'raw', onu_dataset.KEY_ENCODED: 'encoded'}, label_key=onu_dataset.KEY_LABEL,
         written_keys=(onu_dataset.KEY_HEIGHT, onu_dataset.KEY_WIDTH),
-        labels_base=0, names_files=(onu_dataset.LABELS_FILENAME,)),
+        labels_base=0, names_files=(onu_dataset.LABELS_FILENAME,), writes_names_file=False),
 )
 LAYOUT_NAMES = tuple(layout.name for layout in RECORD_LAYOUTS)
 
@@ -245,12 +254,12 @@ def _names_file_text(layout, class_names):
 
 
 def write_records(layout, folder, images, class_names, data_format='encoded', num_shards=2, compression='NONE',
-                  names_file=True, keys=None, name='flowers'):
+                  names_file=None, keys=None, name='flowers'):
     """Writes StoredImages as layout's tool does: its file names, keys, labels, names file and counts file.
 
     Returns the folder to give as --data_dir (a version folder's parent where the tool keeps one). num_shards: per
     split, or {split: shards}; keys: which of the layout's written_keys to write (None: all); names_file: write
-    its names file (if it has one).
+    its names file, if it has one (None: if its tool does).
     """
     data_dir = os.path.join(folder, name) if layout.version_folder else folder
     target = os.path.join(data_dir, layout.version_folder) if layout.version_folder else folder
@@ -263,13 +272,12 @@ def write_records(layout, folder, images, class_names, data_format='encoded', nu
         per_shard = -(-len(chosen) // count)  # trailing shards may be empty, as TF-slim's
         for index in range(count):
             shard = chosen[index * per_shard:(index + 1) * per_shard]
-            file_name = layout.sample_file_name.format(name=name, split=token, index=index, count=count,
-                                                       format=data_format)
+            file_name = layout.file_name_of(token, index, count, data_format, name)
             onu_tfrecord.write_records(os.path.join(target, file_name),
                                        [_stored_record(layout, image, class_names, data_format, keys)
                                         for image in shard], compression)
             lengths.setdefault(token, []).append(len(shard))
-    if names_file and layout.names_files:
+    if (layout.writes_names_file if names_file is None else names_file) and layout.names_files:
         onu_dataset.write_text_atomic(os.path.join(target, layout.names_files[0]),
                                       _names_file_text(layout, class_names))
     if layout.counts_file:

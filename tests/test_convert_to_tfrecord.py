@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from conftest import LAYOUT_CLASSES, REPO_ROOT, layout_photos, run_script, write_inception_records, write_study_records
+from conftest import LAYOUT_CLASSES, REPO_ROOT, layout_photos, run_script, write_layout
 
 from onu_lib import onu_photos
 from onu_lib import onu_converter
@@ -452,7 +452,7 @@ def test_bare_class_folders_convert_with_their_split_recorded(make_tiny_dataset)
 
 def test_the_studys_raw_records_convert_to_encoded_records_of_the_same_pixels(tmp_path):
     photos = layout_photos()
-    study = write_study_records(str(tmp_path / 'study'), photos, kinds=('raw',))
+    study = write_layout('single_file', str(tmp_path / 'study'), photos, data_format='raw')
     done = run_script(SCRIPT, f'--data_dir={study}', '--format=encoded', '--processes=2')
     assert done.returncode == 0, done.stderr
     header = done.stdout.splitlines()[0].split()
@@ -472,7 +472,7 @@ def test_the_studys_raw_records_convert_to_encoded_records_of_the_same_pixels(tm
 
 
 def test_a_damaged_record_of_another_tool_stops_the_conversion_in_one_line_and_is_never_rewritten(tmp_path):
-    inception = write_inception_records(str(tmp_path / 'inception'), layout_photos(), LAYOUT_CLASSES)
+    inception = write_layout('inception', str(tmp_path / 'inception'), layout_photos())
     shard = os.path.join(inception, 'train-00001-of-00002')
     payloads = list(tf.compat.v1.io.tf_record_iterator(shard))
     data = bytearray(open(shard, 'rb').read())
@@ -499,7 +499,7 @@ def test_a_damaged_record_of_another_tool_stops_the_conversion_in_one_line_and_i
 
 def test_inception_records_convert_with_their_offset_and_names(tmp_path):
     photos = layout_photos()
-    inception = write_inception_records(str(tmp_path / 'inception'), photos, LAYOUT_CLASSES)
+    inception = write_layout('inception', str(tmp_path / 'inception'), photos)
     manifest = onu_converter.convert(onu_dataset.describe(inception), formats=('raw', 'encoded'), processes=1)
     assert manifest['class_names'] == list(LAYOUT_CLASSES) and manifest['source']['labels_offset'] == 1
     records_dir = os.path.join(inception, 'tfrecords')

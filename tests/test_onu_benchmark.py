@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import (STUDY_AUGMENTATION_RANGES, assert_spans, colour_effect, layout_photos, mid_colour_image,
-                      run_script, write_study_records)
+                      run_script, write_layout)
 from benchmark import baselines as benchmark_baselines
 from benchmark import measure as benchmark_measure
 from benchmark import plan as benchmark_plan
@@ -156,7 +156,9 @@ def test_quick_run_measures_every_row(make_tiny_dataset, tmp_path):
 
 
 def test_a_folder_of_records_is_measured_in_the_formats_it_holds(tmp_path):
-    study = write_study_records(str(tmp_path / 'study'), layout_photos(train=6))
+    photos = layout_photos(train=6)
+    study = write_layout('single_file', str(tmp_path / 'study'), photos, data_format='raw')
+    write_layout('single_file', study, photos, data_format='encoded')
     done, report, markdown, _ = run_quick_benchmark(study, tmp_path)
     assert (report['kind'], report['layout'], report['data']['records']) == ('records', 'single_file', 18)
     rows = report['rows']

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 import tf_slim as slim
 
-from conftest import LAYOUT_CLASSES, layout_photos, run_script, write_tfds_records
+from conftest import layout_photos, run_script, write_layout
 from test_onu_train import checkpoint_step, event_tags
 
 from onu_lib import onu_sample_data
@@ -170,7 +170,7 @@ def test_checkpoint_evaluates_and_resumes_with_the_single_gpu_script(multi_gpu_r
 
 
 def test_towers_train_on_other_tools_records(tmp_path):
-    data_dir = write_tfds_records(str(tmp_path / 'tfds'), layout_photos(), LAYOUT_CLASSES)
+    data_dir = write_layout('tfds', str(tmp_path / 'tfds'), layout_photos())
     train_dir = str(tmp_path / 'train')
     result = run_script('onu_multi_gpu_train.py', *TINY_FLAGS, '--num_gpus=2', '--max_steps=2', '--model=small',
                         f'--data_dir={data_dir}', f'--train_dir={train_dir}')
