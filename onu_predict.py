@@ -237,7 +237,8 @@ FLAGS = flags.FLAGS
 
 
 def define_flags():
-    """Declares this script's flags (--batch_size is onu_flags')."""
+    """Declares this script's flags."""
+    onu_flags.define_batch_size_flag()
     flags.DEFINE_string('model_dir', onu_flags.DEFAULT_TRAIN_DIR,
                         'SavedModel version folder, export folder (newest version), or train_dir '
                         '(latest checkpoint).')

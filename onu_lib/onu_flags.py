@@ -82,7 +82,13 @@ def define_model_flags():
                       f'{onu_model.DEFAULT_MODEL_WITHOUT_GPU}.')
     flags.DEFINE_integer('image_size', None, 'Side of the square model input; default: the model\'s own '
                          f'({model_defaults("image_size")}).', lower_bound=16)
-    flags.DEFINE_integer('batch_size', 32, 'Images per batch.', lower_bound=1)
+    define_batch_size_flag()
+
+
+def define_batch_size_flag():
+    """Declares --batch_size: images per batch (per tower and per worker when training)."""
+    if not _declared('batch_size'):
+        flags.DEFINE_integer('batch_size', 32, 'Images per batch.', lower_bound=1)
 
 
 def define_checkpoint_dir_flag(help_text):

@@ -253,6 +253,23 @@ def test_augmentation_alone_changes_the_image(augmentation, pattern_image):
     assert np.mean(differences > 1e-3) > 0.25 and len(np.unique(differences.round(6))) > 1, differences
 
 
+GEOMETRY = [augmentation for augmentation in onu_input.AUGMENTATIONS if augmentation.space == 'geometry']
+
+
+@pytest.mark.parametrize('augmentation', GEOMETRY, ids=[augmentation.name for augmentation in GEOMETRY])
+def test_what_a_geometry_augmentation_uncovers_is_grey_never_black(augmentation):
+    """Alone and after or before the others: a white photo stays white where it covers, grey where it does not."""
+    white = np.full((40, 56, 3), 255, np.uint8)  # not square: a map that swaps rows and columns uncovers some
+    draws = _draws(64)
+    for names in [{augmentation.name}] + [{augmentation.name, other.name} for other in GEOMETRY if other != augmentation]:
+        with tf.Graph().as_default():
+            images = _evaluate(onu_input.augment_batch(np.stack([white] * 64), draws, onu_input.AugmentOptions(names)))
+        unit = (images + 1.0) / 2.0
+        # Black would be a pixel that nothing covers taken for one the photo does (its coverage lost on the way).
+        assert unit.min() >= onu_input.ROTATION_FILL_VALUE - 1e-4, (names, unit.min())
+        assert unit.max() <= 1.0 + 1e-6
+
+
 def test_adding_or_removing_augmentations_leaves_each_ones_draws(monkeypatch):
     def parameters():
         with tf.Graph().as_default():
@@ -267,6 +284,24 @@ def test_adding_or_removing_augmentations_leaves_each_ones_draws(monkeypatch):
     for augmentation in others:
         np.testing.assert_array_equal(after[augmentation.name], before[augmentation.name], err_msg=augmentation.name)
     assert not np.allclose(after['added_later'], before[first.name])  # its own stream, though first's range
+
+
+def test_the_input_work_between_two_readings_is_never_negative(make_tiny_dataset):
+    """Each epoch's dataset ends with its epoch and takes its nodes' time with it: the work between two readings
+    still counts each node by how much it grew, never less than nothing."""
+    info = onu_dataset.describe(make_tiny_dataset('four', train_per_class=2, val_per_class=1)).split('train', 'images')
+    with tf.Graph().as_default():  # 4 photos a split, 2 a batch: an epoch ends every other batch
+        images, _ = onu_input.distorted_inputs(info, 2, IMAGE_SIZE, augment=False, seed=1, cache=False,
+                                               summaries=False)
+        models = tf.compat.v1.get_collection(onu_input.PIPELINE_MODEL_OPS)
+        with tf.compat.v1.Session() as session:
+            readings = []
+            for _ in range(30):
+                session.run(images)
+                readings.append(onu_input.pipeline_work(session.run(models)))
+    between = [onu_input.work_between(before, after) for before, after in zip(readings, readings[1:])]
+    assert min(seconds for seconds, _ in between) >= 0.0, between
+    assert sum(seconds for seconds, _ in between) > 0.0 and sum(batches for _, batches in between) >= 25
 
 
 def test_model_placement_hands_over_uint8_images_and_draws_per_image(tiny_data_dir):

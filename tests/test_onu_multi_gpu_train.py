@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 import tf_slim as slim
 
-from conftest import layout_photos, run_script, write_layout
+from conftest import LAYOUT_CLASSES, layout_photos, run_script, write_layout
 from test_onu_train import checkpoint_step, event_tags
 
 from onu_lib import onu_sample_data

@@ -241,7 +241,7 @@ def test_bare_class_folders_train_on_a_split_eval_keeps(make_tiny_dataset, tmp_p
                        '--validation_percent=30', '--data_format=images')
     assert result.returncode == 0, result.stderr[-3000:]
     assert 'holding out 30% of the photos for val' in result.stdout
-    assert f'on {20 - len(val)} images examples' in result.stdout
+    assert f'on {20 - len(val)} photos of 2 classes' in result.stdout
     saved = onu_run_config.RunConfig.load(train_dir)
     assert (saved.layout, saved.validation_percent, saved.class_names) == ('class_folders', 30.0, ('F603', 'F663N'))
     evaluated = run_script('onu_eval.py', f'--checkpoint_dir={train_dir}', f'--eval_dir={eval_dir}', '--run_once',
@@ -395,9 +395,11 @@ def test_a_starved_run_says_so_in_its_log_and_its_profile_and_a_cached_one_does_
     starved, cached = _logged_waits(off[1].stdout, 10), _logged_waits(on[1].stdout, 10)
     assert len(starved) == len(cached) == 11  # steps 10, 12, ..., 30
     assert np.median(starved) > 0.3 and np.median(cached) < 0.15, (starved, cached)
-    works = {cache: [int(work) for work in re.findall(r'input work (\d+) ms per batch', result.stdout)]
+    works = {cache: [int(work) for work in re.findall(r'input work (-?\d+) ms per batch', result.stdout)]
              for cache, (_, result) in starved_and_cached.items()}
+    assert all(len(works[cache]) >= 14 and min(works[cache]) >= 0 for cache in works), works  # never negative
     assert np.median(works['off']) > 10 * np.median(works['on']), works  # decoding 3000x2000 photos, every step
+    assert 'on 16 photos of 2 classes' in off[1].stdout  # photos, not 'images examples'
     shares = {}
     for cache, (train_dir, _) in starved_and_cached.items():
         steps, shares[cache] = _input_share(tensorboard_server(logdir=train_dir))
