@@ -74,6 +74,19 @@ def test_the_lock_of_a_killed_trainer_is_taken_over(tiny_run, tmp_path):
             and 'which ended without releasing it (killed, crashed or copied): taking it over.' in resumed.stdout)
 
 
+def test_a_clean_end_leaves_nothing_to_take_over(tiny_run, tmp_path):
+    train_dir = copy_run(tiny_run, tmp_path)  # with the lock file the shared run left when it ended normally
+    stopped, lines = start_training(tiny_run, train_dir, '--max_steps=100000')
+    stopped.send_signal(signal.SIGTERM)  # a clean stop too
+    rest, errors = stopped.communicate(timeout=TIMEOUT_SECS)
+    assert stopped.returncode == 128 + signal.SIGTERM, errors[-3000:]
+    again = run_train(f'--data_dir={tiny_run.data_dir}', f'--train_dir={train_dir}',
+                      f'--max_steps={checkpoint_step(train_dir)}')  # complete: starts, holds the folder, ends
+    assert again.returncode == 0 and 'the run is complete' in again.stdout, again.stderr[-3000:]
+    for start in (''.join(lines) + rest, again.stdout):
+        assert 'taking it over' not in start, start
+
+
 def test_a_second_evaluator_on_an_eval_folder_in_use_is_refused(tiny_run, tmp_path):
     eval_dir = str(tmp_path / 'eval')
     first = subprocess.Popen(script_command('onu_eval.py', f'--checkpoint_dir={tiny_run.train_dir}',
