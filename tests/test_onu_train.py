@@ -127,12 +127,44 @@ def test_every_model_trains_into_checkpoints_with_the_moving_averages_eval_resto
     assert weights and {name + '/ExponentialMovingAverage' for name in weights} <= saved
 
 
-def test_restart_resumes_from_saved_global_step(tiny_run, tmp_path):
-    resumed_dir = copy_train_dir(tiny_run, tmp_path)
-    result = run_train(f'--data_dir={tiny_run.data_dir}', f'--train_dir={resumed_dir}', '--max_steps=15')
+@pytest.fixture(scope='module')
+def resumed_run(tiny_run, tmp_path_factory):
+    """A copy of the shared run (12 steps) resumed to step 15 with its flags' seed: (train_dir, completed process)."""
+    resumed_dir = copy_train_dir(tiny_run, tmp_path_factory.mktemp('resumed'), exports=False)
+    result = run_train(f'--data_dir={tiny_run.data_dir}', f'--train_dir={resumed_dir}', '--max_steps=15',
+                       f'--seed={tiny_run.config.flags["seed"]}')
+    return resumed_dir, result
+
+
+def test_restart_resumes_from_saved_global_step(resumed_run):
+    resumed_dir, result = resumed_run
     assert result.returncode == 0, result.stderr[-3000:]
     assert logged_steps(result.stdout) == [14, 15]
     assert checkpoint_step(resumed_dir) == 15
+
+
+def summary_images(train_dir, tag_prefix='augmented_inputs'):
+    """Returns {global step: [encoded images]} of the image summaries under tag_prefix in train_dir's event files."""
+    images = {}
+    for name in os.listdir(train_dir):
+        if name.startswith('events.out.tfevents'):
+            for record in tf.compat.v1.io.tf_record_iterator(os.path.join(train_dir, name)):
+                event = tf.compat.v1.Event.FromString(record)
+                batch = [value.image.encoded_image_string for value in event.summary.value
+                         if value.tag.startswith(tag_prefix)]
+                images.setdefault(event.step, []).extend(batch)
+    return {step: batch for step, batch in images.items() if batch}
+
+
+def test_a_resumed_run_reads_new_batches_not_the_first_runs_again(resumed_run):
+    resumed_dir, result = resumed_run
+    assert result.returncode == 0, result.stderr[-3000:]
+    # The augmented inputs of every step (the same seed repeats them exactly): steps 1-12 of the shared run, whose
+    # event file the copy holds, and 13-15 resumed. The resumed steps' must not be the first steps' again.
+    images = summary_images(resumed_dir)
+    assert sorted(images) == list(range(1, 16))
+    first_run = {image for step in range(1, 13) for image in images[step]}
+    assert not first_run & {image for step in (13, 14, 15) for image in images[step]}
 
 
 def test_restart_after_kill_resumes_from_last_checkpoint(tiny_run, tmp_path):
