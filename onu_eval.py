@@ -41,6 +41,7 @@ import onu_input
 import onu_model
 from onu_lib import onu_precision
 from onu_lib import onu_run_config
+from onu_lib import onu_run_folder
 
 DEFAULT_EVAL_DIR = '/tmp/onu_eval'
 RESULTS_FILENAME = 'results.jsonl'
@@ -514,10 +515,10 @@ def define_flags():
 
 def evaluate_from_flags():
     """Evaluates the checkpoints the flags name, writing summaries and results to --eval_dir (one evaluator each)."""
-    onu_checkpoint.hold_folder(FLAGS.eval_dir, 'evaluation', 'eval_dir')
+    onu_run_folder.hold_folder(FLAGS.eval_dir, 'evaluation', 'eval_dir')
     use_device(FLAGS.device)
     precision = onu_precision.resolve_precision(FLAGS.precision, use_gpus=FLAGS.device == 'gpu')
-    with onu_checkpoint.stop_on_write_failure(FLAGS.eval_dir, 'evaluation'):
+    with onu_run_folder.stop_on_write_failure(FLAGS.eval_dir, 'evaluation'):
         writer = summary_writer(FLAGS.eval_dir)
         try:
             evaluate_checkpoints(writer, precision)
@@ -530,7 +531,7 @@ def evaluate_from_flags():
 
 
 def main(argv):
-    return onu_cli.run_script(evaluate_from_flags, argv, failures=(onu_checkpoint.WriteFailed,))
+    return onu_cli.run_script(evaluate_from_flags, argv, failures=(onu_run_folder.WriteFailed,))
 
 
 if __name__ == '__main__':

@@ -24,6 +24,7 @@ import onu_input
 import onu_model
 from onu_lib import onu_precision
 from onu_lib import onu_run_config
+from onu_lib import onu_run_folder
 from onu_lib import onu_sample_data
 from onu_lib import onu_serving
 
@@ -129,7 +130,7 @@ def start_run(train_dir, run_config, is_chief):
     """Checks that train_dir's saved run can be resumed as run_config; the chief saves it; prints the run."""
     onu_checkpoint.check_resumable(train_dir, run_config, onu_run_config.RunConfig.load(train_dir))
     if is_chief:
-        with onu_checkpoint.stop_on_write_failure(train_dir, 'writing run_config.json', train_dir):
+        with onu_run_folder.stop_on_write_failure(train_dir, 'writing run_config.json', train_dir):
             run_config.save(train_dir)
     size = run_config.image_size
     examples = 'photos' if run_config.data_format == 'images' else f'{run_config.data_format} records'
@@ -549,7 +550,7 @@ def monitored_training_session(options, role, scaffold, hooks, info):
     stop_hook = _hook(hooks, StopOnSignalHook)
     profile = next((hook for hook in hooks if isinstance(hook, ProfileHook)), None)
     try:
-        with onu_checkpoint.stop_on_write_failure(train_dir, 'training', train_dir), \
+        with onu_run_folder.stop_on_write_failure(train_dir, 'training', train_dir), \
                 onu_dataset.read_errors_as_data_error(info):
             with tf.compat.v1.train.MonitoredTrainingSession(
                     master=role.master, is_chief=role.is_chief, checkpoint_dir=train_dir,
@@ -638,7 +639,7 @@ def begin_training_run(options, precision, role):
     Returns (RunConfig, the train split's onu_input.DatasetInfo, checkpoint resumed from).
     """
     if role.is_chief:  # one trainer per train_dir: refused, before anything is read or written, if in use
-        onu_checkpoint.hold_folder(options.train_dir, 'training', 'train_dir')
+        onu_run_folder.hold_folder(options.train_dir, 'training', 'train_dir')
     check_not_complete(options.train_dir, options.max_steps, role)
     if options.data_service:
         check_data_service(options.data_service)

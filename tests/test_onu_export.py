@@ -15,6 +15,7 @@ from onu_lib import onu_checkpoint
 from onu_lib import onu_dataset
 import onu_input
 import onu_model
+from onu_lib import onu_run_folder
 from onu_lib import onu_serving
 
 IMAGE_SIZE = 32
@@ -218,7 +219,7 @@ def test_listener_exports_at_boundaries_and_a_failure_does_not_block_the_next(
     # A full disk is another matter: nothing more can be written, training stops with one line.
     failures.append(OSError(errno.ENOSPC, 'No space left on device', os.path.join(export_dir, '.tmp-12')))
     tf.compat.v1.train.update_checkpoint_state(checkpoint_dir, checkpoint(tiny_run, 12))
-    with pytest.raises(onu_checkpoint.WriteFailed) as error:
+    with pytest.raises(onu_run_folder.WriteFailed) as error:
         listener.after_save(None, 12)
     assert str(error.value).startswith(f'{export_dir}: the disk is full (exporting a SavedModel); ')
 
