@@ -5,6 +5,7 @@ its tool writes them (conftest.write_layout): a new layout is tested as soon as 
 tools really write are checked against the entries by hand (REAL_FILE_NAMES), independently of the entries.
 """
 import dataclasses
+import importlib.util
 import json
 import os
 import shutil
@@ -84,16 +85,26 @@ def test_the_file_names_tools_really_write_match_their_layout_and_no_other(name)
         assert matching == [name], file_name
 
 
-def test_a_layout_whose_files_another_one_matches_is_refused_at_import():
-    single_file = onu_layouts.layout_named('single_file')
-    # Appended after single_file, a layout of one file per split named <split>_images.tfrecord would never be
-    # found (single_file's pattern takes its files): refused, whatever the order.
-    shadowed = dataclasses.replace(single_file, name='images_per_split', sample_file_name='{split}_images.tfrecord')
-    for layouts in ((*onu_layouts.RECORD_LAYOUTS, shadowed), (shadowed, *onu_layouts.RECORD_LAYOUTS)):
-        with pytest.raises(ValueError) as error:
-            onu_layouts._check_layouts_exclusive(layouts)
-        assert 'also match the pattern of' in str(error.value) and 'single_file' in str(error.value)
-    onu_layouts._check_layouts_exclusive(onu_layouts.RECORD_LAYOUTS)  # the registry's own entries are exclusive
+def test_a_layout_whose_files_another_one_matches_is_refused_at_import(tmp_path):
+    # A user appends, after single_file, a layout of one file per split named <split>_images.tfrecord: single_file's
+    # pattern would take its files, and it would never be found. Importing the registry with it refuses it.
+    source = open(onu_layouts.__file__, encoding='utf-8').read()
+    end_of_registry = source.index('\n)\nLAYOUT_NAMES')
+    appended = ("\n    RecordLayout(name='images_per_split', looks_like='<split>_images.tfrecord', "
+                "file_name=re.compile(r'(?P<split>train|val)_images\\.tfrecord'), "
+                "sample_file_name='{split}_images.tfrecord', split_tokens={'train': 'train', 'val': 'val'}, "
+                "image_keys={'image/encoded': 'encoded'}, label_key='image/class/label'),")
+    (tmp_path / 'layouts_with_one_more.py').write_text(source[:end_of_registry] + appended + source[end_of_registry:],
+                                                      encoding='utf-8')
+    spec = importlib.util.spec_from_file_location('layouts_with_one_more', tmp_path / 'layouts_with_one_more.py')
+    with pytest.raises(ValueError) as error:
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    assert 'images_per_split' in str(error.value) and 'also match the pattern of single_file' in str(error.value)
+    # Whatever the order: the check compares every entry with every other.
+    shadowed = dataclasses.replace(onu_layouts.layout_named('single_file'), name='images_per_split',
+                                   sample_file_name='{split}_images.tfrecord')
+    with pytest.raises(ValueError):
+        onu_layouts._check_layouts_exclusive((shadowed, *onu_layouts.RECORD_LAYOUTS))
 
 
 def test_a_folder_with_the_records_of_two_tools_is_a_one_line_error(tmp_path):
