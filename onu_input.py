@@ -387,7 +387,9 @@ def _compiled_augmentation(options):
     """Returns _augment_batch for options as one XLA-compiled function (CPU or GPU alike)."""
     # XLA fuses the dozen per-pixel steps into a few loops over the batch: on CPU about 3x less
     # time than running them as separate TensorFlow kernels, each of which reads and writes the batch.
-    return tf.function(lambda images, draws: _augment_batch(images, draws, options), jit_compile=True)
+    # autograph=False: plain TensorFlow ops, nothing to convert (AutoGraph's conversion costs seconds at start-up).
+    return tf.function(lambda images, draws: _augment_batch(images, draws, options), jit_compile=True,
+                       autograph=False)
 
 
 def augment_batch(images, draws, augment=True):
@@ -640,6 +642,9 @@ def _training_examples(info, image_size, seed, deterministic, cache, reduced_dec
     return examples
 
 
+# Not converted by AutoGraph: the functions of the pipeline are plain TensorFlow ops (tf.cond, not Python if), and
+# converting its dozens of functions took about 4 of a training script's 14 seconds of start-up on a tiny run.
+@tf.autograph.experimental.do_not_convert
 def make_dataset(info, batch_size, image_size, training, augment=True, seed=None,
                  augment_on='input', cache=None, reduced_decode=False, with_filenames=False, cache_progress=False,
                  data_service=None, service_job=None, num_epochs=None):

@@ -79,8 +79,9 @@ def build_serving_graph(run_config):
     size = run_config.image_size
     with tf.compat.v1.name_scope('from_bytes'):
         image_bytes = tf.compat.v1.placeholder(tf.string, [None], name=BYTES_INPUT)
-        decoded = tf.map_fn(
-            lambda encoded: onu_input.preprocess_for_eval(onu_input.decode_image_bytes(encoded), size),
+        decoded = tf.map_fn(  # plain TensorFlow ops: nothing for AutoGraph to convert (it costs start-up time)
+            tf.autograph.experimental.do_not_convert(
+                lambda encoded: onu_input.preprocess_for_eval(onu_input.decode_image_bytes(encoded), size)),
             image_bytes, fn_output_signature=tf.TensorSpec([size, size, 3], tf.float32))
         bytes_outputs = _classifier_outputs(decoded, run_config, reuse=None)
     with tf.compat.v1.name_scope('from_images'):

@@ -21,8 +21,11 @@ def _train(tmp_path, pipeline_sleep_secs, steps=12, log_frequency=3, more_hooks=
         def slow(value):
             time.sleep(pipeline_sleep_secs)  # stands for decoding: the batch is late by this much
             return value
-        dataset = tf.data.Dataset.range(1000).map(
-            lambda index: tf.numpy_function(slow, [tf.cast(index, tf.float32)], tf.float32)).batch(1).prefetch(1)
+        dataset = tf.data.Dataset.range(1000).map(lambda index: tf.cast(index, tf.float32))
+        if pipeline_sleep_secs:
+            dataset = dataset.map(lambda value: tf.numpy_function(slow, [value], tf.float32))
+        # Fed: plain TensorFlow ops with a deep buffer, ahead however busy the machine (no Python to wait for).
+        dataset = dataset.batch(1).prefetch(8)
         batch = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
         global_step = tf.compat.v1.train.get_or_create_global_step()
         weights = tf.compat.v1.get_variable('weights', [800, 800])  # a step of a few ms: time to prefetch
