@@ -36,7 +36,6 @@ def define_flags():
 def convert():
     """Converts the folder given by flags and prints the summary table."""
     formats = onu_dataset.RECORD_FORMATS if FLAGS.format == 'both' else (FLAGS.format,)
-    onu_cli.import_tensorflow()  # the shards are written and checked with TensorFlow: loaded quietly, here only
     data = onu_dataset.describe(FLAGS.data_dir, FLAGS.validation_percent, FLAGS.labels_offset)
     manifest = onu_converter.convert(data, FLAGS.output_dir, formats, FLAGS.num_shards, FLAGS.compression,
                                      FLAGS.strict, FLAGS.overwrite, FLAGS.processes, FLAGS.seed)

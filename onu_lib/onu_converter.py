@@ -10,8 +10,8 @@ under a temporary name, read back and counted, then renamed. labels.txt and mani
 sizes, skipped files) sit next to the shards. Unchanged inputs make a re-run a no-op.
 
 The library behind convert_to_tfrecord.py (and training's on-demand conversion): convert() does it all, for
-the folder onu_dataset.describe() described. Worker processes import this module, so it imports TensorFlow only
-on first use.
+the folder onu_dataset.describe() described. No TensorFlow: records are written by onu_tfrecord, byte for byte as
+TensorFlow's writer and deterministic Example serialization write them.
 """
 
 import contextlib
@@ -43,12 +43,6 @@ RAW_TASK_MAX_IMAGES = 32  # ... but small enough that every worker gets some
 RAW_AHEAD_BYTES = 96 << 20  # pixels decoded ahead of the writer: workers keep busy while it verifies a shard
 REENCODE_JPEG_QUALITY = 95
 _TEMP_SHARD = re.compile(r'^(?:train|val)-(?:raw|encoded)-\d{5}-of-\d{5}\.tfrecord\.tmp-\d+$')
-
-
-def _tf():
-    """TensorFlow, imported on first use: worker processes import this module and must start fast."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    return tf
 
 
 def _raw_payload(info):
@@ -145,17 +139,10 @@ def _serialized_example(info, payload, payload_key, payload_format, filename):
 
     info: what is said of the image (label, class_name, upright height and width): an ImageInfo or a ConvertedImage.
     """
-    example = _tf().train.Example()
-    feature = example.features.feature
-    feature[payload_key].bytes_list.value.append(payload)
-    feature[onu_dataset.KEY_FORMAT].bytes_list.value.append(payload_format.encode())
-    feature[onu_dataset.KEY_LABEL].int64_list.value.append(info.label)
-    feature[onu_dataset.KEY_TEXT].bytes_list.value.append(info.class_name.encode('utf-8'))
-    feature[onu_dataset.KEY_HEIGHT].int64_list.value.append(info.height)
-    feature[onu_dataset.KEY_WIDTH].int64_list.value.append(info.width)
-    feature[onu_dataset.KEY_CHANNELS].int64_list.value.append(onu_dataset.CHANNELS)
-    feature[onu_dataset.KEY_FILENAME].bytes_list.value.append(os.fsencode(filename))
-    return example.SerializeToString(deterministic=True)
+    return onu_tfrecord.serialize_example({
+        payload_key: payload, onu_dataset.KEY_FORMAT: payload_format, onu_dataset.KEY_LABEL: info.label,
+        onu_dataset.KEY_TEXT: info.class_name, onu_dataset.KEY_HEIGHT: info.height, onu_dataset.KEY_WIDTH: info.width,
+        onu_dataset.KEY_CHANNELS: onu_dataset.CHANNELS, onu_dataset.KEY_FILENAME: os.fsencode(filename)})
 
 
 def _num_shards(requested, images, record_format):
@@ -180,15 +167,9 @@ def _split_order(images, split, seed):
 
 def _write_verified_shard(path, examples, compression):
     """Writes serialized examples to a temporary file, reads it back and counts, then renames it to path."""
-    tf = _tf()
     temp_path = f'{path}.tmp-{os.getpid()}'
     try:
-        options = tf.io.TFRecordOptions(compression_type=onu_dataset.tf_compression_type(compression))
-        written = 0
-        with tf.io.TFRecordWriter(temp_path, options) as writer:
-            for example in examples:
-                writer.write(example)
-                written += 1
+        written = onu_tfrecord.write_records(temp_path, examples, compression)
         found = onu_tfrecord.count_records(temp_path, compression)
         if found != written:
             raise DataError(f'{temp_path}: wrote {written} records but read back {found}: '

@@ -361,6 +361,7 @@ def test_pr_curves_are_one_vs_rest_per_class():
         assert data[5, 0] == 1.0  # everything is positive at threshold 0
 
 
+@pytest.mark.script
 def test_tensorboard_lists_and_serves_the_pictures_and_pr_curves(tmp_path, tensorboard_server):
     names = ['F603', 'F663N', 'HG8245']
     rng = np.random.default_rng(4)

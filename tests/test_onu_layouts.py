@@ -17,8 +17,11 @@ import tensorflow as tf
 from PIL import Image
 
 from onu_lib import onu_dataset
+import onu_eval
 import onu_input
+from onu_lib import onu_checkpoint
 from onu_lib import onu_layouts
+from onu_lib import onu_run_config
 from onu_lib import onu_converter
 from onu_lib import onu_tfrecord
 from conftest import (LAYOUT_CLASSES, file_states, layout_class_names, layout_photos, run_script, write_layout,
@@ -283,10 +286,11 @@ def test_counts_are_cached_outside_the_folder_and_a_changed_shard_is_recounted(t
     assert [os.path.basename(args[0]) for args in counted] == ['train-00001-of-00002']
 
 
+@pytest.mark.script
 def test_each_layout_trains_and_evaluates_every_val_example_once(layout, tmp_path):
     photos = layout_photos()
     data_dir = write_layout(layout, str(tmp_path / 'data'), photos)
-    train_dir, eval_dir = str(tmp_path / 'train'), str(tmp_path / 'eval')
+    train_dir = str(tmp_path / 'train')
     trained = run_script('onu_train.py', f'--data_dir={data_dir}', f'--train_dir={train_dir}', '--max_steps=2',
                          f'--image_size={IMAGE_SIZE}', '--batch_size=4', '--model=small')
     assert trained.returncode == 0, trained.stderr[-3000:]
@@ -294,11 +298,12 @@ def test_each_layout_trains_and_evaluates_every_val_example_once(layout, tmp_pat
     config = json.load(open(os.path.join(train_dir, 'run_config.json')))
     assert (config['layout'], tuple(config['class_names'])) == (layout, layout_class_names(layout))
     assert config['labels_offset'] == onu_layouts.layout_named(layout).labels_base  # what eval reads them with
-    evaluated = run_script('onu_eval.py', f'--checkpoint_dir={train_dir}', f'--eval_dir={eval_dir}', '--run_once')
-    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
-    result = json.loads(open(os.path.join(eval_dir, 'results.jsonl')).readline())
-    assert result['num_examples'] == 6 and tuple(result['class_names']) == layout_class_names(layout)
-    assert np.array(result['confusion_matrix']).sum(axis=1).tolist() == [2, 2, 2]  # every val example, its class
+    # Evaluated as onu_eval.py does, from the run's configuration alone (the script's own run: test_onu_eval.py).
+    run_config = onu_run_config.RunConfig.load(train_dir)
+    result = onu_eval.evaluate(onu_checkpoint.list_checkpoints(train_dir)[-1], run_config,
+                               onu_eval.eval_data_info(run_config, 'val'), batch_size=4)
+    assert result.num_examples == 6 and tuple(result.class_names) == layout_class_names(layout)
+    assert result.confusion.sum(axis=1).tolist() == [2, 2, 2]  # every val example, its class
 
 
 def _read_only_bind_mount(source, target):
@@ -312,6 +317,7 @@ def _read_only_bind_mount(source, target):
         open(os.path.join(target, 'probe'), 'w').close()
 
 
+@pytest.mark.script
 def test_a_read_only_data_folder_trains_with_records_made_in_the_cache(tmp_path):
     photos = layout_photos()
     source = write_layout('inception', str(tmp_path / 'source'), photos)

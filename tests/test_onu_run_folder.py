@@ -2,11 +2,13 @@
 that fail (a full disk, a read-only folder), with the real scripts as subprocesses on copies of conftest's tiny run
 and real signals.
 """
+import errno
 import json
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -41,6 +43,7 @@ def one_error_line(result):
     return lines[0]
 
 
+@pytest.mark.script
 def test_a_second_trainer_on_a_folder_in_use_is_refused_and_the_first_goes_on(tiny_run, tmp_path):
     train_dir = copy_run(tiny_run, tmp_path)
     first, lines = start_training(tiny_run, train_dir, '--max_steps=100000', '--save_checkpoint_steps=50')
@@ -62,11 +65,18 @@ def test_a_second_trainer_on_a_folder_in_use_is_refused_and_the_first_goes_on(ti
     assert json.load(open(os.path.join(train_dir, 'run_config.json')))['max_steps'] == 100000
 
 
-def test_the_lock_of_a_killed_trainer_is_taken_over(tiny_run, tmp_path):
-    train_dir = copy_run(tiny_run, tmp_path)
-    killed, _ = start_training(tiny_run, train_dir, '--max_steps=100000', '--save_checkpoint_steps=2')
+@pytest.mark.script
+def test_a_clean_end_leaves_nothing_to_take_over_and_a_killed_trainers_lock_is_taken_over(tiny_run, tmp_path):
+    train_dir = copy_run(tiny_run, tmp_path)  # with the lock file the shared run left when it ended normally
+    stopped, lines = start_training(tiny_run, train_dir, '--max_steps=100000')
+    stopped.send_signal(signal.SIGTERM)  # a clean stop too
+    rest, errors = stopped.communicate(timeout=TIMEOUT_SECS)
+    assert stopped.returncode == 128 + signal.SIGTERM, errors[-3000:]
+    killed, started = start_training(tiny_run, train_dir, '--max_steps=100000', '--save_checkpoint_steps=2')
     os.killpg(killed.pid, signal.SIGKILL)
     killed.wait()
+    for start in (''.join(lines) + rest, ''.join(started)):
+        assert 'taking it over' not in start, start
     resumed = run_train(f'--data_dir={tiny_run.data_dir}', f'--train_dir={train_dir}',
                         f'--max_steps={checkpoint_step(train_dir) + 2}')
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -74,19 +84,106 @@ def test_the_lock_of_a_killed_trainer_is_taken_over(tiny_run, tmp_path):
             and 'which ended without releasing it (killed, crashed or copied): taking it over.' in resumed.stdout)
 
 
-def test_a_clean_end_leaves_nothing_to_take_over(tiny_run, tmp_path):
-    train_dir = copy_run(tiny_run, tmp_path)  # with the lock file the shared run left when it ended normally
-    stopped, lines = start_training(tiny_run, train_dir, '--max_steps=100000')
-    stopped.send_signal(signal.SIGTERM)  # a clean stop too
-    rest, errors = stopped.communicate(timeout=TIMEOUT_SECS)
-    assert stopped.returncode == 128 + signal.SIGTERM, errors[-3000:]
-    again = run_train(f'--data_dir={tiny_run.data_dir}', f'--train_dir={train_dir}',
-                      f'--max_steps={checkpoint_step(train_dir)}')  # complete: starts, holds the folder, ends
-    assert again.returncode == 0 and 'the run is complete' in again.stdout, again.stderr[-3000:]
-    for start in (''.join(lines) + rest, again.stdout):
-        assert 'taking it over' not in start, start
+# ----------------------------------------------------------------------------------------------
+# The lock and the write failures in this process, against real other processes
+
+# Another process holding a run folder as a script does: flock on the lock file, its holder written in it.
+HOLD_AND_WAIT = ('import fcntl, json, os, sys, time; lock = open({path!r}, "a+"); fcntl.flock(lock, fcntl.LOCK_EX); '
+                 'lock.truncate(0); lock.write(json.dumps({{"pid": os.getpid(), "host": "a-host", "started": "then", '
+                 '"command": "onu_train.py", "usage": "training"}})); lock.flush(); print("held", flush=True); {then}')
 
 
+def _hold_in_another_process(folder, then):
+    """Starts a Python process that holds folder's lock, then runs `then`; returns it once it holds it."""
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, onu_run_folder.LOCK_FILENAME)
+    process = subprocess.Popen([sys.executable, '-c', HOLD_AND_WAIT.format(path=path, then=then)],
+                               stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == 'held'
+    return process
+
+
+def test_a_folder_held_by_a_live_process_is_refused_naming_it(tmp_path):
+    folder = str(tmp_path / 'run')
+    holder = _hold_in_another_process(folder, 'time.sleep(60)')
+    try:
+        with pytest.raises(onu_run_folder.FolderInUse) as error:
+            onu_run_folder.hold_folder(folder, 'evaluation', 'eval_dir', report=pytest.fail)
+        message = str(error.value)
+        assert message.startswith(f'{folder} is in use by onu_train.py (pid {holder.pid} on a-host, started then)')
+        assert message.endswith('for evaluation: stop it, or give another --eval_dir') and '\n' not in message
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_lock_released_says_nothing_and_one_left_by_a_dead_process_is_taken_over_once(tmp_path):
+    folder = str(tmp_path / 'run')
+    onu_run_folder.hold_folder(folder, 'training', 'train_dir', report=pytest.fail).release()
+    lock_path = os.path.join(folder, onu_run_folder.LOCK_FILENAME)
+    assert os.path.getsize(lock_path) == 0  # released: nobody named, nothing to take over
+    onu_run_folder.hold_folder(folder, 'training', 'train_dir', report=pytest.fail).release()
+    dead = _hold_in_another_process(folder, 'import os; os._exit(0)')  # ends without releasing it
+    dead.wait()
+    reports = []
+    lock = onu_run_folder.hold_folder(folder, 'training', 'train_dir', report=reports.append)
+    assert len(reports) == 1 and f'its lock names onu_train.py (pid {dead.pid} on a-host' in reports[0]
+    assert reports[0].endswith('which ended without releasing it (killed, crashed or copied): taking it over.')
+    held = json.load(open(lock_path))
+    assert (held['pid'], held['usage']) == (os.getpid(), 'training')
+    lock.release()
+    onu_run_folder.hold_folder(folder, 'training', 'train_dir', report=pytest.fail).release()
+
+
+@pytest.mark.parametrize('error, in_folder, anywhere', [
+    (OSError(errno.ENOSPC, 'No space left on device', '{folder}/model.ckpt-3.data'), 'the disk is full', 'the disk is full'),
+    (OSError(errno.EDQUOT, 'Disk quota exceeded', '{folder}/events'), 'the disk quota is used up',
+     'the disk quota is used up'),
+    (OSError(errno.EROFS, 'Read-only file system', '{folder}/x'), 'the file system is read-only',
+     'the file system is read-only'),
+    (OSError(errno.EACCES, 'Permission denied', '{folder}/x'), 'permission denied', 'permission denied'),
+    (OSError(errno.ENOSPC, 'No space left on device', '/elsewhere/x'), None, 'the disk is full'),  # another folder's
+    (OSError(errno.ENOENT, 'No such file or directory', '{folder}/x'), None, None),  # not a write that failed
+    (Exception('{folder}/model.ckpt-3.index; No space left on device'), 'the disk is full', 'the disk is full'),
+    (Exception('/elsewhere/y; Read-only file system'), None, 'the file system is read-only'),  # TensorFlow's words
+])
+def test_a_write_failure_is_told_by_its_reason_and_only_for_the_folders_files(tmp_path, error, in_folder, anywhere):
+    folder = str(tmp_path / 'run')
+    if isinstance(error, OSError):
+        error = OSError(error.errno, error.strerror, error.filename.format(folder=folder))
+    else:
+        error = Exception(str(error).format(folder=folder))
+    assert onu_run_folder.write_failure(error, folder) == in_folder
+    assert onu_run_folder.write_failure(error) == anywhere
+
+
+def _checkpoint(folder, step):
+    """Writes a real checkpoint of one variable at step into folder; returns its path."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    with tf.Graph().as_default():
+        tf.compat.v1.get_variable('weights', initializer=tf.zeros([2]))
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            return tf.compat.v1.train.Saver().save(session, os.path.join(folder, 'model.ckpt'), global_step=step)
+
+
+def test_a_failed_write_names_the_folder_the_reason_and_the_checkpoint_to_resume_from(tmp_path):
+    train_dir = str(tmp_path / 'train')
+    for step in (2, 4):
+        newest = _checkpoint(train_dir, step)
+    failed = onu_run_folder.write_failed(train_dir, 'the disk is full', 'saving a checkpoint', train_dir)
+    assert str(failed) == (f'{train_dir}: the disk is full (saving a checkpoint); the newest complete checkpoint is '
+                           f'{newest}: free some space, then run the same command again to resume from it')
+    empty = str(tmp_path / 'empty')
+    os.makedirs(empty)
+    assert str(onu_run_folder.write_failed(empty, 'permission denied', 'training', empty)) == (
+        f'{empty}: permission denied (training); there is no complete checkpoint yet: make {empty} writable, or use '
+        f'another folder, then run the same command again')
+    assert str(onu_run_folder.write_failed(empty, 'the disk quota is used up', 'evaluation')) == (
+        f'{empty}: the disk quota is used up (evaluation); free some space, then run the same command again')
+
+
+@pytest.mark.script
 def test_a_second_evaluator_on_an_eval_folder_in_use_is_refused(tiny_run, tmp_path):
     eval_dir = str(tmp_path / 'eval')
     first = subprocess.Popen(script_command('onu_eval.py', f'--checkpoint_dir={tiny_run.train_dir}',
@@ -114,6 +211,7 @@ def _mount(target, *options):
         pytest.skip(f'cannot mount here: {done.stderr.strip()}')
 
 
+@pytest.mark.script
 def test_a_full_disk_stops_training_with_one_line_and_the_run_resumes_elsewhere(tiny_run, tmp_path):
     small = str(tmp_path / 'small')
     _mount(small, '-t', 'tmpfs', '-o', 'size=16m', 'tmpfs')
@@ -141,6 +239,7 @@ def test_a_full_disk_stops_training_with_one_line_and_the_run_resumes_elsewhere(
     assert logged_steps(resumed.stdout)[0] == onu_checkpoint.listed_step(newest) + 2 and checkpoint_step(moved) == 30
 
 
+@pytest.mark.script
 def test_a_read_only_train_dir_is_one_line(tiny_run, tmp_path):
     train_dir = copy_run(tiny_run, tmp_path)
     mounted = str(tmp_path / 'read_only')

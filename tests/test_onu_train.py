@@ -453,7 +453,7 @@ def test_main_job_starts_quietly_and_verbose_shows_everything(tiny_run, tmp_path
 # ---------------------------------------------------------------------------------------------
 # Is my run starved? The input wait in the log, and a profile for TensorBoard's Profile tab.
 
-STARVED_STEPS, PROFILED = 30, (12, 28)
+STARVED_STEPS, PROFILED = 22, (12, 20)
 
 
 @pytest.fixture(scope='module')
@@ -508,11 +508,11 @@ def test_a_starved_run_says_so_in_its_log_and_its_profile_and_a_cached_one_does_
         assert 'DT_UINT8' not in result.stderr  # oneDNN's note on uint8 is dropped with the start-up lines
     assert 'Decoding the first epoch' not in off[1].stdout and 'Decoding the first epoch' in on[1].stdout
     starved, cached = _logged_waits(off[1].stdout, 10), _logged_waits(on[1].stdout, 10)
-    assert len(starved) == len(cached) == 11  # steps 10, 12, ..., 30
+    assert len(starved) == len(cached) == (STARVED_STEPS - 10) // 2 + 1  # steps 10, 12, ..., STARVED_STEPS
     assert np.median(starved) > 0.3 and np.median(cached) < 0.15, (starved, cached)
     works = {cache: [int(work) for work in re.findall(r'input work (-?\d+) ms per batch', result.stdout)]
              for cache, (_, result) in starved_and_cached.items()}
-    assert all(len(works[cache]) >= 14 and min(works[cache]) >= 0 for cache in works), works  # never negative
+    assert all(len(works[cache]) >= STARVED_STEPS // 2 - 2 and min(works[cache]) >= 0 for cache in works), works  # >= 0
     assert np.median(works['off']) > 10 * np.median(works['on']), works  # decoding 3000x2000 photos, every step
     assert 'on 16 photos of 2 classes' in off[1].stdout  # photos, not 'images examples'
     shares = {}
