@@ -559,7 +559,7 @@ def _decoded_records(info, training, seed, deterministic, at_least=None, repeat=
 
     Training interleaves the shards in a shuffled order (a new one each epoch; forever when
     repeat) and shuffles records in a buffer; eval reads the shards one after the other, in the
-    manifest's order. at_least: decode_image_bytes's.
+    order info lists them in. at_least: decode_image_bytes's.
     """
     if training:
         files = tf.data.Dataset.from_tensor_slices(list(info.files))
