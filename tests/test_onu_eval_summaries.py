@@ -309,6 +309,7 @@ def test_caption_names_the_file_the_classes_and_the_probability():
     mistake = summaries.Mistake.from_prediction(b'/data/val/F603/F603_0012.jpg', noise_image(8, 8, 0), 0,
                                                 np.array([0.13, 0.87], np.float32))
     assert (mistake.true_label, mistake.predicted_label) == (0, 1)
+    np.testing.assert_array_equal(mistake.image, noise_image(8, 8, 0))
     assert summaries.mistake_caption(mistake, CLASS_NAMES) == 'F603_0012.jpg\ntrue F603 -> F663N 0.87'
 
     long_name = 'IMG_20240101_123456789_front_side_of_the_unit_F603.jpg'
@@ -352,6 +353,8 @@ def test_pr_curves_are_one_vs_rest_per_class():
     assert [value.tag for value in values] == ['pr_curves/' + name for name in names]
     for index, value in enumerate(values):
         assert value.metadata.plugin_data.plugin_name == 'pr_curves'
+        assert (value.metadata.display_name, value.metadata.summary_description) == (
+            names[index], f'{names[index]} against the other classes')
         data = tf.make_ndarray(value.tensor)  # rows: TP, FP, TN, FN, precision, recall
         assert data.shape == (6, 11)
         true_positives, false_positives = expected_counts(labels == index, probabilities[:, index], 11)

@@ -106,8 +106,16 @@ def test_a_layout_whose_files_another_one_matches_is_refused_at_import(tmp_path)
     # Whatever the order: the check compares every entry with every other.
     shadowed = dataclasses.replace(onu_layouts.layout_named('single_file'), name='images_per_split',
                                    sample_file_name='{split}_images.tfrecord')
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError) as error:
         onu_layouts._check_layouts_exclusive((shadowed, *onu_layouts.RECORD_LAYOUTS))
+    assert str(error.value).startswith('record layout images_per_split: its files (train_images.tfrecord) also match '
+                                       'the pattern of single_file;')
+    onu_layouts._check_layouts_exclusive(onu_layouts.RECORD_LAYOUTS)  # the registry as it is passes
+    with pytest.raises(ValueError, match='record layouts share a name'):
+        onu_layouts._check_layouts_exclusive((*onu_layouts.RECORD_LAYOUTS, onu_layouts.RECORD_LAYOUTS[0]))
+    misnamed = dataclasses.replace(onu_layouts.layout_named('slim'), sample_file_name='slim_{split}.tfrecord')
+    with pytest.raises(ValueError, match='its sample file .* does not match its own file_name pattern'):
+        onu_layouts._check_layouts_exclusive((misnamed,))
 
 
 def test_a_folder_with_the_records_of_two_tools_is_a_one_line_error(tmp_path):

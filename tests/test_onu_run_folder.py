@@ -7,6 +7,8 @@ import json
 import os
 import shutil
 import signal
+import socket
+import stat
 import subprocess
 import sys
 import time
@@ -130,9 +132,40 @@ def test_a_lock_released_says_nothing_and_one_left_by_a_dead_process_is_taken_ov
     assert len(reports) == 1 and f'its lock names onu_train.py (pid {dead.pid} on a-host' in reports[0]
     assert reports[0].endswith('which ended without releasing it (killed, crashed or copied): taking it over.')
     held = json.load(open(lock_path))
-    assert (held['pid'], held['usage']) == (os.getpid(), 'training')
+    assert (held['pid'], held['host'], held['usage']) == (os.getpid(), socket.gethostname(), 'training')
+    assert os.stat(lock_path).st_mode & stat.S_IROTH  # another user can read who holds the folder
     lock.release()
     onu_run_folder.hold_folder(folder, 'training', 'train_dir', report=pytest.fail).release()
+
+
+@pytest.mark.parametrize('left, named', [
+    ('{"pid": 7, "command": "onu_tr', 'an unknown process (pid ? on ?, started ?)'),  # cut off while being written
+    ('{"pid": 7}', 'a process (pid 7 on ?, started ?)'),  # written by an older version
+    ('[1, 2]', None),  # not a holder: nothing to take over
+])
+def test_a_lock_left_half_written_is_taken_over_naming_what_it_can(tmp_path, left, named):
+    folder = str(tmp_path / 'run')
+    os.makedirs(folder)
+    with open(os.path.join(folder, onu_run_folder.LOCK_FILENAME), 'w') as f:
+        f.write(left)
+    reports = []
+    onu_run_folder.hold_folder(folder, 'training', 'train_dir', report=reports.append).release()
+    assert reports == ([f'{folder}: its lock names {named}, which ended without releasing it (killed, crashed or '
+                        f'copied): taking it over.'] if named else [])
+
+
+def test_a_folder_that_cannot_be_written_is_refused_in_one_line(tmp_path):
+    mounted = str(tmp_path / 'read_only')
+    _mount(mounted, '-t', 'tmpfs', '-o', 'size=1m,ro', 'tmpfs')
+    try:
+        for folder in (mounted, os.path.join(mounted, 'run')):  # the lock file, or the folder, cannot be made
+            with pytest.raises(onu_run_folder.WriteFailed) as error:
+                onu_run_folder.hold_folder(folder, 'training', 'train_dir', report=pytest.fail)
+            assert str(error.value) == (f'{folder}: the file system is read-only (training could not start); make '
+                                        f'{folder} writable, or use another folder, then run the same command again')
+        assert os.listdir(mounted) == []
+    finally:
+        subprocess.run(['umount', mounted], check=True)
 
 
 @pytest.mark.parametrize('error, in_folder, anywhere', [
