@@ -561,9 +561,5 @@ def write_tfrecord(path, serialized, compression=''):
 
 @pytest.fixture(autouse=True, scope='session')
 def _cache_in_a_temp_folder(tmp_path_factory):
-    """Record counts and the records of read-only folders go to a temp cache, never the user's ~/.cache; the XLA
-    programs the scripts compile (the augmentation: the same few in most runs) are kept for the other test runs
-    in a temp folder too: a second or more of compiling less in each training run."""
+    """Record counts and the records of read-only folders go to a temp cache, never the user's ~/.cache."""
     os.environ['ONU_CACHE_DIR'] = str(tmp_path_factory.mktemp('onu_cache'))
-    xla_cache = f'--tf_xla_persistent_cache_directory={tmp_path_factory.mktemp("xla_cache")}'
-    os.environ['TF_XLA_FLAGS'] = ' '.join(filter(None, (os.environ.get('TF_XLA_FLAGS'), xla_cache)))
