@@ -16,6 +16,7 @@ from conftest import (REPO_ROOT, TINY_RUN_NOTES, TINY_RUN_STEPS, copy_train_dir,
                       script_command, script_tested_models)
 
 from onu_lib import onu_dataset
+from onu_lib import onu_flags
 import onu_model
 from onu_lib import onu_precision
 from onu_lib import onu_run_config
@@ -543,8 +544,14 @@ def test_the_input_pipeline_analyzer_renders_in_a_headless_browser(starved_and_c
                      dom.stdout), dom.stdout[-3000:]
 
 
-@pytest.mark.parametrize('value', ['7', '9,3', '0,4', 'a,b'])
-def test_a_bad_profile_steps_value_is_one_line(tmp_path, value):
+@pytest.mark.parametrize('value, steps', [('7', None), ('9,3', None), ('0,4', None), ('a,b', None), ('1,-2', None),
+                                          ('3,3', (3, 3)), ('100, 110', (100, 110))])
+def test_profile_steps_are_start_and_stop_with_1_at_least_and_start_first(value, steps):
+    assert onu_flags.parse_profile_steps(value) == steps
+
+
+def test_a_bad_profile_steps_value_is_one_line(tmp_path):
+    value = '9,3'  # the script's flag check; the values it refuses are parse_profile_steps's
     result = run_train(f'--train_dir={tmp_path / "train"}', f'--profile_steps={value}')
     assert result.returncode != 0
     lines = [line for line in result.stderr.splitlines() if f'--profile_steps={value}' in line]
