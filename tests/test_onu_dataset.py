@@ -242,6 +242,13 @@ def test_bare_class_folders_split_into_disjoint_sets_and_added_photos_move_no_ol
     after = listed(30.0)
     assert before['train'] <= after['train'] and before['val'] <= after['val']
     assert len(after['train'] | after['val']) == 44
+    # The description gives the same split, and says which percentage made it.
+    data = onu_dataset.describe(photos_dir, validation_percent=30.0)
+    assert (data.layout, data.photo_splits()) == (onu_dataset.CLASS_FOLDERS, ['train', 'val'])
+    for split in onu_dataset.SPLITS:
+        info = data.split(split, 'images')
+        assert set(info.files) == after[split] and info.validation_percent == 30.0
+        assert info.layout == onu_dataset.CLASS_FOLDERS
 
 
 def test_records_dir_is_found_in_the_folder_or_in_the_cache(tmp_path):
@@ -327,6 +334,8 @@ def test_the_val_split_is_the_first_of_its_names_there_is(make_tiny_dataset, val
     assert onu_dataset.split_dir(data_dir, 'train') == os.path.join(data_dir, 'train')
     info = onu_dataset.describe(data_dir).split('val', 'images')
     assert info.num_examples == 4 and all(os.sep + val_name + os.sep in path for path in info.files)
+    assert info.validation_percent is None  # the folders made the split
+    assert onu_dataset.split_dir(str(data_dir) + '_none', 'val') == os.path.join(str(data_dir) + '_none', 'val')
 
 
 def test_what_the_records_lack_is_one_line_naming_the_file_and_the_command(tiny_data_dir, tmp_path):
@@ -382,7 +391,12 @@ def test_records_made_with_another_split_or_labels_offset_are_not_read_as_these(
     with pytest.raises(onu_dataset.DataError) as error:
         offset.split('train', 'raw')
     assert '--labels_offset=1' in _one_line(error)
-    assert onu_dataset.describe(data_dir, validation_percent=30.0, labels_offset=1).has_records('raw')
+    made = onu_dataset.describe(data_dir, validation_percent=30.0, labels_offset=1)
+    assert made.has_records('raw')
+    info = made.split('train', 'raw')
+    assert (info.validation_percent, info.data_labels_offset, info.labels_offset) == (30.0, 1, 0)  # stored 0-based
+    onu_dataset.write_manifest(records_dir, dict(manifest, compression='GZIP'))
+    assert onu_dataset.describe(data_dir).split('val', 'encoded').compression_type == 'GZIP'
 
 
 def test_records_alone_are_read_in_their_own_format(tiny_records_dir, tmp_path):
@@ -430,6 +444,9 @@ def test_a_photo_that_does_not_decode_is_reported_once_and_none_decoding_is_an_e
     lines = [record.getMessage() for record in caplog.records if info.files[0] in record.getMessage()]
     assert len(lines) == 1 and lines[0].startswith(f'skipping {info.files[0]}: ') and 'fix or remove it' in lines[0]
     assert info.files[0] in onu_dataset.skipped_photos()
+    assert onu_dataset.report_skipped(info.files[0], 'again') is False  # said once
+    assert onu_dataset.report_skipped(info.files[0] + '.other', 'a reason') is True
+    assert onu_dataset.skipped_photos()[info.files[0] + '.other'] == 'a reason'
     for index in range(1, info.num_examples - 1):
         info.report_unreadable(index)
     with pytest.raises(onu_dataset.DataError) as error:

@@ -118,6 +118,13 @@ def test_a_layout_whose_files_another_one_matches_is_refused_at_import(tmp_path)
         onu_layouts._check_layouts_exclusive((misnamed,))
 
 
+def test_other_tools_records_are_had_in_the_formats_they_hold(tmp_path):
+    write_layout('slim', str(tmp_path), layout_photos(train=1, val=1))
+    data = onu_dataset.describe(str(tmp_path))
+    assert data.has_records('encoded') and data.reads_other_tools_records('encoded')
+    assert not data.has_records('raw') and data.record_formats == ('encoded',)
+
+
 def test_a_folder_with_the_records_of_two_tools_is_a_one_line_error(tmp_path):
     photos = layout_photos(train=1, val=1)
     write_layout('slim', str(tmp_path), photos)
