@@ -1,7 +1,7 @@
 """Converts a photo folder (DATA/train/<class>/*, DATA/val/<class>/*, or PHOTOS/<class>/* split by
 --validation_percent), or the records another tool wrote (onu_layouts.py: the study's, TF-slim's,
 Inception/ImageNet's, TFDS's), into this repo's TFRecords, once for many trainings (the record kinds and
-their keys: see onu_records.py). It prints a table with the size of the records against their source.
+their keys: see onu_converter.py). It prints a table with the size of the records against their source.
 
     python convert_to_tfrecord.py                   # /tmp/onu_data, where onu_train.py looks
     python convert_to_tfrecord.py --data_dir=DATA --format=both
@@ -11,16 +11,17 @@ from onu_lib import onu_cli  # first: quiet start
 from absl import app
 from absl import flags
 
+from onu_lib import onu_converter
 from onu_lib import onu_dataset
-from onu_lib import onu_records
+from onu_lib import onu_flags
 
 FLAGS = flags.FLAGS
 
 
 def define_flags():
     """Declares this script's flags."""
-    onu_cli.define_data_dir_flag()
-    onu_cli.define_split_flags()
+    onu_flags.define_data_dir_flag()
+    onu_flags.define_split_flags()
     flags.DEFINE_string('output_dir', None, 'Where to write the records; default <data_dir>/tfrecords, or a folder '
                         'of its own in the cache (~/.cache/onu-classifier/records/) when data_dir is read-only.')
     flags.DEFINE_enum('format', 'both', ['raw', 'encoded', 'both'], 'Which record kinds to write.')
@@ -29,17 +30,16 @@ def define_flags():
     flags.DEFINE_boolean('strict', False, 'Fail instead of skipping unreadable files.')
     flags.DEFINE_boolean('overwrite', False, 'Rebuild the records even if they are up to date.')
     flags.DEFINE_integer('processes', 0, 'Decoding processes; 0 = every CPU core.')
-    onu_cli.define_seed_flag('Seed of the train shuffle across shards.')
+    onu_flags.define_seed_flag()
 
 
 def convert():
     """Converts the folder given by flags and prints the summary table."""
     formats = onu_dataset.RECORD_FORMATS if FLAGS.format == 'both' else (FLAGS.format,)
-    onu_cli.import_tensorflow()  # the shards are written and checked with TensorFlow: loaded quietly, here only
-    manifest = onu_records.convert(FLAGS.data_dir, FLAGS.output_dir, formats, FLAGS.num_shards,
-                                   FLAGS.compression, FLAGS.strict, FLAGS.overwrite, FLAGS.processes,
-                                   FLAGS.seed, FLAGS.validation_percent, FLAGS.labels_offset)
-    print(onu_records.summary_table(manifest))
+    data = onu_dataset.describe(FLAGS.data_dir, FLAGS.validation_percent, FLAGS.labels_offset)
+    manifest = onu_converter.convert(data, FLAGS.output_dir, formats, FLAGS.num_shards, FLAGS.compression,
+                                     FLAGS.strict, FLAGS.overwrite, FLAGS.processes, FLAGS.seed)
+    print(onu_converter.summary_table(manifest))
 
 
 def main(argv):

@@ -10,6 +10,7 @@ from absl import app
 from absl import flags
 
 from onu_lib import onu_dataset
+from onu_lib import onu_flags
 from onu_lib import onu_sample_data
 
 FLAGS = flags.FLAGS
@@ -17,13 +18,13 @@ FLAGS = flags.FLAGS
 
 def define_flags():
     """Declares this script's flags."""
-    onu_cli.define_data_dir_flag()
+    onu_flags.define_data_dir_flag()
     flags.DEFINE_integer('train_per_class', onu_sample_data.DEFAULT_TRAIN_PER_CLASS, 'Training photos per class.')
     flags.DEFINE_integer('val_per_class', onu_sample_data.DEFAULT_VAL_PER_CLASS, 'Validation photos per class.')
     flags.DEFINE_string('photo_size', '{}x{}'.format(*onu_sample_data.DEFAULT_PHOTO_SIZE),
                         'Size of the generated photos as WIDTHxHEIGHT (the model input size is '
                         'onu_train.py\'s --image_size).')
-    onu_cli.define_seed_flag('Random seed; the same seed gives the same files.')
+    onu_flags.define_seed_flag()
     flags.DEFINE_integer('processes', 0, 'Worker processes; 0 = every CPU core.')
     onu_cli.define_deprecated_alias('output_dir', 'data_dir')
     onu_cli.define_deprecated_alias('image_size', 'photo_size')

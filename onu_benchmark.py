@@ -44,11 +44,13 @@ from benchmark import plan as benchmark_plan
 from benchmark import report as benchmark_report
 from benchmark import runner as benchmark_runner
 from onu_lib import onu_dataset
-from onu_lib import onu_flags  # noqa: F401  (declares --data_dir, --model, --image_size, --batch_size)
+from onu_lib import onu_flags
+from onu_lib import onu_pool
 import onu_input
 import onu_model
 
 FLAGS = flags.FLAGS
+onu_flags.define_model_flags()  # --data_dir (photos or records), --model, --image_size, --batch_size, ...
 
 PIPELINE_IMAGE_SIZE = 299  # the study's input size; pipelines use it unless --image_size is given
 
@@ -164,7 +166,7 @@ def _report(settings, started, load_before, results, **parts):
     }, **parts)
 
 
-def benchmark_records(settings, work_dir):
+def benchmark_records(settings, work_dir, data):
     """Measures a folder of records (another tool's or this repo's, no photos): the feeding modes it has.
 
     Each data format it holds, read as training reads it, in the eval and training pipelines and training each
@@ -172,14 +174,13 @@ def benchmark_records(settings, work_dir):
     """
     started, load_before = time.time(), benchmark_runner.load_average()
     data_dir = settings.data_dir
-    layout, formats = onu_input.data_layout(data_dir), onu_input.record_formats(data_dir)
+    layout, formats = data.layout, data.record_formats
     print(f'Benchmarking the {", ".join(formats)} records of {data_dir} ({layout}) in {work_dir}; models: '
           f'{", ".join(settings.models)}.', flush=True)
 
     def info_of(way):
         """The training split in way's format (the first format's for synthetic and images: its classes)."""
-        return onu_input.dataset_info(data_dir, way if way in formats else formats[0], 'train',
-                                      labels_offset=settings.labels_offset)
+        return data.split('train', way if way in formats else formats[0])
     results = benchmark_runner.run_tasks(benchmark_plan.counting_tasks(settings, work_dir)
                                          + benchmark_plan.records_tasks(settings, formats, info_of))
     train = info_of(formats[0])
@@ -197,14 +198,15 @@ def _photos(settings, work_dir):
     data_dir = benchmark_runner.prepare_photos(settings.data_dir, work_dir, settings.max_images_per_class,
                                                settings.validation_percent)
     paths = benchmark_runner.photo_paths(data_dir)
-    train_photos = onu_input.dataset_info(data_dir, 'images', 'train')
+    train_photos = onu_dataset.describe(data_dir).split('train', 'images')
     print(f'Benchmarking {len(paths)} photos of {data_dir} ({train_photos.num_examples} train) '
           f'in {work_dir}; models: {", ".join(settings.models)}.', flush=True)
 
     def info_of(way):
         if way == 'images':
             return train_photos
-        return onu_input.dataset_info(os.path.join(work_dir, way), 'encoded' if way == 'inception' else way, 'train')
+        return onu_dataset.describe(os.path.join(work_dir, way)).split(
+            'train', 'encoded' if way == 'inception' else way)
     return data_dir, paths, train_photos, info_of
 
 
@@ -225,9 +227,10 @@ def benchmark_data_service(settings, work_dir):
 
 def benchmark(settings, work_dir):
     """Runs every measurement on settings.data_dir; returns the report (rows, targets, raw results)."""
-    if (os.path.isdir(settings.data_dir) and not onu_input.has_photos(settings.data_dir)
-            and onu_input.record_formats(settings.data_dir)):
-        return benchmark_records(settings, work_dir)
+    data = onu_dataset.describe(settings.data_dir, labels_offset=settings.labels_offset) if os.path.isdir(
+        settings.data_dir) else None
+    if data is not None and not data.has_photos and data.record_formats:
+        return benchmark_records(settings, work_dir, data)
     if FLAGS.data_service_only:
         return benchmark_data_service(settings, work_dir)
     started, load_before = time.time(), benchmark_runner.load_average()
@@ -255,7 +258,7 @@ def benchmark(settings, work_dir):
                    step_profile=benchmark_report.assemble_step_profile(results),
                    data_service=benchmark_report.assemble_data_service(results),
                    targets=benchmark_report.evaluate_targets(rows, augmentation, precision, settings,
-                                                             onu_dataset.worker_count()))
+                                                             onu_pool.worker_count()))
 
 
 def run():

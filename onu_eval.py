@@ -39,7 +39,9 @@ from onu_lib import onu_eval_summaries
 from onu_lib import onu_flags
 import onu_input
 import onu_model
+from onu_lib import onu_precision
 from onu_lib import onu_run_config
+from onu_lib import onu_run_folder
 
 DEFAULT_EVAL_DIR = '/tmp/onu_eval'
 RESULTS_FILENAME = 'results.jsonl'
@@ -100,7 +102,8 @@ def restore_checkpoint(session, checkpoint_path, run_config, allow_raw_weights):
 # Evaluation
 
 def eval_run_config(checkpoint_dir):
-    """Returns the training run's RunConfig with the model and data flags given here applied."""
+    """Returns (the training run's RunConfig with the model and data flags given here applied, the onu_dataset.DataDir
+    of its data, described once)."""
     saved = onu_run_config.RunConfig.load(checkpoint_dir)
     if not saved and not FLAGS.model:
         raise onu_dataset.DataError(
@@ -113,8 +116,9 @@ def eval_run_config(checkpoint_dir):
     overrides = {name: onu_flags.value_or_saved(name, saved)
                  for name in ('model', 'data_dir', 'data_format', 'image_size', 'labels_offset', 'validation_percent')}
     run_config = run_config.replace(**overrides)
+    data = onu_dataset.describe(run_config.data_dir, run_config.validation_percent, run_config.labels_offset)
     return run_config.replace(image_size=run_config.image_size or onu_model.model_spec(run_config.model).image_size,
-                              data_format=run_config.data_format or onu_input.default_data_format(run_config.data_dir))
+                              data_format=run_config.data_format or data.default_format()), data
 
 
 def check_same_split(checkpoint_dir):
@@ -128,10 +132,13 @@ def check_same_split(checkpoint_dir):
             f'photos it trained on; leave --validation_percent out')
 
 
-def eval_dataset_info(run_config, eval_data):
-    """Returns the DatasetInfo of split eval_data read as the training run read its data (format, split, labels)."""
-    return onu_input.dataset_info(run_config.data_dir, run_config.data_format, eval_data,
-                                  run_config.validation_percent, run_config.labels_offset)
+def eval_data_info(run_config, eval_data, data=None):
+    """Returns the DatasetInfo of split eval_data read as the training run read its data (format, split, labels).
+
+    data: the run's onu_dataset.DataDir, if described already.
+    """
+    data = data or onu_dataset.describe(run_config.data_dir, run_config.validation_percent, run_config.labels_offset)
+    return data.split(eval_data, run_config.data_format)
 
 
 def check_class_names(run_config, info):
@@ -213,15 +220,14 @@ def confusion_of(labels, probabilities, num_classes):
     return np.bincount(pairs, minlength=num_classes ** 2).reshape(num_classes, num_classes)
 
 
-def evaluate(checkpoint_path, run_config, eval_data='val', batch_size=32, num_examples=None,
+def evaluate(checkpoint_path, run_config, info, batch_size=32, num_examples=None,
              allow_raw_weights=False, device='cpu', compute_dtype='float32', max_mistakes=DEFAULT_MAX_MISTAKES):
-    """Evaluates one checkpoint on the examples of eval_data (each once); returns its EvalResult.
+    """Evaluates one checkpoint on the examples of info, the eval split (each once); returns its EvalResult.
 
-    run_config: model, image_size, data_dir, data_format, class_names, moving_average_decay.
+    run_config: model, image_size, class_names, moving_average_decay; info: eval_data_info's.
     compute_dtype: a Precision's (bfloat16 or float16 rewrite the graph; variables stay float32).
     Raises onu_checkpoint.CheckpointGone when the checkpoint is deleted while it is read.
     """
-    info = eval_dataset_info(run_config, eval_data)
     class_names = check_class_names(run_config, info)
     limit = min(num_examples or info.num_examples, info.num_examples)
     with tf.Graph().as_default():
@@ -233,11 +239,11 @@ def evaluate(checkpoint_path, run_config, eval_data='val', batch_size=32, num_ex
                    'losses': tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)}
         if max_mistakes > 0:  # the photos of the mistakes (a copy of every batch out of the session)
             fetches['images'] = images
-        session_config = onu_model.set_precision_options(
-            onu_model.session_config(hide_gpus=device == 'cpu'), compute_dtype)
+        session_config = onu_precision.set_precision_options(
+            onu_precision.session_config(hide_gpus=device == 'cpu'), compute_dtype)
         with tf.compat.v1.Session(config=session_config) as session:
             step, weights = restore_checkpoint(session, checkpoint_path, run_config, allow_raw_weights)
-            with onu_input.damaged_records_as_data_error(info):
+            with onu_dataset.read_errors_as_data_error(info):
                 predictions, loss_sum = run_predictions(session, fetches, limit, max_mistakes)
     confusion = confusion_of(predictions.labels, predictions.probabilities, len(class_names))
     return EvalResult(checkpoint=checkpoint_path, step=step, class_names=class_names, confusion=confusion,
@@ -349,9 +355,9 @@ def final_step(checkpoint_dir):
     return run_config and run_config.max_steps
 
 
-def describe(run_config, eval_data, num_examples, eval_dir):
-    """Prints what is evaluated, on which data, and where the results go."""
-    info = eval_dataset_info(run_config, eval_data)
+def describe(run_config, info, num_examples, eval_dir):
+    """Prints what is evaluated, on which data (info: the eval split's), and where the results go."""
+    eval_data = info.split
     count = f'all {info.num_examples}'
     if num_examples and num_examples < info.num_examples:
         count = f'the first {num_examples} of the {info.num_examples}'
@@ -415,7 +421,7 @@ def evaluate_checkpoints(writer, precision):
     """
     checkpoint_dir, eval_data = FLAGS.checkpoint_dir, FLAGS.eval_data
     check_same_split(checkpoint_dir)
-    run_config = None
+    run_config = info = None
     reported = reported_results(FLAGS.eval_dir, eval_data)
     results_path = os.path.join(FLAGS.eval_dir, RESULTS_FILENAME)
     # Evaluated, reported by an earlier run, damaged, or passed over after a deletion.
@@ -446,11 +452,12 @@ def evaluate_checkpoints(writer, precision):
                 print(f'No new checkpoint in {checkpoint_dir} for {FLAGS.timeout_secs:g} s: stopping.', flush=True)
             return
         if run_config is None:
-            run_config = eval_run_config(checkpoint_dir)
-            describe(run_config, eval_data, FLAGS.num_examples, FLAGS.eval_dir)
+            run_config, data = eval_run_config(checkpoint_dir)
+            info = eval_data_info(run_config, eval_data, data)
+            describe(run_config, info, FLAGS.num_examples, FLAGS.eval_dir)
         path = pending[0]
         try:
-            result = evaluate(path, run_config, eval_data, FLAGS.batch_size, FLAGS.num_examples,
+            result = evaluate(path, run_config, info, FLAGS.batch_size, FLAGS.num_examples,
                               FLAGS.allow_raw_weights, FLAGS.device, precision.compute_dtype, FLAGS.max_mistakes)
         except onu_checkpoint.CheckpointGone:
             newer = [p for p in onu_checkpoint.list_checkpoints(checkpoint_dir) if p not in done and p != path]
@@ -475,6 +482,7 @@ def evaluate_checkpoints(writer, precision):
 
 def define_flags():
     """Declares this script's flags (the shared model and data flags come from onu_flags)."""
+    onu_flags.define_model_flags()
     flags.adopt_module_key_flags(onu_flags)
     flags.DEFINE_string('eval_dir', DEFAULT_EVAL_DIR,
                         f'Where TensorBoard event files and {RESULTS_FILENAME} (a JSON line per '
@@ -507,10 +515,10 @@ def define_flags():
 
 def evaluate_from_flags():
     """Evaluates the checkpoints the flags name, writing summaries and results to --eval_dir (one evaluator each)."""
-    onu_checkpoint.hold_folder(FLAGS.eval_dir, 'evaluation', 'eval_dir')
+    onu_run_folder.hold_folder(FLAGS.eval_dir, 'evaluation', 'eval_dir')
     use_device(FLAGS.device)
-    precision = onu_model.resolve_precision(FLAGS.precision, use_gpus=FLAGS.device == 'gpu')
-    with onu_checkpoint.stop_on_write_failure(FLAGS.eval_dir, 'evaluation'):
+    precision = onu_precision.resolve_precision(FLAGS.precision, use_gpus=FLAGS.device == 'gpu')
+    with onu_run_folder.stop_on_write_failure(FLAGS.eval_dir, 'evaluation'):
         writer = summary_writer(FLAGS.eval_dir)
         try:
             evaluate_checkpoints(writer, precision)
@@ -523,7 +531,7 @@ def evaluate_from_flags():
 
 
 def main(argv):
-    return onu_cli.run_script(evaluate_from_flags, argv, failures=(onu_checkpoint.WriteFailed,))
+    return onu_cli.run_script(evaluate_from_flags, argv, failures=(onu_run_folder.WriteFailed,))
 
 
 if __name__ == '__main__':

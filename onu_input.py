@@ -1,17 +1,16 @@
 """Bytes -> tensors for the ONU classifier (the CIFAR-10 tutorial's cifar10_input.py role).
 
-Three ways to feed the same photos, built with tf.data inside the caller's tf.compat.v1 graph:
-  images   the original files under data_dir/{train,val}/<class>/ (or bare <class>/ folders, split by
-           onu_dataset.split_of), decoded at training time;
-  raw      TFRecords of decoded pixels (image/raw), read back with tf.io.decode_raw;
-  encoded  TFRecords of the original file bytes (image/encoded), decoded like the files.
-All three give the same pixels for the same photo: upright (EXIF applied), RGB, same resize. Records other
-tools wrote (onu_layouts: the study's, TF-slim's, Inception's, TFDS's) are read as they are, with the keys,
-label offset and class names found there.
+It takes a DatasetInfo (what one split holds: the files, their keys and labels, found by onu_dataset, which
+answers what a data folder holds) and turns its bytes into tensors: decode, resize, augment, batch, with tf.data
+inside the caller's tf.compat.v1 graph. It opens no folder and knows no layout. Three ways to feed the same photos:
+  images   the photo files, decoded at training time;
+  raw      TFRecords of decoded pixels, read back with tf.io.decode_raw;
+  encoded  TFRecords of the file bytes, decoded like the files.
+All three give the same pixels for the same photo: upright (EXIF applied), RGB, same resize.
 
-    info = dataset_info(data_dir, 'encoded', 'train')       # what to read, found once
+    info = onu_dataset.describe(data_dir).split('train', 'encoded')     # what to read, found once
     images, labels = distorted_inputs(info, batch_size=32, image_size=299)
-    images, labels = inputs(dataset_info(data_dir, 'encoded', 'val'), batch_size=32, image_size=299)
+    images, labels = inputs(onu_dataset.describe(data_dir).split('val', 'encoded'), 32, 299)
 
 Images are float32 [batch, size, size, 3] in [-1, 1] (what Inception checkpoints expect), labels
 int32 [batch]. preprocess_for_eval is the one eval/serving preprocessing; export reuses it with
@@ -26,33 +25,28 @@ on the model's device:
 With data_service (grpc://HOST:PORT), a tf.data service's workers make the same training batches
 (_service_batches) and the trainer only receives them.
 """
-import contextlib
 import dataclasses
 import functools
 import math
-import os
-import re
-import threading
 import typing
 import warnings
 import zlib
 
-from absl import logging
 import numpy as np
 import tensorflow as tf
 from tqdm import tqdm
 from tensorflow.core.framework import model_pb2
 
-from onu_lib import onu_dataset
-from onu_lib import onu_layouts
+from onu_lib import onu_dataset  # the one constant of the label check, shared with its error's translation
 
 # Corners uncovered by a rotation: mid grey, which is 0 in the model's [-1, 1] range.
 ROTATION_FILL_VALUE = 0.5
 # Where an augmentation's op runs (augment_batch runs them in this order) and what it takes; parameters are
-# [batch], one per image, and weight is [batch, h, w, 1]: covered, or ones when no pixel is uncovered.
-#   geometry  op(images, covered, parameters) -> (images, covered): moves pixels. images: the uint8 batch, or
-#             float in [0, 1] once an op resampled it; covered: the share of each pixel the photo covers, or None
-#             while it covers them all (the rest becomes ROTATION_FILL_VALUE at the end).
+# [batch], one per image, and weight is [batch, h, w, 1]: the share of each pixel the photo covers.
+#   geometry  op(x, y, parameters, height, width) -> (x, y): moves pixels, said as where each pixel it makes reads
+#             from: x and y are [batch, h, w] float column and row coordinates, of the pixels it makes in, of the
+#             pixels it reads out. The ops' maps are composed and the photo sampled once (bilinear), so what they
+#             uncover is known by construction (it becomes ROTATION_FILL_VALUE at the end).
 #   hsv       op(channels, weight, parameters) -> channels: on {'hue', 'saturation', 'value'} ([batch, h, w]
 #             each), all such ops in one HSV round trip.
 #   rgb       op(images, weight, parameters) -> images: on float RGB in [0, 1], unclipped.
@@ -67,11 +61,6 @@ PIPELINE_DEVICE = '/cpu:0'
 # Where training augmentation runs: in the tf.data pipeline, or in the training graph on the model's
 # device (the pipeline then ships resized uint8 images and the draws).
 AUGMENT_PLACEMENTS = ('input', 'model')
-# The first value of the message of the error a record's label outside the classes raises (_parse_record).
-LABEL_OUT_OF_RANGE = 'label outside the classes:'
-# What TensorFlow's messages say of a record whose keys or values are not those of the first record.
-UNREADABLE_RECORD_SIGNS = ('is required but could not be found', 'Could not parse', 'Can\'t parse',
-                           'Input to reshape')
 # JPEG DCT scale divisors libjpeg decodes at (1 = full size).
 DCT_RATIOS = (1, 2, 4, 8)
 # Training keeps the resized uint8 images of one epoch in memory when they take at most this many
@@ -153,292 +142,10 @@ def augmentation_named(name):
     raise ValueError(f'unknown augmentation {name}; the augmentations are {", ".join(augmentation_names())}')
 
 
-@dataclasses.dataclass(frozen=True)
-class DatasetInfo:
-    """What one split in one data format holds: classes, example count, the files to read and how."""
-    data_dir: str
-    data_format: str
-    split: str
-    class_names: tuple
-    num_examples: int
-    files: tuple                 # record shards, or image files in images mode
-    layout: str = 'photos'       # photos, class_folders (no split), records (this repo's), or an onu_layouts name
-    labels: tuple = ()           # images mode: the class id of each file
-    orientations: tuple = ()     # images mode: the EXIF orientation (1-8) of each file
-    records_per_file: tuple = ()  # record modes: the count of each shard
-    compression_type: str = ''  # record modes: as TFRecordDataset spells it ('' for none)
-    bytes_per_example: int = 0   # record modes: average record size, sizes the shuffle buffer
-    skipped: tuple = ()          # images mode: (path, reason) of files left out when listing
-    image_key: str = ''          # record modes: the feature holding the image (raw pixels or encoded bytes)
-    label_key: str = onu_dataset.KEY_LABEL
-    filename_key: str = onu_dataset.KEY_FILENAME  # '' when the records name no file
-    labels_offset: int = 0       # record modes: class = stored label - labels_offset
-    # Other tools' records, read as they are or converted: the --labels_offset their labels were read with.
-    data_labels_offset: int = None
-    validation_percent: float = None  # class_folders: the share held out for val (onu_dataset.split_of)
-
-    @property
-    def num_classes(self):
-        """Returns the number of classes."""
-        return len(self.class_names)
-
-
 def _check_choice(name, value, choices):
     """Raises ValueError unless value is one of choices."""
     if value not in choices:
         raise ValueError(f'{name}={value!r}; expected one of {", ".join(choices)}')
-
-
-def _convert_command(data_dir, data_format):
-    """Returns the command line that writes data_format records for data_dir."""
-    return f'python convert_to_tfrecord.py --data_dir={data_dir} --format={data_format}'
-
-
-def _repo_records_formats(data_dir):
-    """Returns the record formats this repo's records of data_dir hold for every split (() if none)."""
-    formats = set()
-    for records_dir in onu_dataset.records_dirs(data_dir):
-        splits = onu_dataset.read_manifest(records_dir).get('splits', {})
-        formats.update(fmt for fmt in onu_dataset.RECORD_FORMATS
-                       if splits and all(fmt in formats_of_split for formats_of_split in splits.values()))
-    return tuple(fmt for fmt in onu_dataset.RECORD_FORMATS if fmt in formats)
-
-
-def _made_otherwise(data_dir, data_format, validation_percent, labels_offset):
-    """Returns why this repo's data_format records of data_dir do not fit the asked split or labels offset, or None."""
-    records_dir = onu_dataset.records_dir_for(data_dir, data_format)
-    manifest = onu_dataset.read_manifest(records_dir)
-    split_by = manifest.get('validation_percent')
-    wanted = onu_dataset.DEFAULT_VALIDATION_PERCENT if validation_percent is None else validation_percent
-    if split_by is not None and split_by != wanted:
-        return (f'{records_dir}: records split with --validation_percent={split_by:g}, but {wanted:g} is asked; use '
-                f'--validation_percent={split_by:g}, or re-create them with '
-                f'{_convert_command(data_dir, data_format)} --validation_percent={wanted:g}')
-    offset = manifest.get('source', {}).get('labels_offset')
-    if labels_offset is not None and offset is not None and offset != labels_offset:
-        return (f'{records_dir}: records made with --labels_offset={offset}, but {labels_offset} is asked; use '
-                f'--labels_offset={offset}, or re-create them with {_convert_command(data_dir, data_format)} '
-                f'--labels_offset={labels_offset}')
-    return None
-
-
-def has_records(data_dir, data_format, validation_percent=None, labels_offset=None):
-    """Returns True when data_dir has data_format records to read: this repo's (every split), or another tool's.
-
-    This repo's records count only when made with validation_percent (bare class folders; None: the default)
-    and labels_offset (other tools' records; None: any).
-    """
-    if not os.path.isdir(data_dir):
-        return False
-    if data_format in _repo_records_formats(data_dir):
-        return _made_otherwise(data_dir, data_format, validation_percent, labels_offset) is None
-    foreign = onu_layouts.find_foreign_records(data_dir)
-    return foreign is not None and data_format in foreign.data_formats
-
-
-def has_photos(data_dir):
-    """Returns True when data_dir holds photo folders (train/<class>/ or bare <class>/ folders), not only records."""
-    if not os.path.isdir(data_dir):
-        return False
-    return onu_dataset.has_split_folders(data_dir) or (
-        onu_layouts.find_foreign_records(data_dir) is None and bool(onu_dataset.bare_class_folders(data_dir)))
-
-
-def record_formats(data_dir):
-    """Returns the record formats data_dir has to read, this repo's or another tool's: encoded, then raw."""
-    formats = set(_repo_records_formats(data_dir))
-    foreign = onu_layouts.find_foreign_records(data_dir)
-    formats.update(foreign.data_formats if foreign is not None else ())
-    return tuple(fmt for fmt in ('encoded', 'raw') if fmt in formats)
-
-
-def default_data_format(data_dir):
-    """Returns the data format to read when none is asked: encoded for photos, else the records' own (encoded first)."""
-    if not os.path.isdir(data_dir) or has_photos(data_dir):
-        return 'encoded'
-    return (record_formats(data_dir) or ('encoded',))[0]
-
-
-def reads_other_tools_records(data_dir, data_format):
-    """Returns True when data_format is read from records another tool wrote in data_dir (none of this repo's)."""
-    return (data_format != 'images' and data_format not in _repo_records_formats(data_dir)
-            and onu_layouts.find_foreign_records(data_dir) is not None)
-
-
-def data_layout(data_dir):
-    """Returns the layout data_dir holds: photos, class_folders, records, or an onu_layouts name; DataError if none.
-
-    The error is one line saying what was looked for.
-    """
-    if not os.path.isdir(data_dir):
-        raise onu_dataset.missing_data_dir_error(data_dir)
-    if onu_dataset.has_split_folders(data_dir):
-        return 'photos'
-    foreign = onu_layouts.find_foreign_records(data_dir)
-    if foreign is not None:
-        return foreign.layout.name
-    if onu_dataset.bare_class_folders(data_dir):
-        return 'class_folders'
-    if _repo_records_formats(data_dir):
-        return 'records'
-    raise onu_dataset.DataError(
-        f'{data_dir}: no data found; looked for photos in train/<class>/ and val/<class>/ or in <class>/ folders, '
-        f'this repo\'s records (manifest.json, from convert_to_tfrecord.py), and the records of other tools: '
-        f'{onu_layouts.looked_for()}; see README "Bring your own data"')
-
-
-def dataset_info(data_dir, data_format, split, validation_percent=None, labels_offset=None):
-    """Returns the DatasetInfo of one split, raising DataError naming the path and the fix.
-
-    validation_percent: bare class folders' held-out share (default onu_dataset.DEFAULT_VALIDATION_PERCENT);
-    labels_offset: other tools' records' (None: from evidence, onu_layouts).
-    """
-    _check_choice('data_format', data_format, onu_dataset.DATA_FORMATS)
-    _check_choice('split', split, onu_dataset.SPLITS)
-    if not os.path.isdir(data_dir):
-        raise onu_dataset.missing_data_dir_error(data_dir)
-    if validation_percent is None:
-        validation_percent = onu_dataset.DEFAULT_VALIDATION_PERCENT
-    if data_format == 'images':
-        return _images_info(data_dir, split, validation_percent)
-    if reads_other_tools_records(data_dir, data_format):
-        return _other_tools_records_info(data_dir, data_format, split, labels_offset)
-    return _records_info(data_dir, data_format, split, validation_percent, labels_offset)
-
-
-_warned_paths = set()
-_warned_paths_lock = threading.Lock()
-
-
-def _warn_once(path, message, *args):
-    """Logs a warning about path the first time this process sees it."""
-    with _warned_paths_lock:
-        if path in _warned_paths:
-            return
-        _warned_paths.add(path)
-    logging.warning(message, *args)
-
-
-def _images_info(data_dir, split, validation_percent):
-    """Returns the DatasetInfo of split read from the class folders (split folders, or split_of's for bare ones)."""
-    if onu_layouts.find_foreign_records(data_dir) is not None:
-        raise onu_dataset.DataError(
-            f'{data_dir}: holds the records of another tool, not photo folders: read them with '
-            f'--data_format={default_data_format(data_dir)}')
-    class_names = onu_dataset.find_class_names(data_dir)
-    bare = not onu_dataset.has_split_folders(data_dir)
-    split_dir = data_dir if bare else onu_dataset.split_dir(data_dir, split)
-    if not os.path.isdir(split_dir):
-        raise onu_dataset.DataError(
-            f'{split_dir}: no {split} photos; put them in {split_dir}/<class>/ '
-            f'with the classes of {os.path.join(data_dir, "train")}')
-    images, skipped = onu_dataset.list_split_images(data_dir, split, class_names, validation_percent)
-    for path, reason in skipped:
-        _warn_once(path, 'skipping %s: %s', path, reason)
-    undecodable = [image for image in images if image.image_format not in onu_dataset.TF_DECODABLE_FORMATS]
-    if undecodable:
-        images = [image for image in images if image.image_format in onu_dataset.TF_DECODABLE_FORMATS]
-        names = ', '.join(f'{onu_dataset.relative_name(image.path, data_dir)} ({image.image_format})'
-                          for image in undecodable[:3])
-        _warn_once(f'{split_dir}#undecodable', 'leaving out %d %s photo(s) that --data_format=images cannot decode '
-                   '(%s%s); encoded and raw records include them (python convert_to_tfrecord.py)',
-                   len(undecodable), split, names, ', ...' if len(undecodable) > 3 else '')
-    if not images:
-        if bare:
-            raise onu_dataset.DataError(
-                f'{data_dir}: no {split} photos among its class folders with --validation_percent='
-                f'{validation_percent:g}; add photos or choose another --validation_percent')
-        raise onu_dataset.DataError(
-            f'{split_dir}: no readable images in the class folders; add photos to {split_dir}/<class>/')
-    return DatasetInfo(
-        data_dir=data_dir, data_format='images', split=split, class_names=tuple(class_names),
-        num_examples=len(images), files=tuple(image.path for image in images),
-        layout='class_folders' if bare else 'photos', labels=tuple(image.label for image in images),
-        orientations=tuple(image.orientation for image in images), skipped=tuple(skipped),
-        validation_percent=validation_percent if bare else None)
-
-
-def _records_info(data_dir, data_format, split, validation_percent, labels_offset):
-    """Returns the DatasetInfo of split from this repo's records manifest, checking the shards on disk."""
-    records_dir = onu_dataset.records_dir_for(data_dir, data_format)
-    manifest_path = os.path.join(records_dir, onu_dataset.MANIFEST_FILENAME)
-    if not os.path.isfile(manifest_path):
-        raise onu_dataset.DataError(
-            f'{manifest_path} not found: no {data_format} records; write them with '
-            f'{_convert_command(data_dir, data_format)}, or use --data_format=images')
-    manifest = onu_dataset.read_manifest(records_dir)
-    problem = _made_otherwise(data_dir, data_format, validation_percent, labels_offset)
-    if problem:
-        raise onu_dataset.DataError(problem)
-    formats = manifest.get('splits', {}).get(split, {})
-    if data_format not in formats:
-        others = [fmt for fmt in onu_dataset.RECORD_FORMATS if fmt in formats]
-        found = f'only {" and ".join(others)} records' if others else 'no records'
-        instead = f', or use --data_format={others[0]}' if others else ''
-        raise onu_dataset.DataError(
-            f'{records_dir}: {data_format} records of {split} were asked but the manifest lists '
-            f'{found}; write them with {_convert_command(data_dir, data_format)}{instead}')
-    entry = onu_dataset.records_entry(manifest, split, data_format, records_dir)
-    files = onu_dataset.shard_paths(records_dir, manifest, split, data_format)
-    for path, shard in zip(files, entry['shards']):
-        _check_shard(path, shard.get('bytes'), data_dir, data_format)
-    labels_path = os.path.join(records_dir, onu_dataset.LABELS_FILENAME)
-    if not os.path.isfile(labels_path):
-        raise onu_dataset.DataError(
-            f'{labels_path} not found: re-create the records with '
-            f'{_convert_command(data_dir, data_format)} --overwrite')
-    num_examples = int(entry['records'])
-    if not num_examples:
-        raise onu_dataset.DataError(
-            f'{records_dir}: the manifest lists no {data_format} records of {split}; add photos to '
-            f'{os.path.join(data_dir, split)}/<class>/ and run {_convert_command(data_dir, data_format)} '
-            f'--overwrite')
-    return DatasetInfo(
-        data_dir=data_dir, data_format=data_format, split=split,
-        class_names=tuple(onu_dataset.read_labels(labels_path)), num_examples=num_examples,
-        files=tuple(files), layout='records', records_per_file=tuple(int(shard['records']) for shard in entry['shards']),
-        compression_type=onu_dataset.tf_compression_type(manifest.get('compression', 'NONE')),
-        bytes_per_example=int(entry.get('record_bytes', 0)) // max(num_examples, 1),
-        image_key=onu_dataset.KEY_RAW if data_format == 'raw' else onu_dataset.KEY_ENCODED,
-        validation_percent=manifest.get('validation_percent'),
-        data_labels_offset=manifest.get('source', {}).get('labels_offset'))
-
-
-def _other_tools_records_info(data_dir, data_format, split, labels_offset):
-    """Returns the DatasetInfo of split from the records another tool wrote in data_dir (onu_layouts), read as they are."""
-    record_set = onu_layouts.find_foreign_records(data_dir).record_set(split, data_format, labels_offset)
-    if not record_set.num_examples:
-        raise onu_dataset.DataError(f'{record_set.folder}: its {split} records are empty')
-    return DatasetInfo(
-        data_dir=data_dir, data_format=data_format, split=split, class_names=record_set.labels.class_names,
-        num_examples=record_set.num_examples, files=record_set.files, layout=record_set.layout,
-        records_per_file=record_set.records_per_file,
-        compression_type=onu_dataset.tf_compression_type(record_set.compression),
-        bytes_per_example=record_set.record_bytes // record_set.num_examples, image_key=record_set.image_key,
-        label_key=record_set.label_key, filename_key=record_set.filename_key,
-        labels_offset=record_set.labels.offset, data_labels_offset=record_set.labels.offset)
-
-
-def describe_labels(data_dir, labels_offset=None):
-    """Returns one line on how another tool's records in data_dir are labelled ('' for photos and this repo's records)."""
-    foreign = onu_layouts.find_foreign_records(data_dir)
-    if foreign is None:
-        return ''
-    labels = foreign.labels(labels_offset)
-    return (f'{foreign.describe()}; labels start at {labels.offset} ({labels.evidence}); '
-            f'class names from {labels.names_from}')
-
-
-def _check_shard(path, expected_bytes, data_dir, data_format):
-    """Raises DataError when a shard listed in the manifest is missing or has another size."""
-    fix = f're-create the records with {_convert_command(data_dir, data_format)} --overwrite'
-    if not os.path.isfile(path):
-        raise onu_dataset.DataError(f'{path}: record file listed in the manifest is missing; {fix}')
-    size = os.path.getsize(path)
-    if expected_bytes is not None and size != expected_bytes:
-        raise onu_dataset.DataError(
-            f'{path}: {size} bytes on disk but {expected_bytes} in the manifest (truncated or '
-            f'changed); {fix}')
 
 
 # ----------------------------------------------------------------------------------------------
@@ -560,24 +267,17 @@ def rotation_transforms(angles, height, width):
                      sin, cos, centre_y - sin * centre_x - cos * centre_y, zeros, zeros], axis=1)
 
 
-def _rotate_batch(images, angles):
-    """Returns uint8 [b, h, w, 3] images rotated by angles as float [0, 1], and the covered share per pixel.
+def _sample_bilinear(images, x, y):
+    """Returns uint8 [b, h, w, 3] images sampled at [b, h, w] input coordinates (column x, row y), bilinear: the
+    colours as float RGB in [0, 1], and the share of each output pixel that falls inside the photo ([b, h, w, 1]).
 
-    Bilinear, as ImageProjectiveTransformV3, but the sample position is computed once per pixel
-    (that op computes it once per channel) and all four neighbours are gathered as RGB rows. A
-    neighbour outside the image contributes nothing to the content; `covered` ([b, h, w, 1], 0-1)
-    is the weight of the neighbours inside, so the caller blends in the fill after the colour ops.
+    As ImageProjectiveTransformV3 resamples, but the sample position is computed once per pixel (that op computes
+    it once per channel) and all four neighbours are gathered as RGB rows. A neighbour outside the image
+    contributes nothing to the colour; the coverage is the weight of the neighbours inside, so the caller blends in
+    the fill after the colour ops.
     """
     shape = tf.shape(images)
     batch, height, width = shape[0], shape[1], shape[2]
-    transforms = rotation_transforms(angles, tf.cast(height, tf.float32), tf.cast(width, tf.float32))
-    rows, columns = tf.meshgrid(tf.range(tf.cast(height, tf.float32)),
-                                tf.range(tf.cast(width, tf.float32)), indexing='ij')
-
-    def coefficient(index):
-        return transforms[:, index][:, tf.newaxis, tf.newaxis]
-    x = coefficient(0) * columns + coefficient(1) * rows + coefficient(2)
-    y = coefficient(3) * columns + coefficient(4) * rows + coefficient(5)
     x_floor, y_floor = tf.floor(x), tf.floor(y)
     x_frac, y_frac = x - x_floor, y - y_floor
     x_floor, y_floor = tf.cast(x_floor, tf.int32), tf.cast(y_floor, tf.int32)
@@ -599,11 +299,14 @@ def _rotate_batch(images, angles):
     return content, covered
 
 
-def _rotate(images, covered, angles):
-    """The rotation's op (geometry): uint8 images turned about their centres by their angles (radians), bilinear."""
-    if images.dtype != tf.uint8:
-        raise ValueError('rotation resamples the uint8 batch: register it before augmentations that resample')
-    return _rotate_batch(images, angles)
+def _rotate(x, y, angles, height, width):
+    """The rotation's op (geometry): each image turned about its centre by its angle (radians)."""
+    transforms = rotation_transforms(angles, height, width)
+
+    def coefficient(index):
+        return transforms[:, index][:, tf.newaxis, tf.newaxis]
+    return (coefficient(0) * x + coefficient(1) * y + coefficient(2),
+            coefficient(3) * x + coefficient(4) * y + coefficient(5))
 
 
 def _scale_saturation(channels, weight, factors):
@@ -642,6 +345,21 @@ AUGMENTATIONS = (
 NUM_DRAWS = len(AUGMENTATIONS)  # uniform draws per image: one per augmentation
 
 
+def _moved(images, augmentations, params):
+    """Returns the uint8 [b, h, w, 3] images moved by the geometry augmentations, as float RGB in [0, 1], and the
+    share of each pixel the photo covers ([b, h, w, 1]; None when no augmentation moved anything)."""
+    if not augmentations:
+        return tf.cast(images, tf.float32) * (1.0 / 255.0), None
+    shape = tf.shape(images)
+    height, width = tf.cast(shape[1], tf.float32), tf.cast(shape[2], tf.float32)
+    y, x = tf.meshgrid(tf.range(height), tf.range(width), indexing='ij')
+    x, y = tf.broadcast_to(x, shape[:3]), tf.broadcast_to(y, shape[:3])
+    # Each op maps the pixels of what it makes to those it reads: the last op's map comes first.
+    for augmentation in reversed(augmentations):
+        x, y = augmentation.apply(x, y, params[augmentation.name], height, width)
+    return _sample_bilinear(images, x, y)  # once, however many ops: one interpolation, the coverage with it
+
+
 def _augment_batch(images, draws, options):
     """augment_batch's computation, for one AugmentOptions."""
     params = distortion_params(draws)
@@ -650,11 +368,7 @@ def _augment_batch(images, draws, options):
                for space in AUGMENTATION_SPACES}
     # Geometry first: the colour ops are per pixel, so they commute with the resampling, and they then
     # run on the pixels the model sees (the fill stays exactly grey).
-    covered = None
-    for augmentation in applied['geometry']:
-        images, covered = augmentation.apply(images, covered, params[augmentation.name])
-    if images.dtype == tf.uint8:
-        images = tf.cast(images, tf.float32) * (1.0 / 255.0)
+    images, covered = _moved(images, applied['geometry'], params)
     weight = tf.ones_like(images[..., :1]) if covered is None else covered
     if applied['hsv']:
         channels = dict(zip(HSV_CHANNELS, tf.unstack(tf.image.rgb_to_hsv(images), axis=-1)))
@@ -673,7 +387,9 @@ def _compiled_augmentation(options):
     """Returns _augment_batch for options as one XLA-compiled function (CPU or GPU alike)."""
     # XLA fuses the dozen per-pixel steps into a few loops over the batch: on CPU about 3x less
     # time than running them as separate TensorFlow kernels, each of which reads and writes the batch.
-    return tf.function(lambda images, draws: _augment_batch(images, draws, options), jit_compile=True)
+    # autograph=False: plain TensorFlow ops, nothing to convert (AutoGraph's conversion costs seconds at start-up).
+    return tf.function(lambda images, draws: _augment_batch(images, draws, options), jit_compile=True,
+                       autograph=False)
 
 
 def augment_batch(images, draws, augment=True):
@@ -696,137 +412,106 @@ def add_input_summary(images):
 
 
 # ----------------------------------------------------------------------------------------------
-# Images mode. Each epoch is a stream of positions 0..n-1; position p of epoch e reads the file
-# _file_order(...)(e, p): the listing's order for eval, a fresh permutation each epoch for training.
-# A file that fails to decode is dropped; the gap it leaves in the positions names it, so it is
-# reported (once) and counted, never silently.
+# Images mode. The photos are read in units of consecutive positions of an epoch's order: position p of epoch e
+# is photo order(e, p) (_photo_order: the listing's order for eval, a fresh permutation each epoch for training).
+# A photo that fails to decode is dropped and leaves a gap in the positions; the next photo of the unit (or its
+# end marker) carries the gap, and _without_unreadable reports the photos in it (DatasetInfo.report_unreadable)
+# where the examples are consumed: in this pipeline, or on the trainer of a tf.data service, whose workers cannot
+# run Python. One way for both, and never silent.
 
-_decode_failures = {}
-_decode_failures_lock = threading.Lock()
-
-
-def decode_failures():
-    """Returns {path: reason} of the image files that failed to decode (and were skipped) so far."""
-    with _decode_failures_lock:
-        return dict(_decode_failures)
+END_OF_UNIT = -1  # the label of a unit's end marker, which only carries the gap of its last photos
 
 
-def _decode_error_reason(path):
-    """Returns why the file at path cannot be used, in one line."""
-    try:
-        with open(path, 'rb') as f:
-            decode_image_bytes(tf.constant(f.read()))
-    except OSError as e:
-        return f'unreadable ({e.strerror})'
-    except tf.errors.OpError as e:
-        return f'cannot be decoded ({_last_line(e.message)})'
-    return 'cannot be decoded'
+def _photo_order(num_files, training, seed):
+    """Returns (epoch, positions) -> file indices: the listing's order, or a permutation per epoch."""
+    if not training:
+        return lambda epoch, positions: positions
+    order_seed = seed if seed is not None else int(np.random.SeedSequence().generate_state(1)[0])
+
+    def file_index(epoch, positions):
+        epoch_seed = tf.stack([tf.constant(order_seed, tf.int64), tf.cast(epoch, tf.int64)])
+        return tf.random.experimental.index_shuffle(positions, epoch_seed, num_files - 1)
+    return file_index
 
 
-def _note_decode_failure(path):
-    """Records that path was skipped and warns about it the first time."""
-    with _decode_failures_lock:
-        if path in _decode_failures:
-            return
-    reason = _decode_error_reason(path)
-    with _decode_failures_lock:
-        _decode_failures[path] = reason
-        count = len(_decode_failures)
-    logging.warning('skipping %s: %s; fix or remove it (%d image file(s) skipped so far)',
-                    path, reason, count)
-
-
-def _check_some_image_decodes(info):
-    """DataError when every image file of info has failed to decode: training would wait for a batch forever."""
-    failures = decode_failures()
-    if all(path in failures for path in info.files):
-        raise onu_dataset.DataError(
-            f'{os.path.join(info.data_dir, info.split)}: none of the {len(info.files)} images decodes; '
-            f'replace them with JPEG/PNG/GIF/BMP photos')
-
-
-def _photo_reader(info, at_least):
-    """Returns read(index) -> (upright uint8 image, int32 label) of image file `index` of info (at_least:
+def _read_photo(info, at_least):
+    """Returns read(index) -> (upright uint8 image, int32 label, file name) of photo `index` of info (at_least:
     decode_image_bytes's)."""
     paths = tf.constant(info.files)
     labels = tf.constant(info.labels, tf.int32)
     orientations = tf.constant(info.orientations, tf.int32)
+    names = tf.constant(info.names)
 
     def read(index):
         image = decode_image_bytes(tf.io.read_file(paths[index]), at_least)
-        return apply_exif_orientation(image, orientations[index]), labels[index]
+        return apply_exif_orientation(image, orientations[index]), labels[index], names[index]
     return read
 
 
-def _file_order(num_files, training, seed):
-    """Returns (epoch, position) -> file index: the listing's order, or a permutation per epoch."""
-    if not training:
-        return lambda epoch, position: position
-    order_seed = seed if seed is not None else int(np.random.SeedSequence().generate_state(1)[0])
+def _photo_unit(info, order, epoch, first, end, at_least=None):
+    """Returns the photos at positions [first, end) of epoch's order, in order, then an end marker: each a tuple
+    (upright uint8 image, label, file name, epoch, gap start, position), the gap [gap start, position) being the
+    positions just before it whose photos failed to decode (usually none). The end marker's label is END_OF_UNIT
+    (its image one black pixel, its position end)."""
+    read = _read_photo(info, at_least)
+    epoch = tf.cast(epoch, tf.int64)
 
-    def file_index(epoch, position):
-        epoch_seed = tf.stack([tf.constant(order_seed, tf.int64), tf.cast(epoch, tf.int64)])
-        return tf.random.experimental.index_shuffle(position, epoch_seed, num_files - 1)
-    return file_index
+    def read_at(position):
+        return (position,) + read(order(epoch, position))
+
+    # deterministic: the positions must stay in order for the gaps to name the photos that failed.
+    photos = tf.data.Dataset.range(first, end).map(read_at, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    photos = photos.ignore_errors()  # not silent: each dropped photo leaves a gap that is reported
+    photos = photos.concatenate(tf.data.Dataset.from_tensors(
+        (tf.cast(end, tf.int64), tf.zeros([1, 1, 3], tf.uint8), np.int32(END_OF_UNIT), '')))
+
+    def with_gap(gap_start, photo):
+        position, image, label, name = photo
+        return position + 1, (image, label, name, epoch, gap_start, position)
+    return photos.scan(tf.cast(first, tf.int64), with_gap)
+
+
+def _without_unreadable(examples, info, order):
+    """Returns examples (of _photo_unit, maybe batched and unbatched again) without end markers, after reporting the
+    photos in each gap (DatasetInfo.report_unreadable: once each, DataError when none of the split decodes)."""
+    def report(indices):
+        for index in indices:
+            info.report_unreadable(int(index))
+        return True
+
+    def kept(image, label, name, epoch, gap_start, position, *rest):
+        reported = tf.cond(
+            position > gap_start,
+            lambda: tf.numpy_function(report, [order(epoch, tf.range(gap_start, position))], tf.bool, stateful=True),
+            lambda: tf.constant(True))
+        with tf.control_dependencies([reported]):
+            return tf.not_equal(label, END_OF_UNIT)
+    return examples.filter(kept)
 
 
 def _decoded_files(info, training, seed, at_least=None, repeat=True):
     """Returns a dataset of (uint8 image, int32 label, file name) from the image files of info.
 
-    The file name is relative to the data dir, as records store it (onu_dataset.KEY_FILENAME).
-    at_least: decode JPEGs at a reduced scale down to this side (decode_image_bytes); repeat: a new
-    permutation per epoch forever (training), else one epoch.
+    The file name is relative to the data dir, as records store it. at_least: decode JPEGs at a reduced scale down
+    to this side (decode_image_bytes); repeat: a new permutation per epoch forever (training), else one epoch.
     """
     num_files = len(info.files)
-    names = tf.constant([onu_dataset.relative_name(path, info.data_dir) for path in info.files])
-    read_photo = _photo_reader(info, at_least)
-    file_index = _file_order(num_files, training, seed)
-
-    def report_skipped(epoch, first, end):
-        for position in range(int(first), int(end)):
-            index = file_index(epoch, tf.constant(position, tf.int64))
-            _note_decode_failure(info.files[int(index)])
-        if training:  # else it would spin forever
-            _check_some_image_decodes(info)
-        return end
-
-    def one_epoch(epoch):
-        def read(position):
-            index = file_index(epoch, position)
-            return (position,) + read_photo(index) + (names[index],)
-
-        def skip_gap(expected, example):
-            position, image, label, name = example
-            position = tf.cond(
-                position > expected,
-                lambda: tf.py_function(report_skipped, [epoch, expected, position], tf.int64),
-                lambda: position)
-            return position + 1, (image, label, name)
-
-        # deterministic: the positions must stay in order for the gaps to name skipped files.
-        examples = tf.data.Dataset.range(num_files).map(
-            read, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        examples = examples.ignore_errors()  # not silent: skip_gap reports each dropped file
-        # An end marker, so that failures among the last files leave a gap too.
-        examples = examples.concatenate(tf.data.Dataset.from_tensors(
-            (np.int64(num_files), tf.zeros([0, 0, 3], tf.uint8), np.int32(-1), '')))
-        return examples.scan(np.int64(0), skip_gap).filter(lambda image, label, name: label >= 0)
-
-    if not repeat:
-        return one_epoch(np.int64(0))
-    return tf.data.Dataset.counter().flat_map(one_epoch)
+    order = _photo_order(num_files, training, seed)
+    epochs = tf.data.Dataset.counter() if repeat else tf.data.Dataset.range(1)
+    examples = epochs.flat_map(lambda epoch: _photo_unit(info, order, epoch, 0, num_files, at_least))
+    return _without_unreadable(examples, info, order).map(lambda image, label, name, *gap: (image, label, name))
 
 
 # ----------------------------------------------------------------------------------------------
 # Record modes.
 
-def _raw_pixels(features, image_key):
+def _raw_pixels(features, info):
     """Returns the uint8 [h, w, 3] image of a raw record: 1 byte per pixel is grey, 4 is RGBA (alpha dropped).
 
-    The channels come from the byte count (onu_layouts checked it fits height x width x 1, 3 or 4).
+    The channels come from the byte count (the data description checked it fits height x width x 1, 3 or 4).
     """
-    height, width = features[onu_dataset.KEY_HEIGHT], features[onu_dataset.KEY_WIDTH]
-    pixels = tf.io.decode_raw(features[image_key], tf.uint8)
+    height, width = features[info.height_key], features[info.width_key]
+    pixels = tf.io.decode_raw(features[info.image_key], tf.uint8)
     channels = tf.size(pixels, out_type=tf.int64) // tf.maximum(height * width, 1)
     image = tf.reshape(pixels, tf.stack([height, width, channels]))
     # Index 0: grey, replicated as Pillow's convert('RGB') does; 1: RGB as it is; 2: RGBA without its alpha.
@@ -847,16 +532,16 @@ def _parse_record(serialized, info, at_least=None, record_name=''):
     if info.filename_key:
         spec[info.filename_key] = tf.io.FixedLenFeature([], tf.string, default_value='')
     if info.data_format == 'raw':
-        spec.update({key: tf.io.FixedLenFeature([], tf.int64) for key in (onu_dataset.KEY_HEIGHT, onu_dataset.KEY_WIDTH)})
+        spec.update({key: tf.io.FixedLenFeature([], tf.int64) for key in (info.height_key, info.width_key)})
     features = tf.io.parse_single_example(serialized, spec)
     if info.data_format == 'raw':
-        image = _raw_pixels(features, info.image_key)
+        image = _raw_pixels(features, info)
     else:
         image = decode_image_bytes(features[info.image_key], at_least)
     stored = features[info.label_key]
     in_range = tf.debugging.Assert(
         (stored >= info.labels_offset) & (stored < info.labels_offset + info.num_classes),
-        [LABEL_OUT_OF_RANGE, stored])
+        [onu_dataset.LABEL_OUT_OF_RANGE, stored])
     with tf.control_dependencies([in_range]):
         label = tf.cast(stored - info.labels_offset, tf.int32)
     name = features[info.filename_key] if info.filename_key else tf.constant('')
@@ -874,7 +559,7 @@ def _decoded_records(info, training, seed, deterministic, at_least=None, repeat=
 
     Training interleaves the shards in a shuffled order (a new one each epoch; forever when
     repeat) and shuffles records in a buffer; eval reads the shards one after the other, in the
-    manifest's order. at_least: decode_image_bytes's.
+    order info lists them in. at_least: decode_image_bytes's.
     """
     if training:
         files = tf.data.Dataset.from_tensor_slices(list(info.files))
@@ -889,12 +574,12 @@ def _decoded_records(info, training, seed, deterministic, at_least=None, repeat=
         return records.map(lambda record: _parse_record(record, info, at_least),
                            num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
 
-    def named_records(path):
-        """The records of one shard, each with the name <shard>#<index> for records that name no file."""
-        shard = tf.strings.regex_replace(path, '^.*/', '')
+    def named_records(path, prefix):
+        """The records of one shard, each with the name <prefix><index> for records that name no file."""
         return tf.data.TFRecordDataset(path, compression_type=info.compression_type).enumerate().map(
-            lambda index, record: (record, tf.strings.join([shard, onu_dataset.RECORD_NAME_SEPARATOR, tf.strings.as_string(index)])))
-    records = tf.data.Dataset.from_tensor_slices(list(info.files)).flat_map(named_records)
+            lambda index, record: (record, prefix + tf.strings.as_string(index)))
+    records = tf.data.Dataset.from_tensor_slices((list(info.files), list(info.record_name_prefixes)))
+    records = records.flat_map(named_records)
     return records.map(lambda record, name: _parse_record(record, info, at_least, name),
                        num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
 
@@ -957,9 +642,12 @@ def _training_examples(info, image_size, seed, deterministic, cache, reduced_dec
     return examples
 
 
+# Not converted by AutoGraph: the functions of the pipeline are plain TensorFlow ops (tf.cond, not Python if), and
+# converting its dozens of functions took about 4 of a training script's 14 seconds of start-up on a tiny run.
+@tf.autograph.experimental.do_not_convert
 def make_dataset(info, batch_size, image_size, training, augment=True, seed=None,
                  augment_on='input', cache=None, reduced_decode=False, with_filenames=False, cache_progress=False,
-                 data_service=None, service_job=None):
+                 data_service=None, service_job=None, num_epochs=None):
     """Returns a tf.data.Dataset of batches for the split described by info.
 
     training: shuffle, repeat forever, drop the final partial batch, and give each image its
@@ -972,7 +660,7 @@ def make_dataset(info, batch_size, image_size, training, augment=True, seed=None
     with_filenames: (images, labels, file names relative to the data dir).
     seed: makes the order and the augmentations reproducible. data_service: grpc://HOST:PORT of a tf.data service
     whose workers make the training batches (_service_batches; service_job: its job's name, None for this
-    trainer's own); cache must not be True then.
+    trainer's own); cache must not be True then. num_epochs: the service's epochs (None: endless, as training).
     """
     if batch_size < 1 or image_size < 1:
         raise ValueError(f'batch_size={batch_size} and image_size={image_size} must be positive')
@@ -993,7 +681,7 @@ def make_dataset(info, batch_size, image_size, training, augment=True, seed=None
         if cache:
             raise ValueError('the decoded-epoch cache is local: not with a tf.data service')
         return _service_batches(info, batch_size, image_size, seed, reduced_decode, AugmentOptions.of(augment),
-                                augment_on, data_service, service_job)
+                                augment_on, data_service, service_job, num_epochs)
     cache = uses_decoded_cache(info, image_size, cache)
     batches = _training_examples(info, image_size, seed, deterministic, cache, reduced_decode,
                                  cache_progress).batch(batch_size, drop_remainder=True)
@@ -1014,46 +702,49 @@ def make_dataset(info, batch_size, image_size, training, augment=True, seed=None
 # ----------------------------------------------------------------------------------------------
 # The tf.data service: the same batches, made by the service's workers.
 
-SERVICE_CYCLE_LENGTH = 8       # photos or shards a service worker reads at once
+SERVICE_CYCLE_LENGTH = 8       # units a service worker reads at once
+SERVICE_PHOTOS_PER_UNIT = 8    # images mode: photos of an epoch's order handed to a worker at a time
 MAX_RECORDS_PER_SHARD = 2**24  # an example's key is shard draw * this + its index in the shard
 
 
-def _decoded_or_failed(read_photo, index, image_size):
-    """Returns a one-element dataset: (resized uint8 image, label) of photo `index` (read_photo: _photo_reader's),
-    or, when it cannot be read or decoded, (zeros, -1 - index): a failure the trainer reports (_reported_failures)."""
-    def read(index):
-        image, label = read_photo(index)
-        return resize_for_training(image, image_size), label
-    decoded = tf.data.Dataset.from_tensors(index).map(read).ignore_errors()  # a try with no py_function
-    failed = tf.data.Dataset.from_tensors((tf.zeros([image_size, image_size, 3], tf.uint8),
-                                           tf.cast(-1 - index, tf.int32)))
-    return decoded.concatenate(failed).take(1)
+def _service_examples(info, image_size, seed, reduced_decode, num_epochs=None):
+    """Returns the dataset of (resized uint8 image, label, example key, ...) the service's workers make: endless, or
+    num_epochs epochs.
 
-
-def _service_examples(info, image_size, seed, reduced_decode):
-    """Returns the endless dataset of (resized uint8 image, label, example key) the service's workers make.
-
-    Its source is a counter of draws of units (photos in images mode, shards in record modes), each epoch's
-    draws a new permutation of all units (_file_order): the dispatcher hands the draws out one at a time
-    (processing mode distributed_epoch), so every unit goes to one worker once per epoch. The key, unique
-    to an example and a draw, seeds the batch's augmentation (all workers run the same graph and seed).
+    Its source is a counter of draws of units (runs of SERVICE_PHOTOS_PER_UNIT positions of an epoch's photo order
+    in images mode, shards in record modes): the dispatcher hands the draws out one at a time (processing mode
+    distributed_epoch), so every unit goes to one worker once per epoch. The key, unique to an example in its epoch,
+    seeds the batch's augmentation (all workers run the same graph and seed). Images mode adds the gap fields of
+    _photo_unit (and its end markers), for the trainer to report what failed to decode (_without_unreadable).
     """
-    num_units, at_least = len(info.files), (image_size if reduced_decode else None)
-    unit_index = _file_order(num_units, True, seed)
-    draws = tf.data.Dataset.counter().map(lambda draw: (draw, unit_index(draw // num_units, draw % num_units)))
+    at_least = image_size if reduced_decode else None
     if info.data_format == 'images':
-        read_photo = _photo_reader(info, at_least)
+        num_files = len(info.files)
+        num_units = -(-num_files // SERVICE_PHOTOS_PER_UNIT)
+        order = _photo_order(num_files, True, seed)
 
-        def unit(draw, index):
-            return _decoded_or_failed(read_photo, index, image_size).map(lambda image, label: (image, label, draw))
-        return draws.interleave(unit, cycle_length=SERVICE_CYCLE_LENGTH, num_parallel_calls=tf.data.AUTOTUNE,
-                                deterministic=False)
+        def photos(draw):
+            epoch, first = draw // num_units, (draw % num_units) * SERVICE_PHOTOS_PER_UNIT
+            return _photo_unit(info, order, epoch, first, tf.minimum(first + SERVICE_PHOTOS_PER_UNIT, num_files),
+                               at_least)
+        examples = _unit_draws(num_units, num_epochs).interleave(
+            photos, cycle_length=SERVICE_CYCLE_LENGTH, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
 
-    def shard(draw, index):
+        def resized(image, label, name, epoch, gap_start, position):
+            key = epoch * num_files + position
+            return resize_for_training(image, image_size), label, key, epoch, gap_start, position
+        return examples.map(resized, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+
+    num_units = len(info.files)
+    shard_index = _photo_order(num_units, True, seed)
+
+    def shard(draw):
+        index = shard_index(draw // num_units, draw % num_units)
         records = tf.data.TFRecordDataset(tf.gather(info.files, index), compression_type=info.compression_type)
         return records.enumerate().map(lambda position, record: (record, draw * MAX_RECORDS_PER_SHARD + position))
-    records = draws.interleave(shard, cycle_length=min(num_units, SERVICE_CYCLE_LENGTH),
-                               num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+    records = _unit_draws(num_units, num_epochs).interleave(
+        shard, cycle_length=min(num_units, SERVICE_CYCLE_LENGTH), num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=False)
     records = records.shuffle(_shuffle_buffer_size(info), seed=seed)
 
     def example(record, key):
@@ -1062,18 +753,9 @@ def _service_examples(info, image_size, seed, reduced_decode):
     return records.map(example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
 
 
-def _reported_failures(info, batches, batch_size):
-    """Returns batches without the photos the service's workers could not decode (label -1 - index), each reported
-    here, on the trainer (once, as local training does), and batched again to batch_size."""
-    def kept(label):
-        def report(label):
-            _note_decode_failure(info.files[-1 - int(label)])
-            _check_some_image_decodes(info)  # else it would wait for a batch forever
-            return False
-        return tf.cond(label >= 0, lambda: True,
-                       lambda: tf.numpy_function(report, [label], tf.bool, stateful=True))
-    examples = batches.unbatch().filter(lambda image, label, *draws: kept(label))
-    return examples.batch(batch_size, drop_remainder=True)
+def _unit_draws(num_units, num_epochs):
+    """Returns the draws of units the dispatcher hands out: 0, 1, 2, ... forever, or num_epochs epochs of them."""
+    return tf.data.Dataset.counter() if num_epochs is None else tf.data.Dataset.range(num_epochs * num_units)
 
 
 def _quantized(images):
@@ -1088,7 +770,7 @@ def _dequantized(images):
 
 
 def _service_batches(info, batch_size, image_size, seed, reduced_decode, options, augment_on, data_service,
-                     service_job):
+                     service_job, num_epochs=None):
     """Returns make_dataset's training batches, made by the tf.data service at data_service (grpc://HOST:PORT).
 
     The workers read, decode, resize, batch, draw and (augment_on='input') augment; the trainer receives uint8
@@ -1097,13 +779,13 @@ def _service_batches(info, batch_size, image_size, seed, reduced_decode, options
     (a worker sees only its share of each epoch), and nothing a worker cannot run (no py_function).
     """
     seed = 0 if seed is None else seed
-    examples = _service_examples(info, image_size, seed, reduced_decode)
+    examples = _service_examples(info, image_size, seed, reduced_decode, num_epochs)
 
-    def with_draws(images, labels, keys):
+    def with_draws(images, labels, keys, *gaps):
         draws = random_draws(tf.stack([tf.constant(seed, tf.int64), keys[0]]), batch_size)
         if augment_on == 'model':
-            return images, labels, draws
-        return _quantized(augment_batch(images, draws, options)), labels
+            return (images, labels, draws) + gaps
+        return (_quantized(augment_batch(images, draws, options)), labels) + gaps
     batches = examples.batch(batch_size, drop_remainder=True).map(with_draws, num_parallel_calls=tf.data.AUTOTUNE,
                                                                   deterministic=False)
     with warnings.catch_warnings():  # distribute() reads the dataset's options, which graph mode warns about
@@ -1111,8 +793,12 @@ def _service_batches(info, batch_size, image_size, seed, reduced_decode, options
         batches = batches.apply(tf.data.experimental.service.distribute(
             processing_mode=tf.data.experimental.service.ShardingPolicy.DYNAMIC, service=data_service,
             job_name=service_job))
-    if info.data_format == 'images':
-        batches = _reported_failures(info, batches, batch_size)
+    if info.data_format == 'images':  # what the workers could not decode is reported here, then batched again
+        order = _photo_order(len(info.files), True, seed)
+        examples = batches.unbatch().map(lambda images, labels, *rest: (images, labels, '') + rest[-3:] + rest[:-3])
+        examples = _without_unreadable(examples, info, order)
+        batches = examples.map(lambda images, labels, name, epoch, gap_start, position, *draws: (images, labels)
+                               + draws).batch(batch_size, drop_remainder=True)
     if augment_on == 'input':
         batches = batches.map(lambda images, labels: (_dequantized(images), labels))
     return batches.prefetch(tf.data.AUTOTUNE)
@@ -1132,16 +818,35 @@ def next_batch(dataset):
     return iterator.get_next()
 
 
+@dataclasses.dataclass(frozen=True)
+class PipelineWork:
+    """What the input pipelines have done so far, by tf.data's own account: each node's seconds of work (summed over
+    its threads), by (pipeline, node id), and the batches produced."""
+    node_seconds: dict
+    batches: int
+
+
 def pipeline_work(serialized_models):
-    """Returns (seconds of work the input pipelines' nodes have done, batches produced) from their serialized tf.data
-    models (the values of PIPELINE_MODEL_OPS): tf.data's own account, summed over its threads and pipelines."""
-    seconds, batches = 0.0, 0
-    for serialized in serialized_models:
+    """Returns the PipelineWork of the input pipelines from their serialized tf.data models (the values of
+    PIPELINE_MODEL_OPS)."""
+    node_seconds, batches = {}, 0
+    for pipeline, serialized in enumerate(serialized_models):
         model = model_pb2.ModelProto.FromString(serialized)
-        seconds += sum(node.processing_time for node in model.nodes.values()) / 1e9
+        node_seconds.update({(pipeline, node_id): node.processing_time / 1e9 for node_id, node in model.nodes.items()})
         if model.output in model.nodes:
             batches = max(batches, model.nodes[model.output].num_elements)
-    return seconds, batches
+    return PipelineWork(node_seconds, batches)
+
+
+def work_between(before, after):
+    """Returns (seconds of pipeline work, batches made) between two PipelineWorks.
+
+    A node's work counts by how much it grew; a node made in between (an epoch's or a shard's dataset) counts all
+    it did, and one gone in between (its epoch ended) nothing more: a node's time never counts against the rest,
+    so the figure is never negative. Between readings far apart, sum those of the readings in between.
+    """
+    grown = sum(max(0.0, seconds - before.node_seconds.get(node, 0.0)) for node, seconds in after.node_seconds.items())
+    return grown, after.batches - before.batches
 
 
 def distorted_inputs(info, batch_size, image_size, augment=True, seed=None, summaries=True, augment_on='input',
@@ -1186,86 +891,3 @@ def inputs(info, batch_size, image_size, with_filenames=False):
     with tf.device(PIPELINE_DEVICE):
         return next_batch(make_dataset(info, batch_size, image_size, training=False,
                                         with_filenames=with_filenames))
-
-
-# ----------------------------------------------------------------------------------------------
-# Damaged records: a DataLossError surfaces at sess.run time; name the shard instead.
-
-def _last_line(message):
-    """Returns the last non-empty line of a TensorFlow error message, minus node annotations."""
-    lines = [line.strip() for line in str(message).splitlines()
-             if line.strip() and not line.strip().startswith('[[')]
-    return lines[-1] if lines else str(message).strip()
-
-
-def find_damaged_shards(info):
-    """Returns [(shard, problem)] for the shards of info that fail to read or hold a wrong count."""
-    damaged = []
-    with tf.Graph().as_default():
-        path = tf.compat.v1.placeholder(tf.string, [])
-        count = tf.data.TFRecordDataset(path, info.compression_type).reduce(
-            np.int64(0), lambda n, _: n + 1)
-        with tf.compat.v1.Session() as sess:
-            for shard, expected in zip(info.files, info.records_per_file):
-                try:
-                    found = sess.run(count, {path: shard})
-                except tf.errors.DataLossError as e:
-                    damaged.append((shard, _last_line(e.message)))
-                    continue
-                if found != expected:
-                    damaged.append((shard, f'{found} records but {expected} listed'))
-    return damaged
-
-
-def _raised_data_error(error):
-    """Returns the message of a DataError raised inside the pipeline (by a py_function), or None."""
-    prefix = f'{onu_dataset.DataError.__name__}: '
-    for line in str(error.message).splitlines():
-        if line.startswith(prefix):
-            return line[len(prefix):]
-    return None
-
-
-def _label_out_of_range(error):
-    """Returns the stored label of a LABEL_OUT_OF_RANGE error's message, or None if it is another error."""
-    match = re.search(re.escape(LABEL_OUT_OF_RANGE) + r'\]\s*\[(-?\d+)\]', str(error.message))
-    return int(match.group(1)) if match else None
-
-
-@contextlib.contextmanager
-def damaged_records_as_data_error(info):
-    """Re-raises data errors of the input pipeline of info as one-line DataErrors.
-
-    A DataLossError (damaged record) becomes a message naming the shard; a label outside the classes
-    one naming --labels_offset; a DataError raised in the pipeline (every image of a split undecodable)
-    loses TensorFlow's traceback. Wrap the loop that runs the graph built from distorted_inputs/inputs of info.
-    """
-    try:
-        yield
-    except tf.errors.DataLossError as e:
-        if info.data_format == 'images':
-            raise
-        damaged = find_damaged_shards(info)
-        where, problem = damaged[0] if damaged else (os.path.dirname(info.files[0]), _last_line(e.message))
-        fix = (f're-create the records with {_convert_command(info.data_dir, info.data_format)} --overwrite'
-               if info.layout == 'records' else 're-create it with the tool that wrote it, or move it away')
-        raise onu_dataset.DataError(
-            f'{where}: damaged {info.data_format} record file ({problem}); {fix}') from None
-    except tf.errors.InvalidArgumentError as e:
-        label = _label_out_of_range(e)
-        if label is not None:
-            raise onu_dataset.DataError(
-                f'{info.data_dir}: a record of {info.split} has label {label}, not one of the {info.num_classes} '
-                f'classes {info.labels_offset}..{info.labels_offset + info.num_classes - 1} (labels offset '
-                f'{info.labels_offset}); pass the --labels_offset the records use') from None
-        if info.data_format == 'images' or not any(sign in e.message for sign in UNREADABLE_RECORD_SIGNS):
-            raise
-        raise onu_dataset.DataError(
-            f'{os.path.dirname(info.files[0])}: a {info.split} record lacks what the first one holds '
-            f'({_last_line(e.message)}); every record needs {info.image_key} and {info.label_key}: re-create the '
-            f'records, or move the odd file away') from None
-    except tf.errors.UnknownError as e:
-        message = _raised_data_error(e)
-        if message is None:
-            raise
-        raise onu_dataset.DataError(message) from None

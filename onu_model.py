@@ -2,8 +2,9 @@
 
 Models (chosen by name), both fed float32 RGB images in [-1, 1]:
   inception_resnet_v2  Szegedy et al. 2016, "Inception-v4, Inception-ResNet and the Impact of
-                       Residual Connections on Learning", with TF-slim's scope, end-point and
-                       variable names, so the published inception_resnet_v2_2016_08_30.ckpt restores.
+                       Residual Connections on Learning", with TF-slim's call signatures (defaults
+                       included), scope, end-point and variable names, so code written for slim's nets
+                       runs on it and the published inception_resnet_v2_2016_08_30.ckpt restores.
   small                a CIFAR-10-tutorial-sized CNN with batch norm for CPUs and quick runs.
 A model is one entry of MODELS (a ModelSpec: its builder, arg scope and every setting that differs between
 models); the flags' defaults and help, the benchmark and the tests read it, so adding a model adds one entry.
@@ -17,10 +18,9 @@ Multi-tower training builds the same train op from its towers' averaged gradient
 keeps moving averages of the weights and batch-norm statistics (averaged_variables, named by
 moving_average_name), which evaluation restores through onu_checkpoint.
 
-Precision: choose_precision picks float32 or mixed (bfloat16 compute through oneDNN on CPUs with
-AMX/AVX512_BF16, float16 with dynamic loss scaling on GPUs of compute capability 7.0+);
-set_precision_options turns the graph rewrite on in a session config, and loss_scaled wraps the
-optimizer for float16 (both take the Precision's compute_dtype). Variables, moving averages and checkpoints stay float32 either way.
+Precision: onu_lib/onu_precision.py picks it for the hardware and sets the session's graph rewrite;
+here make_optimizer wraps the optimizer in dynamic loss scaling when the Precision's compute_dtype is
+float16 (loss_scaled). Variables, moving averages and checkpoints stay float32 either way.
 
 A library module: explicit arguments only, no flags.
 """
@@ -38,9 +38,7 @@ LR_SCHEDULES = ('exponential', 'fixed')
 DEFAULT_MOVING_AVERAGE_DECAY = 0.9999
 AUX_LOSS_WEIGHT = 0.4
 MOVING_AVERAGE_NAME = 'ExponentialMovingAverage'  # tf.train.ExponentialMovingAverage's default
-PRECISIONS = ('float32', 'mixed')  # with 'auto' (the hardware decides) the --precision choices
-CPU_BFLOAT16_FLAGS = ('amx_bf16', 'avx512_bf16')  # /proc/cpuinfo flags of a fast bfloat16 path
-MIN_FLOAT16_COMPUTE_CAPABILITY = (7, 0)  # tensor cores: V100 and later
+LOSS_SCALE_INITIAL = 2.0 ** 15  # TensorFlow's default for dynamic loss scaling
 
 IRV2_SCOPE = 'InceptionResnetV2'
 IRV2_END_POINTS = ('Conv2d_1a_3x3', 'Conv2d_2a_3x3', 'Conv2d_2b_3x3', 'MaxPool_3a_3x3',
@@ -296,12 +294,14 @@ def _classifier_head(net, num_classes, dropout_keep_prob, is_training, end_point
 
 
 @_fast_graph_building
-def inception_resnet_v2(inputs, num_classes, is_training, dropout_keep_prob, reuse=None, scope=IRV2_SCOPE,
-                        create_aux_logits=True, activation_fn=tf.nn.relu):
+def inception_resnet_v2(inputs, num_classes=1001, is_training=True, dropout_keep_prob=0.8, reuse=None,
+                        scope=IRV2_SCOPE, create_aux_logits=True, activation_fn=tf.nn.relu):
     """Builds Inception-ResNet-v2 with its classifier; returns (logits, end_points).
 
-    With num_classes 0 or None it returns the globally pooled 1536-d features instead of logits.
-    Use it inside inception_resnet_v2_arg_scope(), or through inference() with its MODELS entry's settings.
+    TF-slim's signature and defaults (nets/inception_resnet_v2.py): inception_resnet_v2(images) inside
+    inception_resnet_v2_arg_scope() builds slim's 1001-class training network. With num_classes 0 or None
+    it returns the globally pooled 1536-d features instead of logits. inference() passes its MODELS entry's
+    settings instead of these defaults.
     """
     with tf.compat.v1.variable_scope(scope, IRV2_SCOPE, [inputs], reuse=reuse) as var_scope:
         with slim.arg_scope([slim.batch_norm, slim.dropout], is_training=is_training):
@@ -321,14 +321,14 @@ def inception_resnet_v2(inputs, num_classes, is_training, dropout_keep_prob, reu
 
 
 def _conv_bn_arg_scope(weight_decay, batch_norm_decay, batch_norm_epsilon, activation_fn,
-                       batch_norm_scale):
+                       batch_norm_updates_collections, batch_norm_scale):
     """Returns an arg_scope: L2-decayed conv/fc weights and biases, batch-normed convolutions."""
     regularizer = slim.l2_regularizer(weight_decay)
     batch_norm_params = {
         'decay': batch_norm_decay,
         'epsilon': batch_norm_epsilon,
         'scale': batch_norm_scale,
-        'updates_collections': tf.compat.v1.GraphKeys.UPDATE_OPS,
+        'updates_collections': batch_norm_updates_collections,
     }
     with slim.arg_scope([slim.conv2d, slim.fully_connected], weights_regularizer=regularizer,
                         biases_regularizer=regularizer):
@@ -337,26 +337,34 @@ def _conv_bn_arg_scope(weight_decay, batch_norm_decay, batch_norm_epsilon, activ
             return scope
 
 
-def inception_resnet_v2_arg_scope(weight_decay, batch_norm_decay=0.9997, batch_norm_epsilon=0.001,
-                                  activation_fn=tf.nn.relu, batch_norm_scale=False):
-    """Returns the arg_scope Inception-ResNet-v2 is built (and its checkpoint was trained) with."""
+def inception_resnet_v2_arg_scope(weight_decay=0.00004, batch_norm_decay=0.9997, batch_norm_epsilon=0.001,
+                                  activation_fn=tf.nn.relu,
+                                  batch_norm_updates_collections=tf.compat.v1.GraphKeys.UPDATE_OPS,
+                                  batch_norm_scale=False):
+    """Returns the arg_scope Inception-ResNet-v2 is built (and its checkpoint was trained) with.
+
+    TF-slim's signature and defaults. batch_norm_updates_collections None (statistics updated in place)
+    fails inside tf-slim on TF 2.21 (its fused batch norm uses the removed ops.Tensor).
+    """
     return _conv_bn_arg_scope(weight_decay, batch_norm_decay, batch_norm_epsilon, activation_fn,
-                              batch_norm_scale)
+                              batch_norm_updates_collections, batch_norm_scale)
 
 
 # ---------------------------------------------------------------------------------------------
 # small: a CIFAR-10-tutorial-sized CNN
 # ---------------------------------------------------------------------------------------------
 
+SMALL_SCOPE = 'SmallNet'
 SMALL_DEPTHS = (32, 64, 128, 256)
 
 
 @_fast_graph_building
-def small_net(inputs, num_classes, is_training, dropout_keep_prob, reuse, scope):
+def small_net(inputs, num_classes=1001, is_training=True, dropout_keep_prob=0.5, reuse=None, scope=SMALL_SCOPE):
     """Builds the small CNN (four 3x3 conv+BN layers, 2x2 pooling between, global pool, dropout, linear).
 
-    Works at any input size; returns (logits, end_points). Use it inside small_net_arg_scope(), or through
-    inference() with its MODELS entry's settings.
+    Works at any input size; returns (logits, end_points). Called like Inception-ResNet-v2 (slim's
+    1001 classes and training mode by default): small_net(images) inside small_net_arg_scope(), or
+    through inference() with its MODELS entry's settings.
     """
     end_points = {}
     with tf.compat.v1.variable_scope(scope, values=[inputs], reuse=reuse):
@@ -372,10 +380,10 @@ def small_net(inputs, num_classes, is_training, dropout_keep_prob, reuse, scope)
     return logits, end_points
 
 
-def small_net_arg_scope(weight_decay, batch_norm_decay=0.99, batch_norm_epsilon=0.001):
+def small_net_arg_scope(weight_decay=0.0005, batch_norm_decay=0.99, batch_norm_epsilon=0.001):
     """Returns the small model's arg_scope; its batch-norm statistics adapt within a short run."""
     return _conv_bn_arg_scope(weight_decay, batch_norm_decay, batch_norm_epsilon, tf.nn.relu,
-                              batch_norm_scale=True)
+                              tf.compat.v1.GraphKeys.UPDATE_OPS, batch_norm_scale=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -387,8 +395,10 @@ class ModelSpec:
     """A registered model: how inference() builds it and every setting that differs between models.
 
     build(images, num_classes, is_training=, dropout_keep_prob=, reuse=, scope=) returns (logits,
-    end_points); inference() calls it inside arg_scope(weight_decay). A model with aux_logits also
-    takes create_aux_logits= and puts an 'AuxLogits' end point, which loss() adds with AUX_LOSS_WEIGHT.
+    end_points); inference() calls it inside arg_scope(weight_decay) with this entry's values. A model with
+    aux_logits also takes create_aux_logits= and puts an 'AuxLogits' end point, which loss() adds with
+    AUX_LOSS_WEIGHT. Like TF-slim's nets, build and arg_scope also take the minimal call,
+    build(images) inside arg_scope(), with defaults of their own.
     """
     name: str                     # --model's spelling, saved in run_config.json
     build: object
@@ -413,7 +423,7 @@ MODELS = {spec.name: spec for spec in (
               prior_sec_per_step_32=16.0, prior_build_seconds=40.0, benchmark_steps=1, benchmark_warmup_steps=2,
               aux_logits=True),
     ModelSpec(name='small', build=small_net, arg_scope=small_net_arg_scope,
-              scope='SmallNet', classifier_scopes=('SmallNet/Logits',),
+              scope=SMALL_SCOPE, classifier_scopes=(f'{SMALL_SCOPE}/Logits',),
               image_size=64, learning_rate=0.02, weight_decay=0.0005, dropout_keep_prob=0.5,
               prior_sec_per_step_32=0.5, prior_build_seconds=3.0, benchmark_steps=20, benchmark_warmup_steps=5),
 )}
@@ -443,7 +453,7 @@ def inference(images, num_classes, model_name, is_training, weight_decay=None, d
     """
     spec = model_spec(model_name)
     options = {'create_aux_logits': create_aux_logits} if spec.aux_logits else {}
-    with slim.arg_scope(spec.arg_scope(spec.weight_decay if weight_decay is None else weight_decay)):
+    with slim.arg_scope(spec.arg_scope(weight_decay=spec.weight_decay if weight_decay is None else weight_decay)):
         return spec.build(images, num_classes, is_training=is_training, reuse=reuse, scope=spec.scope,
                           dropout_keep_prob=spec.dropout_keep_prob if dropout_keep_prob is None else dropout_keep_prob,
                           **options)
@@ -510,7 +520,7 @@ def make_optimizer(name, learning_rate, compute_dtype='float32', momentum=0.9, r
                    epsilon=None):
     """Returns the tf.compat.v1 optimizer called name (see OPTIMIZER_NAMES), loss-scaled for float16.
 
-    compute_dtype: a Precision's (see loss_scaled). epsilon None means 1.0 for rmsprop (as
+    compute_dtype: an onu_precision.Precision's (see loss_scaled). epsilon None means 1.0 for rmsprop (as
     Inception was trained) and 1e-8 for adam.
     """
     train = tf.compat.v1.train
@@ -526,6 +536,26 @@ def make_optimizer(name, learning_rate, compute_dtype='float32', momentum=0.9, r
     else:
         raise ValueError(f'unknown optimizer {name!r}; choose one of {", ".join(OPTIMIZER_NAMES)}')
     return loss_scaled(optimizer, compute_dtype)
+
+
+def loss_scaled(optimizer, compute_dtype, initial_loss_scale=LOSS_SCALE_INITIAL):
+    """Returns optimizer wrapped in dynamic loss scaling when compute_dtype is float16, else optimizer.
+
+    A step whose scaled gradients overflow is skipped and the scale halved: not an error. The
+    scale's variables are local (initialised at every start, never in a checkpoint), so runs of
+    either precision resume from each other's checkpoints.
+    """
+    if compute_dtype != 'float16':
+        return optimizer
+    graph = tf.compat.v1.get_default_graph()
+    global_variables = graph.get_collection_ref(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+    known = {id(var) for var in global_variables}
+    loss_scale = tf.compat.v1.mixed_precision.DynamicLossScale(initial_loss_scale=initial_loss_scale)
+    scale_variables = [var for var in global_variables if id(var) not in known]
+    global_variables[:] = [var for var in global_variables if id(var) in known]
+    for var in scale_variables:
+        graph.add_to_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES, var)
+    return tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer(optimizer, loss_scale)
 
 
 def scope_list(scopes):
@@ -594,158 +624,3 @@ def moving_average_name(var):
     """Returns the checkpoint name of var's moving average: <var>/ExponentialMovingAverage."""
     # ExponentialMovingAverage.average_name would uniquify the name in a graph that already holds it.
     return f'{var.op.name}/{MOVING_AVERAGE_NAME}'
-
-
-# ----------------------------------------------------------------------------------------------
-# Precision.
-
-@dataclasses.dataclass(frozen=True)
-class Hardware:
-    """What decides the precision: the CPU's bfloat16 flags and the GPUs' compute capabilities."""
-    cpu_model: str
-    cpu_bfloat16_flags: tuple           # those of CPU_BFLOAT16_FLAGS that /proc/cpuinfo lists
-    gpus: tuple = ()                    # ((name, (major, minor)), ...) as TensorFlow sees them
-
-    @property
-    def float16_gpus(self):
-        """Returns the GPUs with fast float16 (tensor cores)."""
-        return tuple(gpu for gpu in self.gpus if gpu[1] >= MIN_FLOAT16_COMPUTE_CAPABILITY)
-
-
-def read_cpu_info(path='/proc/cpuinfo'):
-    """Returns (CPU model name, set of CPU flags) from /proc/cpuinfo ('', empty set where absent)."""
-    model, cpu_flags = '', set()
-    try:
-        with open(path, encoding='utf-8') as f:
-            for line in f:
-                key, _, value = line.partition(':')
-                if key.strip() == 'model name' and not model:
-                    model = value.strip()
-                elif key.strip() == 'flags' and not cpu_flags:
-                    cpu_flags = set(value.split())
-    except OSError:
-        pass
-    return model, cpu_flags
-
-
-def detect_hardware():
-    """Returns this machine's Hardware: CPU flags from /proc/cpuinfo, GPUs from TensorFlow."""
-    model, cpu_flags = read_cpu_info()
-    gpus = []
-    for gpu in tf.config.list_physical_devices('GPU'):
-        details = tf.config.experimental.get_device_details(gpu)
-        gpus.append((details.get('device_name', gpu.name), tuple(details.get('compute_capability', (0, 0)))))
-    return Hardware(model, tuple(flag for flag in CPU_BFLOAT16_FLAGS if flag in cpu_flags), tuple(gpus))
-
-
-@dataclasses.dataclass(frozen=True)
-class Precision:
-    """The precision a run computes in: name 'float32' or 'mixed', and where mixed computes."""
-    name: str
-    device: str = 'cpu'   # 'gpu': float16 with loss scaling; 'cpu': bfloat16 through oneDNN
-
-    @property
-    def compute_dtype(self):
-        """Returns the dtype of the rewritten ops: float32, bfloat16 (CPU) or float16 (GPU)."""
-        if self.name == 'float32':
-            return 'float32'
-        return 'float16' if self.device == 'gpu' else 'bfloat16'
-
-    def describe(self):
-        """Returns a one-line description, e.g. 'mixed (bfloat16 compute on the CPU, float32 variables)'."""
-        if self.name == 'float32':
-            return 'float32'
-        where = 'the GPU, dynamic loss scaling' if self.device == 'gpu' else 'the CPU through oneDNN'
-        return f'mixed ({self.compute_dtype} compute on {where}; float32 variables)'
-
-
-def choose_precision(requested, hardware):
-    """Returns (Precision, warning or None) for requested ('auto', 'float32' or 'mixed') on hardware.
-
-    auto picks mixed where the hardware has a fast path (a GPU of compute capability 7.0+, or a CPU
-    with AMX or AVX512_BF16) and float32 elsewhere; mixed without a fast path warns and runs float32.
-    """
-    if requested not in PRECISIONS + ('auto',):
-        raise ValueError(f'precision={requested!r}; expected auto, {", ".join(PRECISIONS)}')
-    if requested == 'float32':
-        return Precision('float32'), None
-    if hardware.gpus:  # the model runs on the GPU: only its float16 path counts
-        if hardware.float16_gpus:
-            return Precision('mixed', 'gpu'), None
-        missing = (f'the GPU ({hardware.gpus[0][0]}, compute capability '
-                   f'{".".join(map(str, hardware.gpus[0][1]))}) has no fast float16 (needs 7.0+)')
-    elif hardware.cpu_bfloat16_flags:
-        return Precision('mixed', 'cpu'), None
-    else:
-        missing = (f'the CPU ({hardware.cpu_model or "unknown"}) lists neither '
-                   f'{" nor ".join(CPU_BFLOAT16_FLAGS)}, and no GPU is visible')
-    if requested == 'auto':
-        return Precision('float32'), None
-    return Precision('float32'), f'--precision=mixed: {missing}; training in float32 instead'
-
-
-def resolve_precision(requested, use_gpus=True):
-    """Returns the Precision that --precision gives here; prints the devices, it and any warning.
-
-    use_gpus False: the model runs on the CPU even where GPUs are visible (onu_eval --device=cpu).
-    """
-    hardware = detect_hardware()
-    if not use_gpus:
-        hardware = dataclasses.replace(hardware, gpus=())
-    precision, warning = choose_precision(requested, hardware)
-    if warning:
-        print(f'warning: {warning}', file=sys.stderr, flush=True)
-    gpus = ', '.join(f'{name} (compute capability {".".join(map(str, capability))})'
-                     for name, capability in hardware.gpus) or 'none visible' + ('' if use_gpus else ' (--device=cpu)')
-    bfloat16 = ', '.join(hardware.cpu_bfloat16_flags) or 'no bfloat16 instructions'
-    print(f'GPUs: {gpus}; CPU: {hardware.cpu_model or "unknown"} ({bfloat16}); precision: '
-          f'{precision.describe()}', flush=True)
-    return precision
-
-
-def session_config(hide_gpus=False):
-    """Returns the session config: soft placement so one graph runs on CPU or GPU, GPU memory on demand."""
-    config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
-    if hide_gpus:
-        config.device_count['GPU'] = 0
-    config.gpu_options.allow_growth = True
-    return config
-
-
-def set_precision_options(config, compute_dtype, xla=False):
-    """Turns on in a tf.compat.v1.ConfigProto the rewrite to compute_dtype (a Precision's), and XLA if asked.
-
-    Returns config. float16 is Grappler's GPU rewrite (it changes nothing on a CPU); bfloat16 is
-    oneDNN's CPU rewrite. Either keeps variables float32 and casts around the ops it converts.
-    """
-    rewrite = config.graph_options.rewrite_options
-    if compute_dtype == 'float16':
-        rewrite.auto_mixed_precision = rewrite.ON
-    elif compute_dtype == 'bfloat16':
-        rewrite.auto_mixed_precision_onednn_bfloat16 = rewrite.ON
-    if xla:
-        config.graph_options.optimizer_options.global_jit_level = tf.compat.v1.OptimizerOptions.ON_1
-    return config
-
-
-LOSS_SCALE_INITIAL = 2.0 ** 15  # TensorFlow's default for dynamic loss scaling
-
-
-def loss_scaled(optimizer, compute_dtype, initial_loss_scale=LOSS_SCALE_INITIAL):
-    """Returns optimizer wrapped in dynamic loss scaling when compute_dtype is float16, else optimizer.
-
-    A step whose scaled gradients overflow is skipped and the scale halved: not an error. The
-    scale's variables are local (initialised at every start, never in a checkpoint), so runs of
-    either precision resume from each other's checkpoints.
-    """
-    if compute_dtype != 'float16':
-        return optimizer
-    graph = tf.compat.v1.get_default_graph()
-    global_variables = graph.get_collection_ref(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
-    known = {id(var) for var in global_variables}
-    loss_scale = tf.compat.v1.mixed_precision.DynamicLossScale(initial_loss_scale=initial_loss_scale)
-    scale_variables = [var for var in global_variables if id(var) not in known]
-    global_variables[:] = [var for var in global_variables if id(var) in known]
-    for var in scale_variables:
-        graph.add_to_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES, var)
-    return tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer(optimizer, loss_scale)

@@ -29,8 +29,9 @@ import tensorflow as tf
 
 from onu_lib import onu_checkpoint
 from onu_lib import onu_dataset
+from onu_lib import onu_converter
 from onu_lib import onu_flags
-from onu_lib import onu_records
+from onu_lib import onu_photos
 from onu_lib import onu_run_config
 from onu_lib import onu_serving
 
@@ -126,9 +127,9 @@ def image_paths(paths):
             files.append(path)
         elif os.path.isdir(path):
             for folder, subfolders, names in os.walk(path):
-                subfolders[:] = sorted(name for name in subfolders if not onu_dataset.is_hidden(name))
+                subfolders[:] = sorted(name for name in subfolders if not onu_photos.is_hidden(name))
                 files += [os.path.join(folder, name) for name in sorted(names)
-                          if not onu_dataset.is_hidden(name)]
+                          if not onu_photos.is_hidden(name)]
         else:
             errors.append((path, 'no such file or folder'))
     return files, errors
@@ -137,13 +138,13 @@ def image_paths(paths):
 def model_input_bytes(path):
     """Returns the bytes to classify for the image at path; UnreadableImage(reason) if it is not usable."""
     try:
-        info = onu_dataset.read_image_info(path)
+        info = onu_photos.read_image_info(path)
         # The bytes an encoded record holds (see the module docstring).
-        payload, payload_format = onu_records.encoded_payload(info)
+        payload, payload_format = onu_converter.encoded_payload(info)
     except OSError as e:
-        raise onu_dataset.UnreadableImage(f'unreadable ({e.strerror or e})') from None
+        raise onu_photos.UnreadableImage(f'unreadable ({e.strerror or e})') from None
     if payload is None:
-        raise onu_dataset.UnreadableImage(payload_format)  # the reason it could not be decoded
+        raise onu_photos.UnreadableImage(payload_format)  # the reason it could not be decoded
     return payload
 
 
@@ -176,7 +177,7 @@ def classify_files(classifier, paths, batch_size):
     for path in paths:
         try:
             batch.append((path, model_input_bytes(path)))
-        except onu_dataset.UnreadableImage as e:
+        except onu_photos.UnreadableImage as e:
             yield from _classify_batch(classifier, batch)
             batch = []
             yield path, None, str(e)
@@ -236,7 +237,8 @@ FLAGS = flags.FLAGS
 
 
 def define_flags():
-    """Declares this script's flags (--batch_size is onu_flags')."""
+    """Declares this script's flags."""
+    onu_flags.define_batch_size_flag()
     flags.DEFINE_string('model_dir', onu_flags.DEFAULT_TRAIN_DIR,
                         'SavedModel version folder, export folder (newest version), or train_dir '
                         '(latest checkpoint).')

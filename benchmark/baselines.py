@@ -32,7 +32,7 @@ class SerialCv2Loader:
     """
 
     def __init__(self, data_dir, split, batch_size, image_size, augment=False, seed=None):
-        self.info = onu_input.dataset_info(data_dir, 'images', split)
+        self.info = onu_dataset.describe(data_dir).split(split, 'images')
         self.batch_size = batch_size
         self.image_size = image_size
         self.skipped = set()
@@ -92,7 +92,7 @@ class StudySerialLoop:
     """
 
     def __init__(self, data_dir, batch_size, image_size, seed=None):
-        self.info = onu_input.dataset_info(data_dir, 'images', 'train')
+        self.info = onu_dataset.describe(data_dir).split('train', 'images')
         self.batch_size = batch_size
         self.image_size = image_size
         self._rng = np.random.default_rng(seed)

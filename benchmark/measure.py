@@ -28,11 +28,14 @@ import tensorflow as tf
 from benchmark import baselines as benchmark_baselines
 from onu_lib import onu_data_service
 from onu_lib import onu_dataset
+from onu_lib import onu_pool
 import onu_input
 from onu_lib import onu_launch
 from onu_lib import onu_layouts
+from onu_lib import onu_tfrecord
 import onu_model
-from onu_lib import onu_records
+from onu_lib import onu_converter
+from onu_lib import onu_precision
 from onu_lib import onu_training
 
 REPO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -83,28 +86,15 @@ def measure_conversion(data_dir, output_dir, record_format, processes):
     Run it in a FreshPython, whose worker processes start as convert_to_tfrecord.py's do.
     """
     started = time.perf_counter()
-    manifest = onu_records.convert(data_dir, output_dir, formats=(record_format,), processes=processes)
+    manifest = onu_converter.convert(onu_dataset.describe(data_dir), output_dir, formats=(record_format,),
+                                     processes=processes)
     seconds = time.perf_counter() - started
     entries = [formats[record_format] for formats in manifest['splits'].values()]
-    return {'seconds': seconds, 'processes': onu_dataset.worker_count(processes),
+    return {'seconds': seconds, 'processes': onu_pool.worker_count(processes),
             'records': sum(entry['records'] for entry in entries),
             'record_bytes': sum(entry['record_bytes'] for entry in entries),
             'source_bytes': sum(entry['source_bytes'] for entry in entries),
             'pixel_bytes': sum(entry['pixel_bytes'] for entry in entries)}
-
-
-def _write_records(path, serialized):
-    """Writes serialized records to a TFRecord file at path."""
-    with tf.io.TFRecordWriter(path) as writer:
-        for record in serialized:
-            writer.write(record)
-
-
-def _example(features):
-    """A serialized tf.train.Example of {key: bytes or int}."""
-    feature = {key: tf.train.Feature(int64_list=tf.train.Int64List(value=[value])) if isinstance(value, int)
-               else tf.train.Feature(bytes_list=tf.train.BytesList(value=[value])) for key, value in features.items()}
-    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
 
 def write_inception_shards(data_dir, encoded_dir, output_dir):
@@ -116,23 +106,18 @@ def write_inception_shards(data_dir, encoded_dir, output_dir):
     """
     started = time.perf_counter()
     manifest = onu_dataset.read_manifest(encoded_dir)
-    os.makedirs(output_dir, exist_ok=True)
-    for split, token in (('train', 'train'), ('val', 'validation')):
-        info = onu_input.dataset_info(data_dir, 'images', split)
-        num_shards = len(manifest['splits'][split]['encoded']['shards'])
-        for index in range(num_shards):
-            records = []
-            for path, label in list(zip(info.files, info.labels))[index::num_shards]:
-                with open(path, 'rb') as f:
-                    data = f.read()
-                with Image.open(path) as image:
-                    width, height = image.size
-                records.append(_example({
-                    'image/height': height, 'image/width': width, 'image/colorspace': b'RGB', 'image/channels': 3,
-                    'image/class/label': label + 1, 'image/class/text': info.class_names[label].encode(),
-                    'image/format': b'JPEG', 'image/filename': os.path.basename(path).encode(),
-                    'image/encoded': data}))
-            _write_records(os.path.join(output_dir, f'{token}-{index:05d}-of-{num_shards:05d}'), records)
+    data = onu_dataset.describe(data_dir)
+    images, class_names = [], None
+    for split in onu_dataset.SPLITS:
+        info = data.split(split, 'images')
+        class_names = info.class_names
+        for path, label in zip(info.files, info.labels):
+            with open(path, 'rb') as f, Image.open(path) as image:
+                images.append(onu_layouts.StoredImage(split, label, f.read(), image.width, image.height,
+                                                      os.path.basename(path)))
+    onu_layouts.write_records(onu_layouts.layout_named('inception'), output_dir, images, class_names,
+                              num_shards={split: len(manifest['splits'][split]['encoded']['shards'])
+                                          for split in onu_dataset.SPLITS}, names_file=False)
     paths = [os.path.join(output_dir, name) for name in os.listdir(output_dir)]
     return {'seconds': time.perf_counter() - started, 'bytes': sum(os.path.getsize(path) for path in paths),
             'files': len(paths)}
@@ -146,9 +131,9 @@ def _synthetic_shards(folder, num_shards, num_records):
     payload = bytes(1000)
     for index in range(num_shards):
         count = num_records // num_shards + (index < num_records % num_shards)
-        _write_records(os.path.join(folder, f'synthetic_train_{index:05d}-of-{num_shards:05d}.tfrecord'),
-                       (_example({'image/encoded': payload, 'image/class/label': record % 2})
-                        for record in range(count)))
+        onu_tfrecord.write_records(os.path.join(folder, f'synthetic_train_{index:05d}-of-{num_shards:05d}.tfrecord'),
+                                   (onu_tfrecord.serialize_example({'image/encoded': payload, 'image/class/label': record % 2})
+                                    for record in range(count)))
     with open(os.path.join(folder, onu_dataset.LABELS_FILENAME), 'w', encoding='utf-8') as f:
         f.write('0:even\n1:odd\n')
 
@@ -202,7 +187,7 @@ def _time_runs(sess, fetch, warmup, runs, feeds=None):
 
 def _session(config=None):
     """Returns a session configured as training configures it (or with config)."""
-    return tf.compat.v1.Session(config=config or onu_model.session_config())
+    return tf.compat.v1.Session(config=config or onu_precision.session_config())
 
 
 def cpu_ms_per_image(result):
@@ -300,7 +285,7 @@ def measure_single_core_decode(data_dir, batch_size, image_size, warmup, batches
     TensorFlow is the pipelines' decoder (and so the decode limit); cv2 is the serial loop's.
     Run it in a FreshPython pinned to one CPU, so that no helper thread uses a second core.
     """
-    info = onu_input.dataset_info(data_dir, 'images', 'train')
+    info = onu_dataset.describe(data_dir).split('train', 'images')
     single_threaded = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=1)
     with tf.Graph().as_default():
         dataset = _single_core_dataset(info.files, batch_size, image_size)
@@ -314,7 +299,7 @@ def measure_single_core_decode(data_dir, batch_size, image_size, warmup, batches
 
 def measure_decode_limit(one_core, data_dir, batch_size, image_size, warmup, batches):
     """The decode limit: cores x the decode+resize rate of the same files in one_core, a FreshPython on one CPU."""
-    cores = onu_dataset.worker_count()
+    cores = onu_pool.worker_count()
     single = one_core.call('measure_single_core_decode', data_dir=data_dir, batch_size=batch_size,
                            image_size=image_size, warmup=warmup, batches=batches)
     return {'images_per_sec': cores * single['images_per_sec'], 'cores': cores,
@@ -410,12 +395,13 @@ class TrainingRun:
             train_op = _train_op(model_name, total_loss, global_step, info.num_examples, batch_size, compute_dtype)
             self._step = [train_op, total_loss]  # one fetch list throughout: a new one sets up a new executor
             self._pipelines = tf.compat.v1.get_collection(onu_input.PIPELINE_MODEL_OPS)
-            self.session = _session(onu_model.set_precision_options(onu_model.session_config(), compute_dtype, xla))
+            self.session = _session(
+                onu_precision.set_precision_options(onu_precision.session_config(), compute_dtype, xla))
             self.session.run([tf.compat.v1.global_variables_initializer(),
                               tf.compat.v1.local_variables_initializer()])
         self.windows, self.final_loss = [], None
         self._trace_every, self._steps_run, self.wait_fractions = trace_every, 0, []
-        self._pipeline_work = []  # (seconds of pipeline work, batches) at each waiting step
+        self._pipeline_work = []  # onu_input.PipelineWork at each waiting step
 
     def _run_step(self, options=None, run_metadata=None):
         """Runs one training step (traced when options ask for it)."""
@@ -431,12 +417,12 @@ class TrainingRun:
         self._pipeline_work.append(onu_input.pipeline_work(self.session.run(self._pipelines)))
 
     def work_per_batch(self):
-        """The input pipelines' seconds of work per batch between the first and the last waiting step, as training's
+        """The input pipelines' seconds of work per batch from the first to the last waiting step, as training's
         LoggerHook measures it between two log lines (None without two waiting steps or a pipeline)."""
-        if len(self._pipeline_work) < 2 or self._pipeline_work[-1][1] <= self._pipeline_work[0][1]:
-            return None
-        (first_work, first_batches), (last_work, last_batches) = self._pipeline_work[0], self._pipeline_work[-1]
-        return (last_work - first_work) / (last_batches - first_batches)
+        between = [onu_input.work_between(before, after)
+                   for before, after in zip(self._pipeline_work, self._pipeline_work[1:])]
+        batches = sum(batches for _, batches in between)
+        return sum(seconds for seconds, _ in between) / batches if batches > 0 else None
 
     def run(self, steps):
         """Runs steps training steps (every trace_every-th traced for its input wait)."""

@@ -11,6 +11,7 @@ import shutil
 from benchmark import measure as benchmark_measure
 from benchmark.runner import Task
 from onu_lib import onu_dataset
+from onu_lib import onu_pool
 import onu_model
 
 RECORD_WAYS = ('raw', 'encoded')
@@ -106,7 +107,7 @@ def conversion_tasks(data_dir, work_dir, paths, repeats, converter):
     converter: the FreshPython that converts. The last repeat leaves encoded records in
     work_dir/encoded and raw records in work_dir/raw.
     """
-    cores = onu_dataset.worker_count()
+    cores = onu_pool.worker_count()
     count = len(paths)
     single_dir = os.path.join(work_dir, 'raw-1-process')
 

@@ -17,7 +17,8 @@ from benchmark import measure as benchmark_measure
 from benchmark import plan as benchmark_plan
 from benchmark import runner as benchmark_runner
 from onu_lib import onu_dataset
-import onu_model
+from onu_lib import onu_pool
+from onu_lib import onu_precision
 
 ROW_ORDER = benchmark_plan.PIPELINE_WAYS + ('decode_limit', 'synthetic')
 ROW_TITLES = {
@@ -63,7 +64,7 @@ def assemble_rows(results, settings):
             'keras_reader': {'disk_bytes': source_bytes, 'disk_ratio': 1.0},
             'decode_limit': {}, 'synthetic': {}}
     rows.update({way: {} for way in benchmark_plan.SMALL_MODEL_TRAINING_WAYS})
-    cores = onu_dataset.worker_count()
+    cores = onu_pool.worker_count()
     for way in benchmark_plan.RECORD_WAYS:
         converted = results[('convert', way, cores)]
         rows[way] = {'disk_bytes': converted[-1]['record_bytes'],
@@ -244,7 +245,7 @@ def evaluate_targets(rows, augmentation, precision, settings, cores):
     if 'small' in models:
         targets.append(_target(12, 'main job (small model, encoded) input-bound fraction',
                                rows['encoded']['training']['small']['input_bound_fraction'], 0.25, at_most=True))
-    fast_path = bool(onu_model.detect_hardware().cpu_bfloat16_flags)
+    fast_path = bool(onu_precision.detect_hardware().cpu_bfloat16_flags)
     for model_name, threshold in (('small', 1.8), ('inception_resnet_v2', 1.25)):
         if model_name in models and fast_path:
             entries = precision[model_name]
@@ -378,7 +379,7 @@ def storage_table(report):
          _cell(rows['images']['read_seconds'], 2), 'reading the photos once, cold cache'],
         [ROW_TITLES['encoded'], _megabytes(rows['encoded']['disk_bytes']),
          _cell(rows['encoded']['disk_ratio'], 3), _cell(rows['encoded']['conversion_seconds'], 2),
-         'onu_records.convert, cold cache'],
+         'onu_converter.convert, cold cache'],
         [ROW_TITLES['raw'], _megabytes(rows['raw']['disk_bytes']), _cell(rows['raw']['disk_ratio'], 3),
          _cell(rows['raw']['conversion_seconds'], 2),
          f'{rows["decode_limit"]["cores"]} processes; 1 process: '

@@ -20,7 +20,8 @@ import time
 import tensorflow as tf
 
 from onu_lib import onu_dataset
-import onu_model
+from onu_lib import onu_pool
+from onu_lib import onu_precision
 from onu_lib import onu_training
 
 RESULT_MARKER = 'onu_benchmark result: '
@@ -193,13 +194,13 @@ def prepare_photos(data_dir, work_dir, max_images_per_class, validation_percent)
     The default data dir gets the built-in sample data when it has none (as training does); bare class folders
     are split as training splits them (validation_percent).
     """
-    onu_training.prepare_data(data_dir, 'images', validation_percent, None)
-    class_names = onu_dataset.find_class_names(data_dir)
-    if not max_images_per_class and onu_dataset.has_split_folders(data_dir):
+    data, _ = onu_training.prepare_data(data_dir, 'images', validation_percent, None)
+    class_names = data.photo_class_names()
+    if not max_images_per_class and data.layout == onu_dataset.PHOTOS:
         return data_dir
     # A subset, or bare class folders: copied into train/ and val/ folders, which the baselines read.
     subset_dir = os.path.join(work_dir, 'photos')
-    for split in onu_dataset.photo_splits(data_dir):
+    for split in data.photo_splits():
         per_class = collections.Counter()
         for image in onu_dataset.list_split_images(data_dir, split, class_names, validation_percent)[0]:
             if not max_images_per_class or per_class[image.label] < max_images_per_class:
@@ -212,16 +213,17 @@ def prepare_photos(data_dir, work_dir, max_images_per_class, validation_percent)
 
 def photo_paths(data_dir):
     """Returns the usable photos of every split of data_dir."""
-    class_names = onu_dataset.find_class_names(data_dir)
-    return [image.path for split in onu_dataset.photo_splits(data_dir)
+    data = onu_dataset.describe(data_dir)
+    class_names = data.photo_class_names()
+    return [image.path for split in data.photo_splits()
             for image in onu_dataset.list_split_images(data_dir, split, class_names)[0]]
 
 
 def hardware_info():
     """Returns the CPU model, core counts, GPUs and versions this run measured on."""
-    cpu_model = onu_model.read_cpu_info()[0] or platform.processor() or platform.machine()
+    cpu_model = onu_precision.read_cpu_info()[0] or platform.processor() or platform.machine()
     gpus = [tf.config.experimental.get_device_details(gpu).get('device_name', gpu.name)
             for gpu in tf.config.list_physical_devices('GPU')]
-    return {'cpu_model': cpu_model, 'cpu_count': os.cpu_count(), 'usable_cores': onu_dataset.worker_count(),
+    return {'cpu_model': cpu_model, 'cpu_count': os.cpu_count(), 'usable_cores': onu_pool.worker_count(),
             'gpus': gpus, 'memory_gib': round(os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30, 1),
             'tensorflow': tf.__version__, 'python': platform.python_version(), 'platform': platform.platform()}

@@ -1,13 +1,14 @@
 """What every onu script does first and last: a quiet start, deprecated flag spellings, one-line errors.
 
 Each script imports this module first, before TensorFlow and any onu module that imports it. On
-import, unless the user set TF_CPP_MIN_LOG_LEVEL or passed --verbose, it sets TensorFlow's C++
-logging to errors only and filters the known harmless deprecation warnings of tf-slim and the
-legacy layers, in this one place. A script that uses TensorFlow then calls import_tensorflow():
-TensorFlow 2.21 writes its start-up lines (oneDNN, CUDA probing) through absl before its log level
-applies, so they are dropped from the process's stderr while TensorFlow loads and probes its
-devices. Real warnings (a skipped photo, a damaged record, a precision fallback) are the scripts'
-own lines and always print. The data scripts never import TensorFlow, nor do their workers.
+import, unless --verbose, it filters the known harmless deprecation warnings of tf-slim and the
+legacy layers, in this one place, and sets TensorFlow's C++ logging to errors only unless the user
+set TF_CPP_MIN_LOG_LEVEL (their level then governs what TensorFlow logs). A script that uses
+TensorFlow then calls import_tensorflow(): TensorFlow 2.21 writes its start-up lines (oneDNN, CUDA
+probing) through absl before any log level applies, so, whatever the level, they are dropped from the
+process's stderr while TensorFlow loads and probes its devices. Real warnings (a skipped photo, a
+damaged record, a precision fallback) are the scripts' own lines and always print. The data scripts
+never import TensorFlow, nor do their workers.
 """
 import contextlib
 import os
@@ -87,8 +88,10 @@ def native_start_up_lines_dropped():
 
 
 def import_tensorflow():
-    """Imports TensorFlow and lets it probe its devices, quietly unless --verbose or the user's log level."""
-    if verbose_requested() or USER_SET_TF_LOG_LEVEL:
+    """Imports TensorFlow and lets it probe its devices, its start-up lines dropped unless --verbose."""
+    # Not skipped for a TF_CPP_MIN_LOG_LEVEL the user set: no level stops these lines (users set 2 to quiet
+    # TensorFlow, and got the oneDNN, cudart and cuInit lines back). Their level governs what follows.
+    if verbose_requested():
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
         return tf
     with native_start_up_lines_dropped():
@@ -111,31 +114,6 @@ flags.DEFINE_boolean(VERBOSE_FLAG, False, 'Show everything: TensorFlow\'s C++ lo
 def show_progress():
     """True when a progress bar can be seen: stdout and stderr both a terminal (never into logs or pipes)."""
     return sys.stdout.isatty() and sys.stderr.isatty()
-
-
-def define_data_dir_flag():
-    """Declares --data_dir, the data every script reads or writes: photos or records (README "Bring your own data")."""
-    flags.DEFINE_string('data_dir', onu_dataset.DEFAULT_DATA_DIR,
-                        'Folder with the data: photos in train/<class>/ and val/<class>/ or in <class>/ folders '
-                        '(split by --validation_percent), this repo\'s records, or records written by the study, '
-                        'TF-slim, the Inception/ImageNet converters or TFDS.')
-
-
-def define_split_flags():
-    """Declares --validation_percent and --labels_offset: how a split is made, and labels read, where the data is silent."""
-    flags.DEFINE_float('validation_percent', onu_dataset.DEFAULT_VALIDATION_PERCENT,
-                       'Photos in <class>/ folders without a train/val split: the percent held out for val, chosen '
-                       'by a hash of each file\'s path (the same on every run; adding photos never moves an old '
-                       'one). Training saves it in run_config.json for eval.', lower_bound=0.0, upper_bound=99.0)
-    flags.DEFINE_integer('labels_offset', None,
-                         'Records of other tools: subtract this from each stored label (1 for labels that start at '
-                         '1, label 0 unused as background); default: from the records\' own evidence.',
-                         lower_bound=0)
-
-
-def define_seed_flag(help_text):
-    """Declares --seed (default 0, so that a rerun repeats itself)."""
-    flags.DEFINE_integer('seed', 0, help_text)
 
 
 _ALIASES = {}  # deprecated flag name -> the flag it spells

@@ -1,30 +1,39 @@
-"""The on-disk layout of ONU photo folders and of this repo's TFRecords: the one place for it.
+"""What is in a data folder: the one answer, for every layout, built once per script into a DataDir.
 
-Photos:  DATA/train/<class>/*, DATA/val/<class>/*  (class ids = sorted train class-folder names, 0-based;
-         the val folder may also be called validation/ or test/)
-         or PHOTOS/<class>/* with no split: a file is held out for val when the hash of its path relative
-         to PHOTOS falls below --validation_percent (split_of), so adding photos never moves an old one.
-Records: DATA/tfrecords/ holding the shards, labels.txt and manifest.json (see convert_to_tfrecord.py);
-         for a read-only DATA, the same under the cache folder (cache_dir()).
+    data = describe(data_dir, validation_percent, labels_offset)   # DataError naming the folder and the fix
+    data.layout                       # photos, class_folders, records (this repo's), or an onu_layouts name
+    data.default_format()             # encoded for photos, else the records' own
+    data.has_records('raw')           # readable as they are, or converted first (onu_converter)
+    info = data.split('train', 'encoded')       # a DatasetInfo: everything onu_input reads, found here
+    with read_errors_as_data_error(info): ...   # the input pipeline's errors as one-line DataErrors
 
-Also the image reading every tool shares (format sniffing, EXIF orientation) and the worker-process helpers
-of the data tools. Pure Python + Pillow, no TensorFlow: every script and worker process imports it cheaply.
+The layouts:
+  photos         DATA/train/<class>/*, DATA/val/<class>/*  (class ids = sorted train class-folder names, 0-based;
+                 the val folder may also be called validation/ or test/);
+  class_folders  PHOTOS/<class>/* with no split: a file is held out for val when the hash of its path relative
+                 to PHOTOS falls below --validation_percent (split_of), so adding photos never moves an old one;
+  records        this repo's TFRecords: DATA/tfrecords/ (or DATA itself) holding the shards, labels.txt and
+                 manifest.json (convert_to_tfrecord.py); for a read-only DATA, the same in the cache folder;
+  other tools'   the record layouts of onu_layouts.RECORD_LAYOUTS (the study's, TF-slim's, Inception's, TFDS's).
+Photos and bare class folders may have this repo's records beside them (converted once, on demand).
+
+Also where this repo's records are written (the manifest, labels.txt, shard names and record keys: read and
+written here), and the one report of a photo that is skipped (at listing, or when it fails to decode).
+Pure Python, no TensorFlow at import: every script and worker process imports it cheaply.
 """
-
-import collections
 import contextlib
 import dataclasses
 import hashlib
-import io
-import itertools
 import json
-import multiprocessing
 import os
-import sys
+import re
+import shlex
+import threading
 import unicodedata
 
-from PIL import Image
+from absl import logging
 
+from onu_lib import onu_photos
 from onu_lib import onu_tfrecord
 
 DEFAULT_DATA_DIR = '/tmp/onu_data'  # every script's default --data_dir: the built-in sample data
@@ -37,11 +46,17 @@ COMPRESSIONS = onu_tfrecord.COMPRESSIONS
 DEFAULT_VALIDATION_PERCENT = 10.0  # class folders without a split: the share of photos held out for val
 CACHE_DIR_ENV = 'ONU_CACHE_DIR'
 
+# The layouts besides other tools' (onu_layouts.LAYOUT_NAMES).
+PHOTOS = 'photos'
+CLASS_FOLDERS = 'class_folders'
+RECORDS = 'records'
+
 RECORDS_SUBDIR = 'tfrecords'
 LABELS_FILENAME = 'labels.txt'
 MANIFEST_FILENAME = 'manifest.json'
 MANIFEST_VERSION = 1
 
+# This repo's record keys (TF-slim's), also what most other tools write.
 KEY_ENCODED = 'image/encoded'
 KEY_RAW = 'image/raw'
 KEY_FORMAT = 'image/format'
@@ -51,6 +66,8 @@ KEY_HEIGHT = 'image/height'
 KEY_WIDTH = 'image/width'
 KEY_CHANNELS = 'image/channels'
 KEY_FILENAME = 'image/filename'
+# The image key of this repo's records of each format.
+IMAGE_KEYS = {'raw': KEY_RAW, 'encoded': KEY_ENCODED}
 
 # Values of KEY_FORMAT: what the payload bytes are.
 PAYLOAD_JPEG = 'jpeg'
@@ -62,149 +79,50 @@ CHANNELS = 3
 RAW_MODES = {1: 'L', 3: 'RGB', 4: 'RGBA'}
 # A record that names no file is named <shard file>#<index> (its position in the shard, from 0).
 RECORD_NAME_SEPARATOR = '#'
-
-JPEG_FORMATS = ('JPEG', 'MPO')  # Pillow calls multi-picture camera JPEGs 'MPO'; they decode as JPEG.
-# Files kept byte for byte in encoded records: TensorFlow decodes them to the same RGB pixels as Pillow's
-# convert('RGB') (alpha dropped, grey and palette expanded). CMYK JPEGs and 16-bit PNGs are not among them.
-KEPT_MODES = {'JPEG': ('RGB', 'L'), 'MPO': ('RGB', 'L'), 'PNG': ('RGB', 'L', 'RGBA', 'LA', 'P')}
-TF_DECODABLE_FORMATS = JPEG_FORMATS + ('PNG', 'GIF', 'BMP', 'WEBP')  # what tf.io.decode_image reads
-SYSTEM_FILENAMES = ('thumbs.db', 'ehthumbs.db', 'desktop.ini', 'icon\r')
-REASON_HIDDEN = 'hidden or system file'
-EXIF_ORIENTATION_TAG = 0x0112
-# EXIF orientation -> the Pillow transpose that makes the image upright (as ImageOps.exif_transpose does).
-ORIENTATION_TRANSPOSE = {
-    2: Image.Transpose.FLIP_LEFT_RIGHT,
-    3: Image.Transpose.ROTATE_180,
-    4: Image.Transpose.FLIP_TOP_BOTTOM,
-    5: Image.Transpose.TRANSPOSE,
-    6: Image.Transpose.ROTATE_270,
-    7: Image.Transpose.TRANSVERSE,
-    8: Image.Transpose.ROTATE_90,
-}
-_JPEG_END_MARKER = b'\xff\xd9'
-_TAIL_BYTES = 64
+# The first value of the message of the error a record's label outside the classes raises (onu_input's check).
+LABEL_OUT_OF_RANGE = 'label outside the classes:'
+# What TensorFlow's messages say of a record whose keys or values are not those of the first record.
+UNREADABLE_RECORD_SIGNS = ('is required but could not be found', 'Could not parse', 'Can\'t parse',
+                           'Input to reshape')
 
 
 class DataError(Exception):
     """A problem with the user's data; str(error) is one line naming the path and the fix."""
 
 
-class UnreadableImage(Exception):
-    """A file that cannot be used as a training image; str(error) is the reason."""
+def _check_choice(name, value, choices):
+    """Raises ValueError unless value is one of choices."""
+    if value not in choices:
+        raise ValueError(f'{name}={value!r}; expected one of {", ".join(choices)}')
 
 
-@dataclasses.dataclass
-class ImageInfo:
-    """One usable photo: where it is, its class, and what its header says."""
-    path: str
-    label: int
-    class_name: str
-    height: int  # upright, after the EXIF orientation is applied
-    width: int  # upright
-    orientation: int  # EXIF 1..8, 1 = none
-    image_format: str  # sniffed from the content: 'JPEG', 'PNG', 'BMP', 'GIF', ...
-    mode: str  # Pillow mode: 'RGB', 'L', 'CMYK', 'RGBA', ...
-    num_bytes: int
-
-    @property
-    def is_kept_as_is(self):
-        """True if the file's own bytes already decode to the upright RGB image (a JPEG or PNG, see KEPT_MODES)."""
-        return self.mode in KEPT_MODES.get(self.image_format, ()) and self.orientation == 1
+def convert_command(data_dir, data_format, *options):
+    """Returns the command line that writes data_format records of data_dir, quoted for the shell."""
+    words = ['python', 'convert_to_tfrecord.py', f'--data_dir={data_dir}', f'--format={data_format}', *options]
+    return shlex.join(words)
 
 
-def is_hidden(name):
-    """True for dot-files and the system files file managers leave in photo folders."""
-    return name.startswith('.') or name.lower() in SYSTEM_FILENAMES
+def missing_data_dir_error(data_dir):
+    """The DataError for a --data_dir that does not exist: how to make sample data, where to point instead."""
+    return DataError(f'{data_dir}: data dir not found; make sample data with '
+                     f'{shlex.join(["python", "make_sample_data.py", f"--data_dir={data_dir}"])}, or point --data_dir '
+                     f'at your photos or records (README "Bring your own data")')
 
 
-def _has_jpeg_end_marker(fp):
-    """True if the file ends with the JPEG end-of-image marker (ignoring zero padding)."""
-    fp.seek(0, os.SEEK_END)
-    fp.seek(max(0, fp.tell() - _TAIL_BYTES))
-    return fp.read().rstrip(b'\x00').endswith(_JPEG_END_MARKER)
-
-
-def _orientation(image):
-    """The EXIF orientation Pillow would apply (1..8), 1 if absent or malformed."""
-    try:
-        value = image.getexif().get(EXIF_ORIENTATION_TAG, 1)
-    except Exception:  # malformed EXIF blocks raise many kinds of errors; the photo itself is fine
-        return 1
-    return value if value in ORIENTATION_TRANSPOSE else 1
-
-
-def relative_name(path, data_dir):
-    """path relative to data_dir with '/' separators, as stored in image/filename and the manifest."""
-    return os.path.relpath(path, data_dir).replace(os.sep, '/')
-
-
-@dataclasses.dataclass(frozen=True)
-class ImageHeader:
-    """What an image's header says: format sniffed from the content, Pillow mode, stored size, EXIF orientation."""
-    image_format: str  # 'JPEG', 'PNG', 'BMP', 'GIF', ...
-    mode: str
-    width: int  # as stored, before the EXIF orientation
-    height: int
-    orientation: int  # EXIF 1..8, 1 = none
-
-
-def read_image_header(source):
-    """The ImageHeader of an image file (a path) or of image bytes; UnreadableImage(reason) if it cannot be used.
-
-    JPEGs (nearly all photos) are checked cheaply: header plus the end-of-image marker; only a JPEG
-    without that marker is fully decoded to tell a truncated file from one with trailing data.
-    Other formats have no such cheap check and are fully decoded.
-    """
-    image_format = None
-    try:
-        with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as image:
-            image_format, mode, (width, height) = image.format, image.mode, image.size
-            if image_format not in JPEG_FORMATS or not _has_jpeg_end_marker(image.fp):
-                image.load()
-            orientation = _orientation(image)
-    except Image.UnidentifiedImageError:
-        raise UnreadableImage('not an image Pillow can read (content is not JPEG, PNG, BMP, GIF, ...)') from None
-    except Exception as error:  # Pillow reports damaged files with OSError, SyntaxError, ValueError, ...
-        what = f'damaged {image_format} file' if image_format else 'damaged or unsupported file'
-        message = ' '.join(str(error).split()) or type(error).__name__
-        raise UnreadableImage(f'{what}: {message}') from None
-    return ImageHeader(image_format, mode, width, height, orientation)
-
-
-def read_image_info(path, label=0, class_name=''):
-    """The ImageInfo of one file (read_image_header's checks), or UnreadableImage(reason) if it cannot be used."""
-    num_bytes = os.path.getsize(path)
-    if num_bytes == 0:
-        raise UnreadableImage('empty file')
-    header = read_image_header(path)
-    width, height = header.width, header.height
-    if header.orientation in (5, 6, 7, 8):
-        width, height = height, width
-    return ImageInfo(path=path, label=label, class_name=class_name, height=height, width=width,
-                     orientation=header.orientation, image_format=header.image_format, mode=header.mode,
-                     num_bytes=num_bytes)
-
-
-def upright_rgb(path, orientation):
-    """The fully decoded image at path, EXIF orientation applied, as an RGB PIL image."""
-    with Image.open(path) as image:
-        image.load()
-        if orientation in ORIENTATION_TRANSPOSE:
-            image = image.transpose(ORIENTATION_TRANSPOSE[orientation])
-        return image if image.mode == 'RGB' else image.convert('RGB')
-
+# ----------------------------------------------------------------------------------------------
+# Photo folders
 
 def visible_subdirs(folder):
     """Sorted names of the non-hidden subfolders of folder (the class folders of a split)."""
     return sorted(entry.name for entry in os.scandir(folder)
-                  if entry.is_dir() and not is_hidden(entry.name))
+                  if entry.is_dir() and not onu_photos.is_hidden(entry.name))
 
 
 def _candidate_files(class_dir):
     """(path, skip reason or None) for every entry of a class folder, sorted by path."""
     for entry in sorted(os.scandir(class_dir), key=lambda e: e.name):
-        if is_hidden(entry.name):
-            yield entry.path, REASON_HIDDEN
+        if onu_photos.is_hidden(entry.name):
+            yield entry.path, onu_photos.REASON_HIDDEN
         elif entry.is_dir():
             yield entry.path, 'subfolder (images in subfolders are not read; move them up into the class folder)'
         elif not entry.is_file():
@@ -218,9 +136,9 @@ def _has_readable_image(class_dir):
     for path, reason in _candidate_files(class_dir):
         if reason is None:
             try:
-                read_image_info(path)
+                onu_photos.read_image_info(path)
                 return True
-            except UnreadableImage:
+            except onu_photos.UnreadableImage:
                 pass
     return False
 
@@ -239,11 +157,6 @@ def split_dir(data_dir, split):
     return os.path.join(data_dir, names[0])
 
 
-def photo_splits(data_dir):
-    """The splits data_dir has photos of: those with a folder, or both for bare class folders (split_of)."""
-    return [split for split in SPLITS if not has_split_folders(data_dir) or os.path.isdir(split_dir(data_dir, split))]
-
-
 def bare_class_folders(data_dir):
     """The visible subfolders of data_dir that would be classes of bare class folders (not tfrecords/)."""
     return [name for name in visible_subdirs(data_dir) if name != RECORDS_SUBDIR]
@@ -259,6 +172,11 @@ def split_of(relative_path, validation_percent):
     return 'val' if position < validation_percent else 'train'
 
 
+def relative_name(path, data_dir):
+    """path relative to data_dir with '/' separators, as stored in image/filename and the manifest."""
+    return os.path.relpath(path, data_dir).replace(os.sep, '/')
+
+
 def _check_has_readable_images(class_dirs, where):
     """DataError naming the first class folder without a usable image."""
     for class_dir in class_dirs:
@@ -272,8 +190,9 @@ def find_class_names(data_dir):
     if not has_split_folders(data_dir):
         class_names = bare_class_folders(data_dir) if os.path.isdir(data_dir) else []
         if not class_names:
+            make = shlex.join(['python', 'make_sample_data.py', f'--data_dir={data_dir}'])
             raise DataError(f'{data_dir}: no photos found: put them in {data_dir}/<class>/ (or {data_dir}/train/<class>/ '
-                            f'and {data_dir}/val/<class>/), or run python make_sample_data.py --data_dir={data_dir}')
+                            f'and {data_dir}/val/<class>/), or run {make}')
         _check_has_readable_images([os.path.join(data_dir, name) for name in class_names], data_dir)
         return class_names
     train_dir = os.path.join(data_dir, 'train')
@@ -311,13 +230,52 @@ def list_split_images(data_dir, split, class_names, validation_percent=DEFAULT_V
                 continue
             if reason is None:
                 try:
-                    images.append(read_image_info(path, label, class_name))
+                    images.append(onu_photos.read_image_info(path, label, class_name))
                     continue
-                except UnreadableImage as error:
+                except onu_photos.UnreadableImage as error:
                     reason = str(error)
             skipped.append((path, reason))
     return images, skipped
 
+
+def photo_folders(data_dir):
+    """The class folders of data_dir's photos: <split>/<class>/ of each split folder, or <class>/ of bare ones."""
+    if not has_split_folders(data_dir):
+        return [os.path.join(data_dir, name) for name in bare_class_folders(data_dir)]
+    folders = []
+    for split in SPLITS:
+        folder = split_dir(data_dir, split)
+        if os.path.isdir(folder):
+            folders += [os.path.join(folder, name) for name in visible_subdirs(folder)]
+    return folders
+
+
+# ----------------------------------------------------------------------------------------------
+# Skipped photos: one report, whether a photo is left out when listed or fails to decode while read
+
+_skipped = {}  # path -> why, for every photo this process has left out
+_skipped_lock = threading.Lock()
+
+
+def report_skipped(path, reason, fix='fix or remove it'):
+    """Warns, the first time this process skips path, why and what to do; returns False if it was reported before."""
+    with _skipped_lock:
+        if path in _skipped:
+            return False
+        _skipped[path] = reason
+        count = len(_skipped)
+    logging.warning('skipping %s: %s; %s (%d file(s) skipped so far)', path, reason, fix, count)
+    return True
+
+
+def skipped_photos():
+    """Returns {path: reason} of the photos this process has skipped so far."""
+    with _skipped_lock:
+        return dict(_skipped)
+
+
+# ----------------------------------------------------------------------------------------------
+# This repo's records on disk: where they are, their manifest and labels file
 
 def cache_dir():
     """Where what is derived from data folders is kept outside them: $ONU_CACHE_DIR, else the user's cache folder."""
@@ -344,16 +302,6 @@ def records_dirs(data_dir):
             if os.path.isfile(os.path.join(candidate, MANIFEST_FILENAME))]
 
 
-def records_dir_for(data_dir, data_format=None):
-    """Where the TFRecords of data_dir are: the first of records_dirs whose manifest lists data_format (None: any);
-    data_dir/tfrecords if none does."""
-    for candidate in records_dirs(data_dir):
-        if data_format is None or any(data_format in formats for formats in
-                                      read_manifest(candidate).get('splits', {}).values()):
-            return candidate
-    return os.path.join(data_dir, RECORDS_SUBDIR)
-
-
 def can_write_in(folder):
     """True if files can be created in folder (made if missing): False on a read-only file system or without rights."""
     try:
@@ -365,19 +313,6 @@ def can_write_in(folder):
         return True
     except OSError:
         return False
-
-
-def writable_records_dir(data_dir):
-    """Where conversion writes data_dir's records: records_dir_for(data_dir), or cached_records_dir if that is read-only."""
-    records_dir = records_dir_for(data_dir)
-    return records_dir if can_write_in(records_dir) else cached_records_dir(data_dir)
-
-
-def missing_data_dir_error(data_dir):
-    """The DataError for a --data_dir that does not exist: how to make sample data, where to point instead."""
-    return DataError(f'{data_dir}: data dir not found; make sample data with python make_sample_data.py '
-                     f'--data_dir={data_dir}, or point --data_dir at your photos or records '
-                     f'(README "Bring your own data")')
 
 
 def shard_filename(split, record_format, index, num_shards):
@@ -398,20 +333,38 @@ def write_labels(path, class_names):
     write_text_atomic(path, ''.join(f'{label}:{name}\n' for label, name in enumerate(class_names)))
 
 
-def read_labels(path):
-    """The class names of a TF-slim labels file, ordered by id."""
+_ID_NAME = re.compile(r'(\d+):(.+)')  # a line of TF-slim's labels file
+
+
+def _names_file_lines(path):
+    """The non-empty lines of a labels file, stripped; DataError when it is missing or unreadable."""
     try:
-        with open(path, encoding='utf-8') as f:
-            lines = [line.rstrip('\n') for line in f if line.strip()]
+        with open(path, encoding='utf-8-sig') as f:  # -sig: a byte-order mark some editors write is not a name
+            return [line.strip() for line in f if line.strip()]
     except FileNotFoundError:
         raise DataError(f'{path} not found: run python convert_to_tfrecord.py to write it') from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise DataError(f'{path}: unreadable labels file ({error}); save it as UTF-8 text, or move it away') from None
+
+
+def read_names_file(path):
+    """(form, names) of a labels file: ('ids', {id: name}) for id:name lines, ('lines', [name, ...]) otherwise."""
+    lines = _names_file_lines(path)
+    pairs = [_ID_NAME.fullmatch(line) for line in lines]
+    if lines and all(pairs):
+        return 'ids', {int(pair.group(1)): pair.group(2).strip() for pair in pairs}
+    return 'lines', lines
+
+
+def read_labels(path):
+    """The class names of this repo's labels file: TF-slim's id:name lines, ids 0, 1, 2, ... in order."""
     names = []
-    for expected_id, line in enumerate(lines):
-        label, sep, name = line.partition(':')
-        if not sep or not label.strip().isdigit() or int(label) != expected_id or not name:
+    for expected_id, line in enumerate(_names_file_lines(path)):
+        pair = _ID_NAME.fullmatch(line)
+        if not pair or int(pair.group(1)) != expected_id:
             raise DataError(f'{path}: line {expected_id + 1} is {line!r}, expected "{expected_id}:<class name>": '
                             f'fix the file or re-run python convert_to_tfrecord.py --overwrite')
-        names.append(name)
+        names.append(pair.group(2).strip())
     return names
 
 
@@ -424,7 +377,7 @@ def write_manifest(records_dir, manifest):
 def read_manifest(records_dir):
     """The manifest dict written by convert_to_tfrecord.py in records_dir."""
     path = os.path.join(records_dir, MANIFEST_FILENAME)
-    fix = f'run python convert_to_tfrecord.py --output_dir={records_dir} --data_dir=<your photo folder>'
+    fix = f'run python convert_to_tfrecord.py --output_dir={shlex.quote(records_dir)} --data_dir=<your photo folder>'
     try:
         with open(path, encoding='utf-8') as f:
             manifest = json.load(f)
@@ -442,7 +395,7 @@ def records_entry(manifest, split, record_format, records_dir):
     entry = manifest.get('splits', {}).get(split, {}).get(record_format)
     if entry is None:
         raise DataError(f'{records_dir} has no {record_format} records of {split}: run python convert_to_tfrecord.py '
-                        f'--output_dir={records_dir} --format={record_format} --data_dir=<your photo folder>')
+                        f'--output_dir={shlex.quote(records_dir)} --format={record_format} --data_dir=<your photo folder>')
     return entry
 
 
@@ -457,60 +410,387 @@ def tf_compression_type(compression):
     return '' if compression == 'NONE' else compression
 
 
-def worker_count(processes=None):
-    """The number of worker processes to use: processes, or every usable CPU core if None or 0."""
-    if processes:
-        return processes
-    return len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1
+# ----------------------------------------------------------------------------------------------
+# What one split in one data format holds: what onu_input reads
+
+@dataclasses.dataclass(frozen=True)
+class DatasetInfo:
+    """What one split in one data format holds: classes, example count, the files to read and how."""
+    data_dir: str
+    data_format: str
+    split: str
+    class_names: tuple
+    num_examples: int
+    files: tuple                 # record shards, or image files in images mode
+    layout: str = PHOTOS         # photos, class_folders, records (this repo's), or an onu_layouts name
+    names: tuple = ()            # images mode: each file's name relative to data_dir (KEY_FILENAME's form)
+    labels: tuple = ()           # images mode: the class id of each file
+    orientations: tuple = ()     # images mode: the EXIF orientation (1-8) of each file
+    records_per_file: tuple = ()  # record modes: the count of each shard
+    compression_type: str = ''   # record modes: as TFRecordDataset spells it ('' for none)
+    bytes_per_example: int = 0   # record modes: average record size, sizes the shuffle buffer
+    skipped: tuple = ()          # images mode: (path, reason) of files left out when listing
+    image_key: str = ''          # record modes: the feature holding the image (raw pixels or encoded bytes)
+    label_key: str = KEY_LABEL
+    filename_key: str = KEY_FILENAME  # '' when the records name no file
+    height_key: str = KEY_HEIGHT  # raw records: the keys of the pixels' height and width
+    width_key: str = KEY_WIDTH
+    labels_offset: int = 0       # record modes: class = stored label - labels_offset
+    # Other tools' records, read as they are or converted: the --labels_offset their labels were read with.
+    data_labels_offset: int = None
+    validation_percent: float = None  # class_folders: the share held out for val (split_of)
+
+    @property
+    def num_classes(self):
+        """Returns the number of classes."""
+        return len(self.class_names)
+
+    @property
+    def record_name_prefixes(self):
+        """Returns '<shard file>#' of each shard: a record that names no file is named that and its index."""
+        return tuple(os.path.basename(path) + RECORD_NAME_SEPARATOR for path in self.files)
+
+    def report_unreadable(self, index):
+        """Reports once that photo `index` of this split could not be decoded, and left out; DataError when none of
+        the split's photos decodes (training would wait for a batch forever)."""
+        path = self.files[index]
+        if path not in skipped_photos():
+            report_skipped(path, onu_photos.why_undecodable(path))
+        skipped = skipped_photos()
+        if all(path in skipped for path in self.files):
+            where = self.data_dir if self.layout == CLASS_FOLDERS else split_dir(self.data_dir, self.split)
+            raise DataError(f'{where}: none of the {len(self.files)} images decodes; replace them with '
+                            f'JPEG/PNG/GIF/BMP photos')
+
+
+# ----------------------------------------------------------------------------------------------
+# The data folder: found once
+
+@dataclasses.dataclass(frozen=True)
+class DataDir:
+    """What a data folder holds (describe): its layout, this repo's records and other tools' records in it, and the
+    split and labels offset asked for where the data leaves them open."""
+    path: str
+    layout: str
+    validation_percent: float         # bare class folders: the share held out for val
+    labels_offset: object             # other tools' records: the offset asked (None: from evidence)
+    manifests: tuple = ()             # ((records dir, manifest), ...) of this repo's records, in records_dirs' order
+    foreign: object = None            # onu_layouts.ForeignRecords, or None
+
+    @property
+    def has_photos(self):
+        """True when the folder holds photos (split folders or bare class folders), not only records."""
+        return self.layout in (PHOTOS, CLASS_FOLDERS)
+
+    def _repo_formats(self):
+        """The record formats this repo's records hold for every split, in RECORD_FORMATS' order."""
+        formats = set()
+        for _, manifest in self.manifests:
+            splits = manifest.get('splits', {})
+            formats.update(fmt for fmt in RECORD_FORMATS
+                           if splits and all(fmt in formats_of_split for formats_of_split in splits.values()))
+        return tuple(fmt for fmt in RECORD_FORMATS if fmt in formats)
+
+    def records_dir(self, data_format=None):
+        """Where this repo's records of the folder are: the first records folder whose manifest lists data_format
+        (None: any); data_dir/tfrecords if none does."""
+        for records_dir, manifest in self.manifests:
+            if data_format is None or any(data_format in formats for formats in manifest.get('splits', {}).values()):
+                return records_dir
+        return os.path.join(self.path, RECORDS_SUBDIR)
+
+    def _manifest(self, data_format):
+        """The manifest of this repo's data_format records ({} if there is none)."""
+        records_dir = self.records_dir(data_format)
+        return dict(self.manifests).get(records_dir, {})
+
+    def made_otherwise(self, data_format):
+        """Why this repo's data_format records do not fit the split or labels offset asked, or None."""
+        records_dir, manifest = self.records_dir(data_format), self._manifest(data_format)
+        split_by = manifest.get('validation_percent')
+        if split_by is not None and split_by != self.validation_percent:
+            return (f'{records_dir}: records split with --validation_percent={split_by:g}, but '
+                    f'{self.validation_percent:g} is asked; use --validation_percent={split_by:g}, or re-create them '
+                    f'with {self.convert_command(data_format, f"--validation_percent={self.validation_percent:g}")}')
+        offset = manifest.get('source', {}).get('labels_offset')
+        if self.labels_offset is not None and offset is not None and offset != self.labels_offset:
+            return (f'{records_dir}: records made with --labels_offset={offset}, but {self.labels_offset} is asked; '
+                    f'use --labels_offset={offset}, or re-create them with '
+                    f'{self.convert_command(data_format, f"--labels_offset={self.labels_offset}")}')
+        return None
+
+    def reads_other_tools_records(self, data_format):
+        """True when data_format is read from records another tool wrote here (none of this repo's)."""
+        return data_format != 'images' and data_format not in self._repo_formats() and self.foreign is not None
+
+    def has_records(self, data_format):
+        """True when data_format records can be read as they are: this repo's (every split, made with the split and
+        labels offset asked), or another tool's."""
+        if data_format in self._repo_formats():
+            return self.made_otherwise(data_format) is None
+        return self.foreign is not None and data_format in self.foreign.data_formats
+
+    @property
+    def record_formats(self):
+        """The record formats the folder has to read, this repo's or another tool's: encoded, then raw."""
+        formats = set(self._repo_formats()) | set(self.foreign.data_formats if self.foreign else ())
+        return tuple(fmt for fmt in ('encoded', 'raw') if fmt in formats)
+
+    def default_format(self):
+        """The data format to read when none is asked: encoded for photos, else the records' own (encoded first)."""
+        if self.has_photos:
+            return 'encoded'
+        return (self.record_formats or ('encoded',))[0]
+
+    def convert_command(self, data_format, *options):
+        """The command line that writes this folder's data_format records, quoted for the shell."""
+        return convert_command(self.path, data_format, *options)
+
+    def labels_line(self):
+        """One line on how another tool's records here are labelled ('' for photos and this repo's records)."""
+        if self.foreign is None:
+            return ''
+        labels = self.foreign.labels(self.labels_offset)
+        return (f'{self.foreign.describe()}; labels start at {labels.offset} ({labels.evidence}); '
+                f'class names from {labels.names_from}')
+
+    def photo_class_names(self):
+        """The class names of the folder's photos (sorted class-folder names); DataError when it has none."""
+        return find_class_names(self.path)
+
+    def photo_splits(self):
+        """The splits the folder has photos of: those with a folder, or both for bare class folders (split_of)."""
+        return [split for split in SPLITS if self.layout == CLASS_FOLDERS or os.path.isdir(split_dir(self.path, split))]
+
+    def source_paths(self):
+        """Paths of what conversion reads, sorted: other tools' record files and the files that name their classes
+        or count them, or the class folders and their entries."""
+        if self.foreign is not None:
+            return self.foreign.source_paths()
+        paths = []
+        for class_dir in photo_folders(self.path):
+            paths += [class_dir] + sorted(entry.path for entry in os.scandir(class_dir))
+        return paths
+
+    def split(self, split, data_format):
+        """Returns the DatasetInfo of one split in one data format; DataError naming the path and the fix."""
+        _check_choice('data_format', data_format, DATA_FORMATS)
+        _check_choice('split', split, SPLITS)
+        if data_format == 'images':
+            return self._images_info(split)
+        if self.reads_other_tools_records(data_format):
+            return self._other_tools_records_info(split, data_format)
+        return self._records_info(split, data_format)
+
+    def _images_info(self, split):
+        """The DatasetInfo of split read from the class folders (split folders, or split_of's for bare ones)."""
+        if not self.has_photos:
+            raise DataError(f'{self.path}: holds records, not photo folders: read them with '
+                            f'--data_format={self.default_format()}')
+        class_names = self.photo_class_names()
+        bare = self.layout == CLASS_FOLDERS
+        folder = self.path if bare else split_dir(self.path, split)
+        if not os.path.isdir(folder):
+            raise DataError(f'{folder}: no {split} photos; put them in {folder}/<class>/ '
+                            f'with the classes of {os.path.join(self.path, "train")}')
+        images, skipped = list_split_images(self.path, split, class_names, self.validation_percent)
+        for path, reason in skipped:
+            report_skipped(path, reason)
+        for image in images:
+            if image.image_format not in onu_photos.TF_DECODABLE_FORMATS:
+                report_skipped(image.path, f'a {image.image_format} file, which --data_format=images cannot decode',
+                               f'encoded and raw records include it: {self.convert_command("encoded")}')
+        images = [image for image in images if image.image_format in onu_photos.TF_DECODABLE_FORMATS]
+        if not images:
+            if bare:
+                raise DataError(
+                    f'{self.path}: no {split} photos among its class folders with --validation_percent='
+                    f'{self.validation_percent:g}; add photos or choose another --validation_percent')
+            raise DataError(f'{folder}: no readable images in the class folders; add photos to {folder}/<class>/')
+        return DatasetInfo(
+            data_dir=self.path, data_format='images', split=split, class_names=tuple(class_names),
+            num_examples=len(images), files=tuple(image.path for image in images), layout=self.layout,
+            names=tuple(relative_name(image.path, self.path) for image in images),
+            labels=tuple(image.label for image in images), orientations=tuple(image.orientation for image in images),
+            skipped=tuple(skipped), validation_percent=self.validation_percent if bare else None)
+
+    def _records_info(self, split, data_format):
+        """The DatasetInfo of split from this repo's records manifest, checking the shards on disk."""
+        records_dir = self.records_dir(data_format)
+        manifest = self._manifest(data_format)
+        if not manifest:
+            raise DataError(f'{os.path.join(records_dir, MANIFEST_FILENAME)} not found: no {data_format} records; '
+                            f'write them with {self.convert_command(data_format)}, or use --data_format=images')
+        problem = self.made_otherwise(data_format)
+        if problem:
+            raise DataError(problem)
+        formats = manifest.get('splits', {}).get(split, {})
+        if data_format not in formats:
+            others = [fmt for fmt in RECORD_FORMATS if fmt in formats]
+            found = f'only {" and ".join(others)} records' if others else 'no records'
+            instead = f', or use --data_format={others[0]}' if others else ''
+            raise DataError(f'{records_dir}: {data_format} records of {split} were asked but the manifest lists '
+                            f'{found}; write them with {self.convert_command(data_format)}{instead}')
+        entry = records_entry(manifest, split, data_format, records_dir)
+        files = shard_paths(records_dir, manifest, split, data_format)
+        for path, shard in zip(files, entry['shards']):
+            self._check_shard(path, shard.get('bytes'), data_format)
+        labels_path = os.path.join(records_dir, LABELS_FILENAME)
+        if not os.path.isfile(labels_path):
+            raise DataError(f'{labels_path} not found: re-create the records with '
+                            f'{self.convert_command(data_format, "--overwrite")}')
+        num_examples = int(entry['records'])
+        if not num_examples:
+            raise DataError(f'{records_dir}: the manifest lists no {data_format} records of {split}; add photos to '
+                            f'{os.path.join(self.path, split)}/<class>/ and run '
+                            f'{self.convert_command(data_format, "--overwrite")}')
+        return DatasetInfo(
+            data_dir=self.path, data_format=data_format, split=split, class_names=tuple(read_labels(labels_path)),
+            num_examples=num_examples, files=tuple(files), layout=RECORDS,
+            records_per_file=tuple(int(shard['records']) for shard in entry['shards']),
+            compression_type=tf_compression_type(manifest.get('compression', 'NONE')),
+            bytes_per_example=int(entry.get('record_bytes', 0)) // max(num_examples, 1),
+            image_key=IMAGE_KEYS[data_format], validation_percent=manifest.get('validation_percent'),
+            data_labels_offset=manifest.get('source', {}).get('labels_offset'))
+
+    def _check_shard(self, path, expected_bytes, data_format):
+        """Raises DataError when a shard listed in the manifest is missing or has another size."""
+        fix = f're-create the records with {self.convert_command(data_format, "--overwrite")}'
+        if not os.path.isfile(path):
+            raise DataError(f'{path}: record file listed in the manifest is missing; {fix}')
+        size = os.path.getsize(path)
+        if expected_bytes is not None and size != expected_bytes:
+            raise DataError(f'{path}: {size} bytes on disk but {expected_bytes} in the manifest (truncated or '
+                            f'changed); {fix}')
+
+    def _other_tools_records_info(self, split, data_format):
+        """The DatasetInfo of split from the records another tool wrote here (onu_layouts), read as they are."""
+        record_set = self.foreign.record_set(split, data_format, self.labels_offset)
+        if not record_set.num_examples:
+            raise DataError(f'{record_set.folder}: its {split} records are empty')
+        layout = record_set.layout
+        return DatasetInfo(
+            data_dir=self.path, data_format=data_format, split=split, class_names=record_set.labels.class_names,
+            num_examples=record_set.num_examples, files=record_set.files, layout=layout.name,
+            records_per_file=record_set.records_per_file,
+            compression_type=tf_compression_type(record_set.compression),
+            bytes_per_example=record_set.record_bytes // record_set.num_examples, image_key=record_set.image_key,
+            label_key=layout.label_key, filename_key=record_set.filename_key, height_key=layout.height_key,
+            width_key=layout.width_key, labels_offset=record_set.labels.offset,
+            data_labels_offset=record_set.labels.offset)
+
+
+def describe(data_dir, validation_percent=None, labels_offset=None):
+    """Returns the DataDir of data_dir: what it holds, found once; DataError when it holds nothing known.
+
+    validation_percent: bare class folders' held-out share (None: DEFAULT_VALIDATION_PERCENT); labels_offset:
+    other tools' records' (None: from evidence, onu_layouts). The error is one line saying what was looked for.
+    """
+    from onu_lib import onu_layouts  # pylint: disable=import-outside-toplevel  (it imports this module)
+    if not os.path.isdir(data_dir):
+        raise missing_data_dir_error(data_dir)
+    validation_percent = DEFAULT_VALIDATION_PERCENT if validation_percent is None else validation_percent
+    manifests = tuple((records_dir, read_manifest(records_dir)) for records_dir in records_dirs(data_dir))
+    foreign = None if has_split_folders(data_dir) else onu_layouts.find_foreign_records(data_dir)
+    if has_split_folders(data_dir):
+        layout = PHOTOS
+    elif foreign is not None:
+        layout = foreign.layout.name
+    elif bare_class_folders(data_dir):
+        layout = CLASS_FOLDERS
+    elif manifests:
+        layout = RECORDS
+    else:
+        raise DataError(
+            f'{data_dir}: no data found; looked for photos in train/<class>/ and val/<class>/ or in <class>/ folders, '
+            f'this repo\'s records (manifest.json, from convert_to_tfrecord.py), and the records of other tools: '
+            f'{onu_layouts.looked_for()}; see README "Bring your own data"')
+    return DataDir(path=data_dir, layout=layout, validation_percent=validation_percent, labels_offset=labels_offset,
+                   manifests=manifests, foreign=foreign)
+
+
+def writable_records_dir(data):
+    """Where conversion writes a DataDir's records: its records folder, or cached_records_dir if that is read-only."""
+    records_dir = data.records_dir()
+    return records_dir if can_write_in(records_dir) else cached_records_dir(data.path)
+
+
+# ----------------------------------------------------------------------------------------------
+# The input pipeline's errors, said in one line naming the file and the fix
+
+def _last_line(message):
+    """Returns the last non-empty line of a TensorFlow error message, minus node annotations."""
+    lines = [line.strip() for line in str(message).splitlines()
+             if line.strip() and not line.strip().startswith('[[')]
+    return lines[-1] if lines else str(message).strip()
+
+
+def find_damaged_shards(info):
+    """Returns [(shard, problem)] for the shards of info whose records are damaged or number other than listed."""
+    damaged = []
+    for shard, expected in zip(info.files, info.records_per_file):
+        compression = info.compression_type or 'NONE'
+        framing = onu_tfrecord.read_framing(shard, compression, verify=True)
+        if framing.problem:
+            damaged.append((shard, framing.problem))
+        elif framing.records != expected:
+            damaged.append((shard, f'{framing.records} records but {expected} listed'))
+    return damaged
+
+
+def _raised_data_error(message):
+    """Returns the message of a DataError raised inside the pipeline (by a numpy_function), or None."""
+    match = re.search(rf'(?:^|\W){DataError.__name__}: (.*)', str(message))
+    return match.group(1).strip() if match else None
+
+
+def _label_out_of_range(message):
+    """Returns the stored label of a LABEL_OUT_OF_RANGE error's message, or None if it is another error."""
+    match = re.search(re.escape(LABEL_OUT_OF_RANGE) + r'\]\s*\[(-?\d+)\]', str(message))
+    return int(match.group(1)) if match else None
+
+
+def _translated(info, error):
+    """Returns the DataError that says in one line what a TensorFlow error of reading info means, or None."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel  (only processes that read with it get here)
+    message = getattr(error, 'message', str(error))
+    if isinstance(error, tf.errors.DataLossError) and info.data_format != 'images':
+        damaged = find_damaged_shards(info)
+        where, problem = damaged[0] if damaged else (os.path.dirname(info.files[0]), _last_line(message))
+        fix = (f're-create the records with {convert_command(info.data_dir, info.data_format, "--overwrite")}'
+               if info.layout == RECORDS else 're-create it with the tool that wrote it, or move it away')
+        return DataError(f'{where}: damaged {info.data_format} record file ({problem}); {fix}')
+    if isinstance(error, tf.errors.InvalidArgumentError):
+        label = _label_out_of_range(message)
+        if label is not None:
+            return DataError(
+                f'{info.data_dir}: a record of {info.split} has label {label}, not one of the {info.num_classes} '
+                f'classes {info.labels_offset}..{info.labels_offset + info.num_classes - 1} (labels offset '
+                f'{info.labels_offset}); pass the --labels_offset the records use')
+        if info.data_format != 'images' and any(sign in message for sign in UNREADABLE_RECORD_SIGNS):
+            return DataError(
+                f'{os.path.dirname(info.files[0])}: a {info.split} record lacks what the first one holds '
+                f'({_last_line(message)}); every record needs {info.image_key} and {info.label_key}: re-create the '
+                f'records, or move the odd file away')
+    if isinstance(error, tf.errors.UnknownError):
+        raised = _raised_data_error(message)
+        return DataError(raised) if raised is not None else None
+    return None
 
 
 @contextlib.contextmanager
-def _main_script_not_reimported():
-    """Within it, spawned processes do not re-run the main script's imports (onu_train.py's TensorFlow).
+def read_errors_as_data_error(info):
+    """Re-raises the data errors of reading info through the input pipeline as one-line DataErrors.
 
-    A spawned worker imports the main script's file (as __mp_main__) before running anything; the
-    work functions live in library modules, which the worker imports itself, so it needs none of it.
+    A damaged record becomes a message naming the shard and what is wrong; a label outside the classes one
+    naming --labels_offset; a record without the first one's keys one naming them; a DataError raised in the
+    pipeline (no photo of a split decodes) loses TensorFlow's traceback. Other errors pass. Wrap the loop that
+    runs the graph built from onu_input's pipelines of info.
     """
-    main = sys.modules.get('__main__')
-    main_file = getattr(main, '__file__', None)
-    if main_file is None or getattr(main, '__spec__', None) is not None:
-        yield
-        return
-    del main.__file__
     try:
         yield
-    finally:
-        main.__file__ = main_file
-
-
-@contextlib.contextmanager
-def process_pool(processes, initializer=None):
-    """A pool of worker processes, or None when a single process is asked for (work runs in the caller)."""
-    if processes <= 1:
-        yield None
-        return
-    # 'spawn', not 'fork': callers may already run TensorFlow threads, which do not survive a fork.
-    with _main_script_not_reimported():
-        pool = multiprocessing.get_context('spawn').Pool(processes, initializer=initializer)
-    try:
-        yield pool
-    finally:
-        pool.terminate()  # callers collect every result first; this also stops workers still starting up
-
-
-def parallel_map(fn, items, pool, window=8):
-    """Yields fn(item) for items in order, computed by pool's workers (in this process if pool is None).
-
-    When a result is yielded, the next `window` items are already submitted, and no more: a slow consumer
-    never makes the workers fill the RAM.
-    """
-    if pool is None:
-        yield from map(fn, items)
-        return
-    items = iter(items)
-    pending = collections.deque(pool.apply_async(fn, (item,)) for item in itertools.islice(items, window))
-    while pending:
-        result = pending.popleft().get()
-        for item in itertools.islice(items, 1):
-            pending.append(pool.apply_async(fn, (item,)))
-        yield result
+    except Exception as error:  # TensorFlow's errors: the caller's process has imported it
+        translated = _translated(info, error) if type(error).__module__.startswith('tensorflow') else None
+        if translated is None:
+            raise
+        raise translated from None

@@ -1,7 +1,7 @@
 """Pictures of an evaluation for TensorBoard: confusion-matrix heatmap, grid of mistakes, PR curves.
 
-    confusion_matrix_png(confusion, class_names)           -> PNG bytes
-    mistakes_grid_png(mistakes, class_names, max_mistakes)  -> PNG bytes, None without mistakes
+    confusion_matrix_png(confusion, class_names)           -> PNG bytes (confusion_matrix_figure: the Figure)
+    mistakes_grid_png(mistakes, class_names, max_mistakes)  -> PNG bytes, None without mistakes (mistakes_grid_figure)
     select_mistakes / misclassified                         -> which examples were wrong
     image_summary_value(tag, png) / pr_curve_summary_values(labels, probabilities, class_names)
                                                             -> tf.compat.v1.Summary.Value(s)
@@ -11,12 +11,22 @@ The caller writes tf.compat.v1.Summary(value=[...]) with its FileWriter at the c
 step. Figures are drawn on matplotlib.figure.Figure with the Agg canvas: pyplot's global state and
 backend are never touched. Labels are class indices into class_names; probabilities are [N, C]
 softmax outputs; a prediction is their argmax (numpy.argmax: the first class on ties).
+
+Class and file names are drawn in matplotlib's default font; characters it lacks (Chinese, Japanese and
+Korean names: its DejaVu Sans has none) come from an installed font that has them all (fonts-noto-cjk),
+found through matplotlib's font_manager by the fonts' character maps. Without one, those characters are
+shown as Python escapes (\\u578b) and one line per process says how to get the font.
 """
+import collections
 import dataclasses
+import functools
 import io
 import math
 import os
+import sys
 
+from matplotlib import font_manager
+from matplotlib import rcParams
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 import numpy as np
@@ -30,9 +40,18 @@ PR_CURVE_TAG_PREFIX = 'pr_curves/'
 DEFAULT_NUM_THRESHOLDS = 201  # TensorBoard's own default
 DPI = 100
 GRID_COLUMNS = 5
-TILE_SIZE_INCHES = (2.5, 3.0)  # width, height: the photo plus a two-line caption
+TILE_SIZE_INCHES = (2.5, 3.0)  # width, height: the photo plus a caption of two or three lines
 MAX_CAPTION_NAME = 30  # characters of a file name in a caption
+MAX_CAPTION_LINE = 36  # characters a caption line holds at 8 points; longer: the predicted class on a third line
 PNG_COLORSPACES = {'L': 1, 'LA': 2, 'RGB': 3, 'RGBA': 4}  # Summary.Image.colorspace
+FONT_PACKAGE = 'fonts-noto-cjk'  # Debian's and Ubuntu's Noto CJK fonts: Chinese, Japanese and Korean
+# Tried first for names the default font cannot draw: ONU models are named by Chinese vendors.
+PREFERRED_FONTS = ('Noto Sans CJK SC', 'Noto Sans CJK TC', 'Noto Sans CJK HK', 'Noto Sans CJK JP',
+                   'Noto Sans CJK KR')
+# A glyph that stands for more code points is a placeholder, not a drawing: matplotlib's own Last Resort font
+# maps all 1.1 million code points to 371 "missing" boxes. Real fonts share a glyph between at most a few.
+MAX_CODE_POINTS_PER_GLYPH = 100
+REGULAR_WEIGHT = 400
 
 
 # Not compared by value: the image is an array, whose == is elementwise.
@@ -82,7 +101,96 @@ def misclassified(filenames, labels, probabilities):
     return [text(filenames[index]) for index in np.flatnonzero(predicted != labels)]
 
 
-def _png(figure):
+@functools.lru_cache(maxsize=None)
+def _characters(family):
+    """Returns the code points that the font matplotlib picks for family (a name or a generic family) draws."""
+    path = font_manager.findfont(font_manager.FontProperties(family=[family]))  # a str would be a fontconfig pattern
+    glyphs = font_manager.get_font(path).get_charmap()  # code point -> glyph index (0: none)
+    shared = collections.Counter(glyphs.values())
+    return frozenset(code for code, glyph in glyphs.items() if glyph and shared[glyph] <= MAX_CODE_POINTS_PER_GLYPH)
+
+
+def _font_names():
+    """Returns the names of the regular (upright, normal weight) fonts matplotlib knows, PREFERRED_FONTS first."""
+    names = {entry.name for entry in font_manager.fontManager.ttflist if entry.style == 'normal'
+             and font_manager.weight_dict.get(entry.weight, entry.weight) == REGULAR_WEIGHT}
+    return sorted(names, key=lambda name: (PREFERRED_FONTS.index(name) if name in PREFERRED_FONTS
+                                           else len(PREFERRED_FONTS), name))
+
+
+def _add_new_system_fonts():
+    """Adds the system's font files missing from matplotlib's font cache; returns how many were added.
+
+    matplotlib builds its cache once: a font installed after that (apt-get install fonts-noto-cjk) is not in it.
+    """
+    known = {entry.fname for entry in font_manager.fontManager.ttflist}
+    added = 0
+    for path in font_manager.findSystemFonts():
+        if path in known:
+            continue
+        try:
+            font_manager.fontManager.addfont(path)
+            added += 1
+        except (OSError, RuntimeError, ValueError):  # a file FreeType cannot read: matplotlib's own scan skips it too
+            continue
+    return added
+
+
+def _known_font_with(characters):
+    """Returns the name of the first font matplotlib knows that has every one of characters, None if none has."""
+    return next((name for name in _font_names() if characters <= _characters(name)), None)
+
+
+def find_font_with(characters):
+    """Returns the name of an installed font that has every one of characters (code points), None if none has."""
+    name = _known_font_with(characters)
+    if name is None and _add_new_system_fonts():
+        name = _known_font_with(characters)
+    return name
+
+
+@dataclasses.dataclass(frozen=True)
+class TextFont:
+    """How a picture draws its texts: the font families (None: matplotlib's default) and the code points none has."""
+    families: tuple = None
+    missing: frozenset = frozenset()
+
+    def shown(self, name):
+        """Returns name as drawn: each character no font has as its Python escape (\\u578b), the rest as it is."""
+        return ''.join(char.encode('unicode_escape').decode('ascii') if ord(char) in self.missing else char
+                       for char in name)
+
+
+_missing_font_reported = False
+
+
+def _report_missing_font(name, font):
+    """Says once per process that no installed font draws name, how it is shown instead, and how to get the font."""
+    global _missing_font_reported  # pylint: disable=global-statement
+    if _missing_font_reported:
+        return
+    _missing_font_reported = True
+    print(f"warning: no installed font can draw the name '{name}': the eval pictures show it as "
+          f"'{font.shown(name)}'; to draw Chinese, Japanese and Korean names, install {FONT_PACKAGE} "
+          f"(apt-get install {FONT_PACKAGE})", file=sys.stderr, flush=True)
+
+
+def text_font(names):
+    """Returns the TextFont that draws names: the default font, plus an installed font for what it lacks."""
+    default = tuple(rcParams['font.family'])
+    needed = {ord(char) for name in names for char in name if char.isprintable()}
+    missing = frozenset(needed.difference(*(_characters(family) for family in default)))
+    if not missing:
+        return TextFont()
+    extra = find_font_with(missing)
+    if extra is not None:
+        return TextFont(default + (extra,))
+    font = TextFont(missing=missing)
+    _report_missing_font(next(name for name in names if font.shown(name) != name), font)
+    return font
+
+
+def figure_png(figure):
     """Returns the figure rendered as RGB PNG bytes, exactly figsize * dpi pixels."""
     canvas = FigureCanvasAgg(figure)
     canvas.draw()
@@ -93,7 +201,12 @@ def _png(figure):
 
 
 def confusion_matrix_png(confusion, class_names, title=None):
-    """Returns a PNG heatmap of confusion[true, predicted] counts, each cell annotated with its count.
+    """Returns confusion_matrix_figure's heatmap as PNG bytes."""
+    return figure_png(confusion_matrix_figure(confusion, class_names, title))
+
+
+def confusion_matrix_figure(confusion, class_names, title=None):
+    """Returns a Figure: a heatmap of confusion[true, predicted] counts, each cell annotated with its count.
 
     Cells are coloured by the fraction of their row (the true class), so that rare classes stay
     readable; the default title gives the number of examples.
@@ -105,7 +218,9 @@ def confusion_matrix_png(confusion, class_names, title=None):
     totals = confusion.sum(axis=1, keepdims=True)
     fractions = confusion / np.maximum(totals, 1)
     side = max(4.0, 1.5 + 0.55 * count)
-    figure = Figure(figsize=(side + 1.0, side), dpi=DPI, layout='constrained')
+    # 'compressed', not 'constrained': square cells fix the axes' aspect, and constrained layout then misjudges the
+    # left margin (the true-class label was cut off at the left edge for y labels of 7 to 8 characters).
+    figure = Figure(figsize=(side + 1.0, side), dpi=DPI, layout='compressed')
     axes = figure.subplots()
     heatmap = axes.imshow(fractions, cmap='Blues', vmin=0.0, vmax=1.0)
     figure.colorbar(heatmap, ax=axes, shrink=0.8, label='fraction of the true class')
@@ -113,14 +228,16 @@ def confusion_matrix_png(confusion, class_names, title=None):
     for (true, predicted), value in np.ndenumerate(confusion):
         axes.text(predicted, true, str(value), ha='center', va='center', fontsize=font_size,
                   color='white' if fractions[true, predicted] > 0.5 else 'black')
-    rotate = count > 4 or max(len(name) for name in class_names) > 8
-    axes.set_xticks(range(count), class_names, rotation=45 if rotate else 0,
-                    ha='right' if rotate else 'center', rotation_mode='anchor')
-    axes.set_yticks(range(count), class_names)
+    font = text_font(class_names)
+    names = [font.shown(name) for name in class_names]
+    rotate = count > 4 or max(len(name) for name in names) > 8
+    axes.set_xticks(range(count), names, rotation=45 if rotate else 0,
+                    ha='right' if rotate else 'center', rotation_mode='anchor', fontfamily=font.families)
+    axes.set_yticks(range(count), names, fontfamily=font.families)
     axes.set_xlabel('predicted class')
     axes.set_ylabel('true class')
     axes.set_title(title or f'Confusion matrix ({int(confusion.sum())} examples)')
-    return _png(figure)
+    return figure
 
 
 def _short_name(filename):
@@ -132,14 +249,25 @@ def _short_name(filename):
     return name[:keep - keep // 2] + '...' + name[-(keep // 2):]
 
 
-def mistake_caption(mistake, class_names):
-    """Returns a tile's caption: file name, then true class -> predicted class and its probability."""
-    return (f'{_short_name(mistake.filename)}\ntrue {class_names[mistake.true_label]} -> '
-            f'{class_names[mistake.predicted_label]} {mistake.probability:.2f}')
+def mistake_caption(mistake, class_names, shown=str):
+    """Returns a tile's caption: file name, then true class -> predicted class and its probability.
+
+    shown: how a name is drawn (TextFont.shown); the file name is shortened after it.
+    """
+    true = f'true {shown(class_names[mistake.true_label])}'
+    predicted = f'-> {shown(class_names[mistake.predicted_label])} {mistake.probability:.2f}'
+    between = ' ' if len(true) + 1 + len(predicted) <= MAX_CAPTION_LINE else '\n'
+    return f'{_short_name(shown(text(mistake.filename)))}\n{true}{between}{predicted}'
 
 
 def mistakes_grid_png(mistakes, class_names, max_mistakes):
-    """Returns a PNG grid of the first max_mistakes mistakes with captions; None if there are none.
+    """Returns mistakes_grid_figure's grid as PNG bytes; None if there are no mistakes to show."""
+    figure = mistakes_grid_figure(mistakes, class_names, max_mistakes)
+    return None if figure is None else figure_png(figure)
+
+
+def mistakes_grid_figure(mistakes, class_names, max_mistakes):
+    """Returns a Figure: a grid of the first max_mistakes mistakes with captions; None if there are none.
 
     The grid is up to GRID_COLUMNS tiles wide; each tile is TILE_SIZE_INCHES at DPI.
     """
@@ -152,11 +280,12 @@ def mistakes_grid_png(mistakes, class_names, max_mistakes):
     figure = Figure(figsize=(columns * width, rows * height), dpi=DPI, layout='constrained')
     for axes in figure.subplots(rows, columns, squeeze=False).flat:
         axes.set_axis_off()
+    font = text_font([*class_names, *(os.path.basename(text(mistake.filename)) for mistake in shown)])
     for axes, mistake in zip(figure.axes, shown):
         image = np.asarray(mistake.image)
         axes.imshow(image, cmap='gray' if image.ndim == 2 else None)
-        axes.set_title(mistake_caption(mistake, class_names), fontsize=8)
-    return _png(figure)
+        axes.set_title(mistake_caption(mistake, class_names, font.shown), fontsize=8, fontfamily=font.families)
+    return figure
 
 
 def image_summary_value(tag, png_bytes):

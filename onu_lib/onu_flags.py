@@ -1,46 +1,94 @@
-"""Flags shared by the onu scripts that train, evaluate, export and predict.
+"""Flags shared by the onu scripts: every flag used by several scripts is declared here once, with one meaning.
 
-A flag used by several scripts is declared here once, with one meaning everywhere. Importing this
-module declares the model and data flags; the training flags (onu_train.py, onu_multi_gpu_train.py,
-run_local_cluster.py) come from define_training_flags(), and training_options() reads them, once, into the
-onu_training.TrainingOptions the training scripts pass to onu_training. Only flags live here: declaring and
-reading them. Scripts import onu_cli first.
+Each script declares the groups it takes: define_data_dir_flag, define_split_flags and define_seed_flag (also the
+data scripts, make_sample_data.py and convert_to_tfrecord.py, which never load TensorFlow: nothing imported here at
+the top loads it), define_model_flags (the model and data flags of the scripts that build a model),
+define_training_flags (onu_train.py, onu_multi_gpu_train.py, run_local_cluster.py); training_options() reads the
+training flags, once, into the onu_training.TrainingOptions the training scripts pass to onu_training. Only flags
+live here: declaring and reading them. Scripts import onu_cli first.
 """
 import os
 
 from absl import flags
 
 from onu_lib import onu_cli
-from onu_lib import onu_cluster
-from onu_lib import onu_data_service
 from onu_lib import onu_dataset
-import onu_input
-import onu_model
-from onu_lib import onu_training
 
 DEFAULT_TRAIN_DIR = '/tmp/onu_train'
 CACHE_CHOICES = ('auto', 'on', 'off')  # --cache_decoded_epoch
 
+FLAGS = flags.FLAGS
+
+
+def _declared(name):
+    """True when --name is declared already (by another script imported into this process: the tests)."""
+    return name in FLAGS
+
+
+def define_data_dir_flag():
+    """Declares --data_dir, the data every script reads or writes: photos or records (README "Bring your own data")."""
+    if _declared('data_dir'):
+        return
+    flags.DEFINE_string('data_dir', onu_dataset.DEFAULT_DATA_DIR,
+                        'Folder with the data: photos in train/<class>/ and val/<class>/ or in <class>/ folders '
+                        '(split by --validation_percent), this repo\'s records, or records written by the study, '
+                        'TF-slim, the Inception/ImageNet converters or TFDS.')
+
+
+def define_split_flags():
+    """Declares --validation_percent and --labels_offset: how a split is made, and labels read, where the data is silent."""
+    if _declared('validation_percent'):
+        return
+    flags.DEFINE_float('validation_percent', onu_dataset.DEFAULT_VALIDATION_PERCENT,
+                       'Photos in <class>/ folders without a train/val split: the percent held out for val, chosen '
+                       'by a hash of each file\'s path (the same on every run; adding photos never moves an old '
+                       'one). Training saves it in run_config.json for eval.', lower_bound=0.0, upper_bound=99.0)
+    flags.DEFINE_integer('labels_offset', None,
+                         'Records of other tools: subtract this from each stored label (1 for labels that start at '
+                         '1, label 0 unused as background); default: from the records\' own evidence.',
+                         lower_bound=0)
+
+
+def define_seed_flag():
+    """Declares --seed (default 0, so that a rerun repeats itself)."""
+    if _declared('seed'):
+        return
+    flags.DEFINE_integer('seed', 0, 'Seed of what the script draws at random: the photos make_sample_data.py '
+                         'generates, the order convert_to_tfrecord.py gives training records, training\'s shuffling, '
+                         'augmentation and initial weights (each worker of a cluster, and each restart, mixes in its '
+                         'task index and start step). The same seed repeats a run.')
+
 
 def model_defaults(field):
     """Returns each registered model's ModelSpec field for a help text: 'inception_resnet_v2 299, small 64'."""
+    import onu_model  # pylint: disable=import-outside-toplevel  (TensorFlow: not for the data scripts)
     return ', '.join(f'{name} {getattr(spec, field):g}' for name, spec in onu_model.MODELS.items())
 
 
-onu_cli.define_data_dir_flag()
-onu_cli.define_split_flags()
-flags.DEFINE_enum('data_format', None, onu_dataset.DATA_FORMATS,
-                  'How images are fed: the original files (images), TFRecords of decoded pixels '
-                  '(raw) or of the original file bytes (encoded); default: encoded for photos (converted on '
-                  'demand), the records\' own format for records.')
-flags.DEFINE_enum('model', None, onu_model.MODEL_NAMES,
-                  f'Network to train; default {onu_model.DEFAULT_MODEL_WITH_GPU} when a GPU is visible, else '
-                  f'{onu_model.DEFAULT_MODEL_WITHOUT_GPU}.')
-flags.DEFINE_integer('image_size', None, 'Side of the square model input; default: the model\'s own '
-                     f'({model_defaults("image_size")}).', lower_bound=16)
-flags.DEFINE_integer('batch_size', 32, 'Images per batch.', lower_bound=1)
+def define_model_flags():
+    """Declares the model and data flags of the scripts that build a model: --data_dir and the split flags,
+    --data_format, --model, --image_size, --batch_size."""
+    if _declared('model'):
+        return
+    import onu_model  # pylint: disable=import-outside-toplevel  (TensorFlow: not for the data scripts)
+    define_data_dir_flag()
+    define_split_flags()
+    flags.DEFINE_enum('data_format', None, onu_dataset.DATA_FORMATS,
+                      'How images are fed: the original files (images), TFRecords of decoded pixels '
+                      '(raw) or of the original file bytes (encoded); default: encoded for photos (converted on '
+                      'demand), the records\' own format for records.')
+    flags.DEFINE_enum('model', None, onu_model.MODEL_NAMES,
+                      f'Network to train; default {onu_model.DEFAULT_MODEL_WITH_GPU} when a GPU is visible, else '
+                      f'{onu_model.DEFAULT_MODEL_WITHOUT_GPU}.')
+    flags.DEFINE_integer('image_size', None, 'Side of the square model input; default: the model\'s own '
+                         f'({model_defaults("image_size")}).', lower_bound=16)
+    define_batch_size_flag()
 
-FLAGS = flags.FLAGS
+
+def define_batch_size_flag():
+    """Declares --batch_size: images per batch (per tower and per worker when training)."""
+    if not _declared('batch_size'):
+        flags.DEFINE_integer('batch_size', 32, 'Images per batch.', lower_bound=1)
 
 
 def define_checkpoint_dir_flag(help_text):
@@ -54,14 +102,21 @@ def define_allow_raw_weights_flag(help_text):
 
 
 def define_precision_flag(default, help_text):
-    """Declares --precision: auto (the hardware decides), float32 or mixed (see onu_model.choose_precision)."""
-    flags.DEFINE_enum('precision', default, ('auto',) + onu_model.PRECISIONS, help_text)
+    """Declares --precision: auto (the hardware decides), float32 or mixed (see onu_precision.choose_precision)."""
+    from onu_lib import onu_precision  # pylint: disable=import-outside-toplevel  (TensorFlow)
+    flags.DEFINE_enum('precision', default, ('auto',) + onu_precision.PRECISIONS, help_text)
 
 
 def define_training_flags():
     """Declares the flags of the training scripts (onu_train.py, onu_multi_gpu_train.py, every cluster task)."""
-    if 'train_dir' in FLAGS:  # declared already by another script imported into this process (tests)
+    if _declared('train_dir'):
         return
+    # pylint: disable=import-outside-toplevel  (TensorFlow: not for the data scripts)
+    from onu_lib import onu_cluster
+    from onu_lib import onu_data_service
+    import onu_input
+    import onu_model
+    define_model_flags()
     flags.DEFINE_string('train_dir', DEFAULT_TRAIN_DIR,
                         'Where checkpoints, event files and run_config.json go; training resumes from it.')
     flags.DEFINE_integer('max_steps', 2000, 'Global step at which training stops (counted across restarts).',
@@ -80,8 +135,7 @@ def define_training_flags():
                          lower_bound=0)
     flags.DEFINE_integer('save_summaries_steps', 100, 'Write TensorBoard summaries every this many steps.')
     flags.DEFINE_boolean('histograms', False, 'Also write weight and activation histograms.')
-    onu_cli.define_seed_flag('Seed for shuffling, augmentation and initialisation (each worker of a cluster, '
-                                 'and each restart, mixes in its task index and start step).')
+    define_seed_flag()
     flags.DEFINE_string('fine_tune_checkpoint', None,
                         'Checkpoint (or folder) to fine-tune from when train_dir has no checkpoint yet, '
                         'e.g. inception_resnet_v2_2016_08_30.ckpt.')
@@ -168,6 +222,7 @@ def define_num_gpus_flag():
 
 def _is_service_address(value):
     """Returns whether value is None or an address of a tf.data service (onu_data_service.service_address)."""
+    from onu_lib import onu_data_service  # pylint: disable=import-outside-toplevel  (TensorFlow)
     try:
         return value is None or bool(onu_data_service.service_address(value))
     except onu_data_service.ServiceError:
@@ -185,6 +240,10 @@ def parse_profile_steps(value):
 
 def training_options():
     """Returns the onu_training.TrainingOptions the training flags give: the flags, read once."""
+    # pylint: disable=import-outside-toplevel  (TensorFlow: not for the data scripts)
+    from onu_lib import onu_data_service
+    from onu_lib import onu_training
+    import onu_input
     return onu_training.TrainingOptions(
         train_dir=FLAGS.train_dir, data_dir=FLAGS.data_dir, data_format=FLAGS.data_format,
         validation_percent=FLAGS.validation_percent, labels_offset=FLAGS.labels_offset, model=FLAGS.model,

@@ -1,89 +1,288 @@
-"""TFRecords that other tools wrote, read as they are: which layout a folder holds, found from its file names
-and first record; its splits, keys, label offset, class names and epoch sizes.
+"""TFRecords that other tools wrote, read as they are: the registry of their layouts, which one a folder holds
+(found from its file names and first record), and its splits, keys, label offset, class names and epoch sizes.
 
     records = find_foreign_records(data_dir)          # ForeignRecords, or None if the folder has none
-    record_set = records.record_set('train', 'encoded', labels_offset=None)   # a RecordSet, for onu_input
+    record_set = records.record_set('train', 'encoded', labels_offset=None)   # a RecordSet, for onu_dataset
 
-A record layout is one RecordLayout entry of RECORD_LAYOUTS: its file names, its tool's label convention and
-where the tool puts class names and epoch sizes. Finding, messages and the tests all iterate the list, so a
-new layout is one entry. Found, not assumed:
-  - keys, from the first record: the image under image/encoded, image/raw or image (IMAGE_KEYS), the label
-    under image/class/label or label; height, width and channels are optional (raw records need the first two);
+Only onu_dataset asks (its describe() is the one answer to "what is in this data folder"). A record layout is
+one whole RecordLayout entry of RECORD_LAYOUTS: its tool's file names (a pattern, and a sample the tests write),
+its record keys, its label convention and where the tool puts class names and epoch sizes. Finding, messages and
+the tests all iterate the list, so a new layout is one entry. Which layout a folder holds never depends on the
+list's order: entries whose files match each other's patterns are refused at import, and a folder with files of
+two layouts is a one-line error. Found, not assumed:
+  - the image key among the entry's (raw pixels or encoded bytes) and its label key, from the first record;
   - the label offset (TF-slim's 0:background, Inception's 1-based labels), only from evidence: a labels file,
     the class texts of the records, or the keys that show which converter wrote them. Never from the smallest
     label seen (a split may lack class 0); with no evidence, --labels_offset must say it;
   - class names: labels.txt (id:name or one name per line), TFDS's label.labels.txt, or image/class/text;
     without any, class_<label>;
-  - epoch sizes: TFDS's dataset_info.json, else counted once from the record framing (onu_tfrecord: length
-    headers and seeks) and cached outside the data folder (onu_dataset.cache_dir()), keyed by path, size and
-    modification time, so that a read-only folder works and a changed shard is recounted.
-Pure Python, no TensorFlow. This repo's own records (manifest.json) and photo folders are onu_dataset's.
+  - epoch sizes: the tool's own counts file (TFDS's dataset_info.json), else counted once from the record
+    framing (onu_tfrecord: length headers and seeks) and cached outside the data folder
+    (onu_dataset.cache_dir()), keyed by path, size and modification time, so that a read-only folder works and a
+    changed shard is recounted.
+Pure Python, no TensorFlow.
 """
 import dataclasses
 import json
 import os
 import re
+import typing
 
 from onu_lib import onu_dataset
+from onu_lib import onu_photos
 from onu_lib import onu_tfrecord
 from onu_lib.onu_dataset import DataError
 
-# Image keys -> the data format of their bytes, in order of preference; label keys likewise.
-IMAGE_KEYS = {onu_dataset.KEY_ENCODED: 'encoded', onu_dataset.KEY_RAW: 'raw', 'image': 'encoded'}
-LABEL_KEYS = (onu_dataset.KEY_LABEL, 'label')
 SPLIT_TOKENS = '|'.join(name for names in onu_dataset.SPLIT_NAMES.values() for name in names)
 SCAN_MAX_BYTES = 4096  # scans read values up to this size (labels, texts, sizes); image bytes are skipped
 INDEX_SUBDIR = 'record-index'  # in onu_dataset.cache_dir(): one JSON file of counts per record folder
-TFDS_INFO_FILENAME = 'dataset_info.json'
 BACKGROUND = 'background'  # TF-slim's ImageNet labels.txt names class 0 so; no example has it
+NAMES_FORMS = ('ids', 'lines')  # a names file of id:name lines, or of one name per line
+SHARD_NUMBERS = r'\d{5}-of-\d{5}'
+
+
+@dataclasses.dataclass(frozen=True)
+class CountsFile:
+    """A file of a tool's own beside its records that lists the records per shard of each split."""
+    name: str
+    read: typing.Callable    # read(path, split token, number of files) -> records per file, or None
+    write: typing.Callable   # write(path, {split token: [records per file]}): what the tool writes (the tests')
+
+
+def _read_tfds_info(path, split_token, num_files):
+    """The records per shard of a TFDS split from its dataset_info.json, or None if it does not list them."""
+    try:
+        with open(path, encoding='utf-8') as f:
+            info = json.load(f)
+        for split in info.get('splits', []):
+            if split.get('name') == split_token:
+                lengths = [int(length) for length in split.get('shardLengths', [])]
+                return tuple(lengths) if len(lengths) == num_files else None
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+    return None
+
+
+def _write_tfds_info(path, shard_lengths):
+    """Writes a dataset_info.json as TFDS does, listing each split's shard lengths."""
+    splits = [{'name': token, 'shardLengths': [str(length) for length in lengths],
+               'filepathTemplate': '{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}'}
+              for token, lengths in shard_lengths.items()]
+    onu_dataset.write_text_atomic(path, json.dumps({'splits': splits}) + '\n')
+
+
+TFDS_INFO = CountsFile('dataset_info.json', _read_tfds_info, _write_tfds_info)
 
 
 @dataclasses.dataclass(frozen=True)
 class RecordLayout:
-    """The TFRecords one tool writes: file names, label convention, where it puts class names and counts."""
+    """The TFRecords one tool writes: its file names, record keys, label convention, class names and counts.
+
+    image_keys: {key: the data format of its bytes ('encoded' or 'raw')}, in order of preference; written_keys: the
+    other keys the tool writes (image/height, image/class/text, ...). sample_file_name: str.format template of a
+    file the tool writes, with {name} (the data set's), {split} (a split token of split_tokens), {index} and
+    {count} (shard numbers; unsharded layouts have one file per split), {format} (the data format, as
+    format_tokens spells it in file names).
+    """
     name: str
     looks_like: str             # the file names, for messages
     file_name: re.Pattern       # matches a file of the layout; its group 'split' is one of SPLIT_TOKENS
+    sample_file_name: str
+    split_tokens: dict          # {'train': ..., 'val': ...}: the split tokens the tool writes (any SPLIT_NAMES is found)
+    image_keys: dict
+    label_key: str
+    written_keys: tuple = ()
+    format_tokens: dict = None  # {data format: how the tool's file names spell it}; None: the format's name
+    height_key: str = onu_dataset.KEY_HEIGHT  # raw pixels: their height and width
+    width_key: str = onu_dataset.KEY_WIDTH
+    filename_key: str = onu_dataset.KEY_FILENAME  # the record's file name, when the tool writes one
+    text_key: str = onu_dataset.KEY_TEXT          # the record's class name, when the tool writes one
     labels_base: int = None     # the label the tool gives the first class; None: varies, evidence needed
     labels_base_keys: tuple = ()  # keys that show the tool wrote a record: labels_base counts as evidence then
     names_files: tuple = ()     # files beside the records that name the classes, in order of preference
+    writes_names_file: bool = True  # the tool itself writes names_files[0] beside its records (else users may)
+    names_form: str = 'ids'     # how the names file is written: id:name lines, or one name per line
     first_line_label: int = 0   # the label of line 1 of a names file with one name per line
-    counts_file: str = None     # a file of the tool's own with the records per shard (TFDS's dataset_info.json)
-    in_version_folders: bool = False  # also found in <data_dir>/<version>/ (TFDS's <name>/<version>/)
+    counts_file: CountsFile = None  # a file of the tool's own with the records per shard
+    version_folder: str = None  # the tool keeps its files in <data_dir>/<version>/ (TFDS), e.g. '3.0.1'
+
+    def __post_init__(self):
+        onu_dataset._check_choice(f'names_form of layout {self.name}', self.names_form, NAMES_FORMS)
+        if set(self.split_tokens) != set(onu_dataset.SPLITS):
+            raise ValueError(f'layout {self.name}: split_tokens must name a token for each of {onu_dataset.SPLITS}')
+
+    @property
+    def sharded(self):
+        """True when the tool writes a split as numbered shards, False for one file per split."""
+        return '{index' in self.sample_file_name
+
+    def file_name_of(self, split_token, index=0, count=1, data_format='encoded', name='flowers'):
+        """The name the tool gives a file of split_token (shard index of count) holding data_format images."""
+        format_token = (self.format_tokens or {}).get(data_format, data_format)
+        return self.sample_file_name.format(name=name, split=split_token, index=index, count=count, format=format_token)
+
+    def sample_names(self, data_format='encoded'):
+        """File names this tool writes for each split (two shards each, when it shards)."""
+        count = 2 if self.sharded else 1
+        return [self.file_name_of(token, index, count, data_format)
+                for token in self.split_tokens.values() for index in range(count)]
 
 
 def _shards(prefix, suffix=''):
-    """A file-name pattern: prefix, a split token, then -NNNNN-of-NNNNN shard numbers and suffix."""
+    """A file-name pattern: prefix, a split token, then suffix (with the shard numbers where the tool writes them)."""
     return re.compile(prefix + rf'(?P<split>{SPLIT_TOKENS})' + suffix)
 
 
+_INCEPTION_KEYS = ('image/colorspace', onu_dataset.KEY_CHANNELS, onu_dataset.KEY_TEXT)
+
+# The layouts of other tools' records, as their code writes them (file names, keys, labels). A new layout is one
+# entry: finding it, its messages and every test that takes `layout` follow (tests write its sample files).
 RECORD_LAYOUTS = (
     RecordLayout(
         name='tfds', looks_like='TFDS: <name>-train.tfrecord-00000-of-00016 beside dataset_info.json',
-        file_name=_shards(r'(?P<name>.+)-', r'\.tfrecord-\d{5}-of-\d{5}'),
-        labels_base=0, names_files=('label.labels.txt',), counts_file=TFDS_INFO_FILENAME, in_version_folders=True),
+        file_name=_shards(r'(?P<name>.+)-', rf'\.tfrecord-{SHARD_NUMBERS}'),
+        sample_file_name='{name}-{split}.tfrecord-{index:05d}-of-{count:05d}',
+        split_tokens={'train': 'train', 'val': 'test'}, image_keys={'image': 'encoded'}, label_key='label',
+        labels_base=0, names_files=('label.labels.txt',), names_form='lines', counts_file=TFDS_INFO,
+        version_folder='3.0.1'),
     RecordLayout(
         name='slim', looks_like="TF-slim's converters: <name>_train_00000-of-00005.tfrecord beside labels.txt",
-        file_name=_shards(r'(?P<name>.+)_', r'_\d{5}-of-\d{5}\.tfrecord'),
+        file_name=_shards(r'(?P<name>.+)_', rf'_{SHARD_NUMBERS}\.tfrecord'),
+        sample_file_name='{name}_{split}_{index:05d}-of-{count:05d}.tfrecord',
+        split_tokens={'train': 'train', 'val': 'validation'},
+        image_keys={onu_dataset.KEY_ENCODED: 'encoded'}, label_key=onu_dataset.KEY_LABEL,
+        written_keys=(onu_dataset.KEY_FORMAT, onu_dataset.KEY_HEIGHT, onu_dataset.KEY_WIDTH),
         labels_base=0, names_files=(onu_dataset.LABELS_FILENAME,)),
     RecordLayout(
         name='inception', looks_like='the Inception/ImageNet converters: train-00000-of-01024, validation-00000-of-00128',
-        file_name=_shards('', r'-\d{5}-of-\d{5}'),
-        labels_base=1, labels_base_keys=('image/colorspace', 'image/channels', onu_dataset.KEY_TEXT),
-        names_files=(onu_dataset.LABELS_FILENAME,), first_line_label=1),
+        file_name=_shards('', f'-{SHARD_NUMBERS}'), sample_file_name='{split}-{index:05d}-of-{count:05d}',
+        split_tokens={'train': 'train', 'val': 'validation'},
+        image_keys={onu_dataset.KEY_ENCODED: 'encoded'}, label_key=onu_dataset.KEY_LABEL,
+        written_keys=(onu_dataset.KEY_HEIGHT, onu_dataset.KEY_WIDTH, onu_dataset.KEY_FORMAT,
+                      onu_dataset.KEY_FILENAME) + _INCEPTION_KEYS,
+        labels_base=1, labels_base_keys=_INCEPTION_KEYS, names_files=(onu_dataset.LABELS_FILENAME,),
+        writes_names_file=False, names_form='lines', first_line_label=1),
     RecordLayout(
         name='single_file', looks_like="one file per split: the study's 603_663_train_raw.tfrecord and "
                                        "603_663_val_g.tfrecord, TF-slim's cifar10_train.tfrecord",
-        file_name=re.compile(rf'(?!.*\d{{5}}-of-\d{{5}})(?:.*?[_.-])?(?P<split>{SPLIT_TOKENS})(?:[_.-].*)?'
+        file_name=re.compile(rf'(?!.*{SHARD_NUMBERS})(?:.*?[_.-])?(?P<split>{SPLIT_TOKENS})(?:[_.-].*)?'
                              r'\.(?:tfrecords?|records?)'),
-        labels_base=0, names_files=(onu_dataset.LABELS_FILENAME,)),
+        sample_file_name='603_663_{split}_{format}.tfrecord', split_tokens={'train': 'train', 'val': 'val'},
+        format_tokens={'raw': 'raw', 'encoded': 'g'},
+        image_keys={onu_dataset.KEY_RAW: 'raw', onu_dataset.KEY_ENCODED: 'encoded'}, label_key=onu_dataset.KEY_LABEL,
+        written_keys=(onu_dataset.KEY_HEIGHT, onu_dataset.KEY_WIDTH),
+        labels_base=0, names_files=(onu_dataset.LABELS_FILENAME,), writes_names_file=False),
 )
 LAYOUT_NAMES = tuple(layout.name for layout in RECORD_LAYOUTS)
+
+
+def _check_layouts_exclusive(layouts):
+    """ValueError when a layout's sample files match another layout's pattern: which one is found would then depend
+    on the registry's order (or when two layouts share a name)."""
+    names = [layout.name for layout in layouts]
+    if len(set(names)) != len(names):
+        raise ValueError(f'record layouts share a name: {names}')
+    for layout in layouts:
+        for data_format in set(layout.image_keys.values()):
+            for sample in layout.sample_names(data_format):
+                if not layout.file_name.fullmatch(sample):
+                    raise ValueError(f'record layout {layout.name}: its sample file {sample} does not match its '
+                                     f'own file_name pattern')
+                others = [other.name for other in layouts if other is not layout and other.file_name.fullmatch(sample)]
+                if others:
+                    raise ValueError(f'record layout {layout.name}: its files ({sample}) also match the pattern of '
+                                     f'{", ".join(others)}; make the file_name patterns exclusive')
+
+
+_check_layouts_exclusive(RECORD_LAYOUTS)
 
 
 def looked_for():
     """What finding records looks for, for a one-line error: every layout's file names."""
     return '; '.join(layout.looks_like for layout in RECORD_LAYOUTS)
+
+
+def layout_named(name):
+    """Returns the entry of RECORD_LAYOUTS called name (a one-line ValueError if there is none)."""
+    for layout in RECORD_LAYOUTS:
+        if layout.name == name:
+            return layout
+    raise ValueError(f'unknown record layout {name}; the layouts are {", ".join(LAYOUT_NAMES)}')
+
+
+# ----------------------------------------------------------------------------------------------
+# Writing records as a layout's tool does (for the tests and the benchmark: the same entry that finds them)
+
+@dataclasses.dataclass(frozen=True)
+class StoredImage:
+    """One image to store as a tool would: its split, class (0-based), bytes, upright size and file name.
+
+    data: the file's bytes (encoded records), or PIL's tobytes of the image as opened (raw records).
+    """
+    split: str
+    label: int
+    data: bytes
+    width: int
+    height: int
+    file_name: str
+
+
+def _written_value(key, image, class_names):
+    """The value a tool writes under one of its written_keys for an image."""
+    values = {onu_dataset.KEY_HEIGHT: image.height, onu_dataset.KEY_WIDTH: image.width, onu_dataset.KEY_CHANNELS: 3,
+              onu_dataset.KEY_FORMAT: 'jpeg', onu_dataset.KEY_TEXT: class_names[image.label],
+              onu_dataset.KEY_FILENAME: image.file_name, 'image/colorspace': 'RGB'}
+    return values[key]
+
+
+def _stored_record(layout, image, class_names, data_format, keys):
+    """The serialized record of one image as the layout's tool writes it (keys: the written_keys written)."""
+    image_key = next(key for key, key_format in layout.image_keys.items() if key_format == data_format)
+    features = {image_key: image.data, layout.label_key: image.label + (layout.labels_base or 0)}
+    features.update({key: _written_value(key, image, class_names) for key in keys})
+    if data_format == 'raw':
+        features.update({layout.height_key: image.height, layout.width_key: image.width})
+    return onu_tfrecord.serialize_example(features)
+
+
+def _names_file_text(layout, class_names):
+    """The layout's names file of class_names (the first class's label is labels_base), as its tool writes it."""
+    first = layout.labels_base or 0
+    if layout.names_form == 'ids':
+        return ''.join(f'{first + index}:{name}\n' for index, name in enumerate(class_names))
+    return ''.join(f'{name}\n' for name in class_names)
+
+
+def write_records(layout, folder, images, class_names, data_format='encoded', num_shards=2, compression='NONE',
+                  names_file=None, keys=None, name='flowers'):
+    """Writes StoredImages as layout's tool does: its file names, keys, labels, names file and counts file.
+
+    Returns the folder to give as --data_dir (a version folder's parent where the tool keeps one). num_shards: per
+    split, or {split: shards}; keys: which of the layout's written_keys to write (None: all); names_file: write
+    its names file, if it has one (None: if its tool does).
+    """
+    data_dir = os.path.join(folder, name) if layout.version_folder else folder
+    target = os.path.join(data_dir, layout.version_folder) if layout.version_folder else folder
+    os.makedirs(target, exist_ok=True)
+    keys = layout.written_keys if keys is None else keys
+    lengths = {}
+    for split, token in layout.split_tokens.items():
+        count = (num_shards[split] if isinstance(num_shards, dict) else num_shards) if layout.sharded else 1
+        chosen = [image for image in images if image.split == split]
+        per_shard = -(-len(chosen) // count)  # trailing shards may be empty, as TF-slim's
+        for index in range(count):
+            shard = chosen[index * per_shard:(index + 1) * per_shard]
+            file_name = layout.file_name_of(token, index, count, data_format, name)
+            onu_tfrecord.write_records(os.path.join(target, file_name),
+                                       [_stored_record(layout, image, class_names, data_format, keys)
+                                        for image in shard], compression)
+            lengths.setdefault(token, []).append(len(shard))
+    if (layout.writes_names_file if names_file is None else names_file) and layout.names_files:
+        onu_dataset.write_text_atomic(os.path.join(target, layout.names_files[0]),
+                                      _names_file_text(layout, class_names))
+    if layout.counts_file:
+        layout.counts_file.write(os.path.join(target, layout.counts_file.name), lengths)
+    return data_dir
 
 
 # ----------------------------------------------------------------------------------------------
@@ -97,25 +296,15 @@ class RecordGroup:
     compression: str
     features: dict          # {key: onu_tfrecord.Feature} of the first record (image bytes not kept)
     image_key: str
-    label_key: str
-
-    @property
-    def data_format(self):
-        """'raw' or 'encoded': what the image bytes of the records are."""
-        return IMAGE_KEYS[self.image_key]
+    data_format: str        # 'raw' or 'encoded': what the image bytes of the records are
 
 
-def _split_of_token(token):
-    """This repo's split of a split token of a file name: train, or val for val/validation/test."""
-    return next(split for split, names in onu_dataset.SPLIT_NAMES.items() if token in names)
-
-
-def _version_folders(data_dir):
-    """data_dir's subfolders holding a TFDS dataset_info.json, newest version first."""
+def _version_folders(data_dir, layout):
+    """data_dir's subfolders holding the layout's counts file (TFDS's <version>/), newest version first."""
     def version(name):
         return tuple(int(part) if part.isdigit() else 0 for part in name.split('.'))
     names = [name for name in onu_dataset.visible_subdirs(data_dir)
-             if os.path.isfile(os.path.join(data_dir, name, TFDS_INFO_FILENAME))]
+             if os.path.isfile(os.path.join(data_dir, name, layout.counts_file.name))]
     return [os.path.join(data_dir, name) for name in sorted(names, key=version, reverse=True)]
 
 
@@ -123,7 +312,7 @@ def _matching_files(folder, layout):
     """{file name: split token} of folder's files that layout's pattern matches."""
     matches = {}
     for entry in sorted(os.scandir(folder), key=lambda e: e.name):
-        if entry.is_file() and not onu_dataset.is_hidden(entry.name):
+        if entry.is_file() and not onu_photos.is_hidden(entry.name):
             match = layout.file_name.fullmatch(entry.name)
             if match:
                 matches[entry.name] = match.group('split')
@@ -163,24 +352,24 @@ def _compression(paths):
     return next(iter(found), 'NONE')
 
 
-def _record_group(folder, split, names):
+def _record_group(layout, folder, split, names):
     """The RecordGroup of the files names (one set of one split), or None if they hold no record."""
     paths = tuple(os.path.join(folder, name) for name in names)
     compression = _compression(paths)
     features = _first_features(paths, compression)
     if features is None:
         return None
-    image_key = next((key for key in IMAGE_KEYS if key in features and features[key].kind == onu_tfrecord.BYTES),
-                     None)
-    label_key = next((key for key in LABEL_KEYS if key in features and features[key].kind == onu_tfrecord.INT64),
-                     None)
-    if image_key is None or label_key is None:
-        wanted = ' or '.join(IMAGE_KEYS) if image_key is None else ' or '.join(LABEL_KEYS)
+    image_key = next((key for key in layout.image_keys
+                      if key in features and features[key].kind == onu_tfrecord.BYTES), None)
+    label = features.get(layout.label_key)
+    if image_key is None or label is None or label.kind != onu_tfrecord.INT64:
+        wanted = ' or '.join(layout.image_keys) if image_key is None else layout.label_key
         what = 'image bytes' if image_key is None else 'an int64 label'
-        raise DataError(f'{paths[0]}: its records hold no {what} under {wanted} (keys: {", ".join(sorted(features))}); '
-                        f'convert your data with a tool that writes them, or point --data_dir elsewhere')
+        raise DataError(f'{paths[0]}: its records hold no {what} under {wanted}, as {layout.name} records do (keys: '
+                        f'{", ".join(sorted(features))}); convert your data with a tool that writes them, or point '
+                        f'--data_dir elsewhere')
     return RecordGroup(split=split, files=paths, compression=compression, features=features,
-                       image_key=image_key, label_key=label_key)
+                       image_key=image_key, data_format=layout.image_keys[image_key])
 
 
 def _folder_state(data_dir):
@@ -193,33 +382,45 @@ _found = {}  # (real path, _folder_state) -> ForeignRecords or None, found once 
 
 
 def find_foreign_records(data_dir):
-    """The ForeignRecords in data_dir (or in its newest TFDS version folder), or None if there are none.
+    """The ForeignRecords in data_dir (or in its newest version folder), or None if there are none.
 
-    A folder with photos in split folders (train/<class>/) holds photos, never other tools' records. Found
-    once per process while the folder does not change (every script asks several times).
+    Found once per process while the folder does not change.
     """
-    if not os.path.isdir(data_dir) or onu_dataset.has_split_folders(data_dir):
-        return None
     key = (os.path.realpath(data_dir), _folder_state(data_dir))
     if key not in _found:
         _found[key] = _find(data_dir)
     return _found[key]
 
 
-def _find(data_dir):
-    """The ForeignRecords of the first RECORD_LAYOUTS entry whose files data_dir holds, or None."""
+def _layout_files(data_dir):
+    """[(layout, folder, {file name: split token})] of every layout whose files data_dir holds."""
+    found = []
     for layout in RECORD_LAYOUTS:
-        folders = [data_dir] + (_version_folders(data_dir) if layout.in_version_folders else [])
+        folders = [data_dir] + (_version_folders(data_dir, layout) if layout.version_folder else [])
         for folder in folders:
             matches = _matching_files(folder, layout)
             if matches:
-                found = ForeignRecords(layout, folder, matches)
-                if not found.groups:
-                    raise DataError(f'{folder}: its {layout.name} files ({", ".join(sorted(matches)[:3])}'
-                                    f'{", ..." if len(matches) > 3 else ""}) hold no complete record; re-create them '
-                                    f'with the tool that wrote them')
-                return found
-    return None
+                found.append((layout, folder, matches))
+                break
+    return found
+
+
+def _find(data_dir):
+    """The ForeignRecords of the one layout whose files data_dir holds, or None; DataError for files of two."""
+    found = _layout_files(data_dir)
+    if len(found) > 1:
+        examples = '; '.join(f'{layout.name}: {sorted(matches)[0]}' for layout, _, matches in found)
+        raise DataError(f'{data_dir}: holds the records of more than one tool ({examples}); keep one set of records '
+                        f'per folder')
+    if not found:
+        return None
+    layout, folder, matches = found[0]
+    records = ForeignRecords(layout, folder, matches)
+    if not records.groups:
+        raise DataError(f'{folder}: its {layout.name} files ({", ".join(sorted(matches)[:3])}'
+                        f'{", ..." if len(matches) > 3 else ""}) hold no complete record; re-create them '
+                        f'with the tool that wrote it')
+    return records
 
 
 # ----------------------------------------------------------------------------------------------
@@ -285,11 +486,11 @@ class _Index:
             self._changed = True
         return entry['records'], entry['problem']
 
-    def scan(self, path, compression, group):
+    def scan(self, path, compression, group, layout):
         """{labels: {label: count}, texts: {label: text}, problem} of path's records, scanned once."""
         entry = self.entry(path, compression)
         if 'scan' not in entry:
-            entry['scan'] = _scan_file(path, compression, group)
+            entry['scan'] = _scan_file(path, compression, group, layout)
             self._changed = True
         return entry['scan']
 
@@ -300,11 +501,11 @@ class _Index:
             self._changed = False
 
 
-def _raw_pixels_problem(features, image_key):
+def _raw_pixels_problem(features, image_key, layout):
     """Why a raw record's pixels cannot be an image (byte count against height x width), or None."""
-    sizes = [features.get(key) for key in (onu_dataset.KEY_HEIGHT, onu_dataset.KEY_WIDTH)]
+    sizes = [features.get(key) for key in (layout.height_key, layout.width_key)]
     if any(size is None or size.kind != onu_tfrecord.INT64 or not size.values for size in sizes):
-        return f'no {onu_dataset.KEY_HEIGHT} and {onu_dataset.KEY_WIDTH}, which raw pixels need'
+        return f'no {layout.height_key} and {layout.width_key}, which raw pixels need'
     height, width = sizes[0].values[0], sizes[1].values[0]
     image = features[image_key]
     num_bytes = image.values[0] if image.skipped else len(image.values[0]) if image.values else 0
@@ -314,56 +515,37 @@ def _raw_pixels_problem(features, image_key):
     return None
 
 
-def _scan_file(path, compression, group):
+def _scan_file(path, compression, group, layout):
     """Reads the labels, class texts and (raw records) pixel sizes of every record of path; image bytes skipped."""
     labels, texts, problem = {}, {}, None
     try:
         for index, features in enumerate(onu_tfrecord.scan_examples(path, compression, SCAN_MAX_BYTES)):
-            label_feature = features.get(group.label_key)
+            label_feature = features.get(layout.label_key)
             label = label_feature.values[0] if label_feature and label_feature.values else None
             if label is None:
-                problem = problem or f'record {index + 1} has no {group.label_key}'
+                problem = problem or f'record {index + 1} has no {layout.label_key}'
                 continue
             labels[str(label)] = labels.get(str(label), 0) + 1
-            text = features.get(onu_dataset.KEY_TEXT)
-            if text and text.kind == onu_tfrecord.BYTES and text.values and not text.skipped:
-                texts.setdefault(str(label), text.values[0].decode('utf-8', errors='replace'))
+            text = _text(features, layout)
+            if text is not None:
+                texts.setdefault(str(label), text)
             if group.data_format == 'raw' and problem is None:
-                problem = _raw_pixels_problem(features, group.image_key)
+                problem = _raw_pixels_problem(features, group.image_key, layout)
                 problem = problem and f'record {index + 1}: {problem}'
     except onu_tfrecord.NotAnExample as error:
         problem = f'{error}: not a tf.train.Example'
     return {'labels': labels, 'texts': texts, 'problem': problem}
 
 
-def _tfds_shard_lengths(folder, split_token, num_files):
-    """The records per shard of a TFDS split from dataset_info.json, or None if it does not list them."""
-    try:
-        with open(os.path.join(folder, TFDS_INFO_FILENAME), encoding='utf-8') as f:
-            info = json.load(f)
-        for split in info.get('splits', []):
-            if split.get('name') == split_token:
-                lengths = [int(length) for length in split.get('shardLengths', [])]
-                return tuple(lengths) if len(lengths) == num_files else None
-    except (OSError, ValueError, TypeError, AttributeError):
-        return None
-    return None
-
-
 # ----------------------------------------------------------------------------------------------
 # Labels: the offset from evidence, the class names
 
-def read_names_file(path):
-    """(form, names) of a labels file: ('ids', {id: name}) for id:name lines, ('lines', [name, ...]) otherwise."""
-    try:
-        with open(path, encoding='utf-8-sig') as f:  # -sig: a byte-order mark some editors write is not a name
-            lines = [line.strip() for line in f if line.strip()]
-    except (OSError, UnicodeDecodeError) as error:
-        raise DataError(f'{path}: unreadable labels file ({error}); save it as UTF-8 text, or move it away') from None
-    pairs = [re.fullmatch(r'(\d+):(.+)', line) for line in lines]
-    if lines and all(pairs):
-        return 'ids', {int(pair.group(1)): pair.group(2).strip() for pair in pairs}
-    return 'lines', lines
+def _text(features, layout):
+    """The class name a record's layout.text_key holds, or None."""
+    text = features.get(layout.text_key)
+    if text and text.kind == onu_tfrecord.BYTES and text.values and not text.skipped:
+        return text.values[0].decode('utf-8', errors='replace')
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -393,7 +575,7 @@ class ForeignRecords:
                 if file_token == token:
                     by_set.setdefault(_group_name(name), []).append(name)
             for names in by_set.values():
-                group = _record_group(folder, split, sorted(names))
+                group = _record_group(layout, folder, split, sorted(names))
                 if group is not None:
                     self.groups.append(group)
         self._labels = {}
@@ -433,9 +615,9 @@ class ForeignRecords:
         """Records per file of groups: TFDS's own counts, else the framing counted once; DataError for a cut file."""
         counts = []
         for group in groups:
-            token = self._tokens[group.split]
-            listed = (_tfds_shard_lengths(self.folder, token, len(group.files))
-                      if self.layout.counts_file == TFDS_INFO_FILENAME else None)
+            counts_file = self.layout.counts_file
+            listed = (counts_file.read(os.path.join(self.folder, counts_file.name), self._tokens[group.split],
+                                       len(group.files)) if counts_file else None)
             if listed is not None:
                 counts += listed
                 continue
@@ -457,7 +639,7 @@ class ForeignRecords:
         for group in self.groups if groups is None else groups:
             for path in group.files:
                 self._check_framing(path, group.compression)
-                scan = self._index.scan(path, group.compression, group)
+                scan = self._index.scan(path, group.compression, group, self.layout)
                 if scan['problem']:
                     self._index.save()
                     raise DataError(f'{path}: {scan["problem"]}; re-create the file, or move it out of '
@@ -469,10 +651,9 @@ class ForeignRecords:
     def _offset_evidence(self, names_file):
         """(offset, evidence, label of line 1 of a one-name-per-line names file) that the files show; offset None if none."""
         group = self.groups[0]
-        label_values = group.features[group.label_key].values
+        label_values = group.features[self.layout.label_key].values
         label = label_values[0] if label_values else None
-        text = group.features.get(onu_dataset.KEY_TEXT)
-        text = text.values[0].decode('utf-8', errors='replace') if text and text.values and not text.skipped else None
+        text = _text(group.features, self.layout)
         line_one = self.layout.first_line_label
         if names_file is not None:
             path, (form, names) = names_file
@@ -500,7 +681,7 @@ class ForeignRecords:
         for name in self.layout.names_files:
             path = os.path.join(self.folder, name)
             if os.path.isfile(path):
-                return path, read_names_file(path)
+                return path, onu_dataset.read_names_file(path)
         return None
 
     def labels(self, labels_offset=None):
@@ -553,11 +734,10 @@ class ForeignRecords:
     def record_set(self, split, data_format, labels_offset=None):
         """The RecordSet of split in data_format (counted, labels resolved, raw pixels checked); DataError if none."""
         groups = self._groups(split, data_format)
-        keys = {(group.image_key, group.label_key) for group in groups}
+        keys = {group.image_key for group in groups}
         if len(keys) > 1:
-            raise DataError(f'{self.folder}: the {split} {data_format} files hold their images and labels under '
-                            f'different keys ({"; ".join(" and ".join(pair) for pair in sorted(keys))}): keep one '
-                            f'set of files per split')
+            raise DataError(f'{self.folder}: the {split} {data_format} files hold their images under different keys '
+                            f'({" and ".join(sorted(keys))}): keep one set of files per split')
         counts = self._counts(groups)
         labels = self.labels(labels_offset)
         if data_format == 'raw':
@@ -569,19 +749,26 @@ class ForeignRecords:
             raise DataError(f'{self.folder}: the {split} {data_format} files mix {" and ".join(sorted(compressions))} '
                             f'compression: keep one set of files per split')
         first = groups[0]
-        filename_key = onu_dataset.KEY_FILENAME if (
-            first.features.get(onu_dataset.KEY_FILENAME, onu_tfrecord.Feature(onu_tfrecord.INT64, ())).kind
-            == onu_tfrecord.BYTES) else ''
-        return RecordSet(layout=self.layout.name, folder=self.folder, split=split, data_format=data_format,
+        names_files = first.features.get(self.layout.filename_key)
+        filename_key = self.layout.filename_key if names_files and names_files.kind == onu_tfrecord.BYTES else ''
+        return RecordSet(layout=self.layout, folder=self.folder, split=split, data_format=data_format,
                          files=files, records_per_file=tuple(counts), compression=first.compression,
-                         image_key=first.image_key, label_key=first.label_key, filename_key=filename_key,
-                         labels=labels, record_bytes=sum(os.path.getsize(path) for path in files))
+                         image_key=first.image_key, filename_key=filename_key, labels=labels,
+                         record_bytes=sum(os.path.getsize(path) for path in files))
+
+    def source_paths(self):
+        """Paths of what converting these records reads, sorted: the record files, and the files beside them that
+        name their classes or count them."""
+        beside = [os.path.join(self.folder, name) for name in self.layout.names_files
+                  + ((self.layout.counts_file.name,) if self.layout.counts_file else ())]
+        return sorted([path for group in self.groups for path in group.files]
+                      + [path for path in beside if os.path.isfile(path)])
 
 
 @dataclasses.dataclass(frozen=True)
 class RecordSet:
     """One split of other tools' records in one data format, ready to read: files, counts, keys, labels."""
-    layout: str
+    layout: RecordLayout    # its label, size and text keys
     folder: str
     split: str
     data_format: str
@@ -589,7 +776,6 @@ class RecordSet:
     records_per_file: tuple
     compression: str        # 'NONE', 'GZIP', 'ZLIB'
     image_key: str
-    label_key: str
     filename_key: str       # '' if the records name no file
     labels: Labels
     record_bytes: int

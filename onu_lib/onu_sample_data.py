@@ -21,6 +21,7 @@ import cv2
 import numpy as np
 
 from onu_lib import onu_dataset
+from onu_lib import onu_pool
 
 SAMPLE_CLASS_NAMES = ('F603', 'F663N')
 DEFAULT_TRAIN_PER_CLASS = 300
@@ -347,8 +348,8 @@ def generate_dataset(output_dir, train_per_class=DEFAULT_TRAIN_PER_CLASS, val_pe
             os.makedirs(class_dir)
             jobs += [(os.path.join(class_dir, f'{index:05d}.jpg'), split, class_index, index, (width, height), seed)
                      for index in range(count)]
-    with onu_dataset.process_pool(onu_dataset.worker_count(processes), _single_threaded_opencv) as pool:
-        sizes = list(onu_dataset.parallel_map(_write_photo, jobs, pool, window=64))
+    with onu_pool.process_pool(onu_pool.worker_count(processes), _single_threaded_opencv) as pool:
+        sizes = list(onu_pool.parallel_map(_write_photo, jobs, pool, window=64))
     for split in splits:
         os.replace(os.path.join(temp_dir, split), os.path.join(output_dir, split))
     os.rmdir(temp_dir)

@@ -32,6 +32,7 @@ from onu_lib import onu_dataset
 import onu_input
 import onu_model
 from onu_lib import onu_run_config
+from onu_lib import onu_run_folder
 
 EXPORT_SUBDIR = 'export'  # default export_dir: train_dir/export
 SERVING_SIGNATURE = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY  # 'serving_default'
@@ -78,8 +79,9 @@ def build_serving_graph(run_config):
     size = run_config.image_size
     with tf.compat.v1.name_scope('from_bytes'):
         image_bytes = tf.compat.v1.placeholder(tf.string, [None], name=BYTES_INPUT)
-        decoded = tf.map_fn(
-            lambda encoded: onu_input.preprocess_for_eval(onu_input.decode_image_bytes(encoded), size),
+        decoded = tf.map_fn(  # plain TensorFlow ops: nothing for AutoGraph to convert (it costs start-up time)
+            tf.autograph.experimental.do_not_convert(
+                lambda encoded: onu_input.preprocess_for_eval(onu_input.decode_image_bytes(encoded), size)),
             image_bytes, fn_output_signature=tf.TensorSpec([size, size, 3], tf.float32))
         bytes_outputs = _classifier_outputs(decoded, run_config, reuse=None)
     with tf.compat.v1.name_scope('from_images'):
@@ -235,9 +237,9 @@ class PeriodicExportListener(tf.compat.v1.train.CheckpointSaverListener):
             entry['version_dir'] = export_saved_model(entry['checkpoint_path'], self._run_config,
                                                       self._export_dir)
         except Exception as e:  # pylint: disable=broad-except  (a failed export does not stop training...)
-            reason = onu_checkpoint.write_failure(e, self._export_dir)
+            reason = onu_run_folder.write_failure(e, self._export_dir)
             if reason is not None:  # ... unless the disk is full or read-only: then nothing else can be written
-                raise onu_checkpoint.write_failed(self._export_dir, reason, 'exporting a SavedModel',
+                raise onu_run_folder.write_failed(self._export_dir, reason, 'exporting a SavedModel',
                                                   self._checkpoint_dir) from None
             entry['error'] = f'{type(e).__name__}: {onu_checkpoint.one_line(e)}'
             print(f'warning: export of step {step} failed ({entry["error"]}); training continues; '

@@ -1,23 +1,29 @@
 """TFRecord files without TensorFlow: compression told from the bytes, records counted from their framing,
-and the keys and small values of the tf.train.Example records they hold.
+payloads checked against their CRCs, and the keys and small values of the tf.train.Example records they hold.
 
 A TFRecord file is a sequence of records, each an 8-byte little-endian length, a 4-byte masked CRC-32C of
 that length, the payload, and a 4-byte masked CRC of the payload; GZIP and ZLIB files are that sequence
 compressed as one stream. Counting reads each length header and seeks past the payload, so a shard of
-images costs a few bytes of reading per record. Pure Python: the data scripts, their worker processes and
-the layout search use it without importing TensorFlow.
+images costs a few bytes of reading per record; verifying reads every payload and checks its CRC.
+No TensorFlow (CRC-32C from google-crc32c): the data scripts, their worker processes and the layout search
+use it without importing TensorFlow.
 
-    compression = sniff_compression(path)           # 'NONE', 'GZIP', 'ZLIB', or None: not a TFRecord file
-    framing = read_framing(path, compression)        # .records complete, .problem: why the rest is not
-    for payload in read_records(path, compression):  # the serialized records
-        features = parse_example(payload)            # {key: Feature(kind, values)}
+    compression = sniff_compression(path)             # 'NONE', 'GZIP', 'ZLIB', or None: not a TFRecord file
+    framing = read_framing(path, compression)          # .records complete, .problem: why the rest is not
+    framing = read_framing(path, compression, verify=True)  # the same, reading and checking every payload
+    for payload in read_records(path, compression):    # the serialized records; DamagedRecord where one is
+        features = parse_example(payload)              # {key: Feature(kind, values)}
+    write_records(path, [serialize_example({'image/class/label': 3, ...})], compression)   # as TensorFlow writes
 """
 import dataclasses
+import gzip
 import io
 import itertools
 import os
 import struct
 import zlib
+
+import google_crc32c
 
 COMPRESSIONS = ('NONE', 'GZIP', 'ZLIB')
 LENGTH_BYTES = 8
@@ -33,26 +39,9 @@ _FEATURE_KINDS = {1: BYTES, 2: FLOAT, 3: INT64}
 _VARINT, _FIXED64, _LENGTH_DELIMITED, _FIXED32 = 0, 1, 2, 5
 
 
-def _crc32c_table():
-    """The 256-entry table of CRC-32C (Castagnoli), the checksum TFRecord framing uses."""
-    table = []
-    for byte in range(256):
-        crc = byte
-        for _ in range(8):
-            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
-        table.append(crc)
-    return table
-
-
-_CRC32C_TABLE = _crc32c_table()
-
-
 def masked_crc32c(data):
-    """The masked CRC-32C of data, as TFRecord headers store it (only ever applied to 8-byte lengths here)."""
-    crc = 0xFFFFFFFF
-    for byte in data:
-        crc = _CRC32C_TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
-    crc ^= 0xFFFFFFFF
+    """The masked CRC-32C of data (bytes), as TFRecord framing stores it after a length and after a payload."""
+    crc = google_crc32c.value(data)
     return (((crc >> 15) | (crc << 17)) + _CRC_MASK_DELTA) & 0xFFFFFFFF
 
 
@@ -173,6 +162,15 @@ class Framing:
     problem: str = None  # None: the file ends exactly after its last record
 
 
+class DamagedRecord(Exception):
+    """Where a TFRecord file stops being whole: .record, the record's 1-based number; .problem, what is wrong."""
+
+    def __init__(self, record, problem):
+        super().__init__(problem)
+        self.record = record
+        self.problem = problem
+
+
 def _next_frame(stream, index):
     """(payload length, None) of the next record of stream, leaving it at the payload; (None, problem) at the end.
 
@@ -188,17 +186,45 @@ def _next_frame(stream, index):
     return int.from_bytes(header[:LENGTH_BYTES], 'little'), None
 
 
-def read_framing(path, compression):
-    """The Framing of a TFRecord file: length headers read, payloads skipped (seeked past when uncompressed)."""
-    count = 0
+def _walk(path, compression, read, verify):
+    """Yields the payload of each complete record (None if not read); DamagedRecord where the file stops being whole.
+
+    read: read the payloads (else seek or skip past them); verify: also check each payload's CRC.
+    """
     with _RecordStream(path, compression) as stream:
-        while True:
-            length, problem = _next_frame(stream, count)
+        for index in itertools.count():
+            length, problem = _next_frame(stream, index)
             if length is None:
-                return Framing(count, problem)
-            if not stream.skip(length + FOOTER_BYTES):
-                return Framing(count, stream.error or f'record {count + 1} is cut short: the file ends inside it')
+                if problem:
+                    raise DamagedRecord(index + 1, problem)
+                return
+            cut_short = f'record {index + 1} is cut short: the file ends inside it'
+            if not read:
+                if not stream.skip(length + FOOTER_BYTES):
+                    raise DamagedRecord(index + 1, stream.error or cut_short)
+                yield None
+                continue
+            payload = stream.read(length)
+            footer = stream.read(FOOTER_BYTES)
+            if len(payload) < length or len(footer) < FOOTER_BYTES:
+                raise DamagedRecord(index + 1, stream.error or cut_short)
+            if verify and masked_crc32c(payload) != int.from_bytes(footer, 'little'):
+                raise DamagedRecord(index + 1, f'record {index + 1} is damaged (its payload CRC does not match)')
+            yield payload
+
+
+def read_framing(path, compression, verify=False):
+    """The Framing of a TFRecord file: length headers read, payloads seeked past (uncompressed) or skipped.
+
+    verify: read every payload instead and check its CRC; a damaged one ends the count (Framing.problem names it).
+    """
+    count = 0
+    try:
+        for _ in _walk(path, compression, read=verify, verify=verify):
             count += 1
+    except DamagedRecord as error:
+        return Framing(count, error.problem)
+    return Framing(count)
 
 
 def count_records(path, compression):
@@ -207,21 +233,48 @@ def count_records(path, compression):
 
 
 def read_records(path, compression):
-    """Yields the payload of each complete record of a TFRecord file, in order (checksums not verified)."""
-    with _RecordStream(path, compression) as stream:
-        while True:
-            length, _ = _next_frame(stream, 0)
-            if length is None:
-                return
-            payload = stream.read(length)
-            if len(payload) < length or not stream.skip(FOOTER_BYTES):
-                return
-            yield payload
+    """Yields the payload of each record of a TFRecord file, in order, its CRC checked; DamagedRecord (naming the
+    record) for a damaged payload or length header, or a file cut short, instead of yielding it."""
+    yield from _walk(path, compression, read=True, verify=True)
 
 
 def first_record(path, compression):
-    """The payload of the first record of a TFRecord file, or None if it has none."""
-    return next(read_records(path, compression), None)
+    """The payload of the first record of a TFRecord file, or None if it has no complete one.
+
+    Its CRC is not checked: layouts are told from it, and reading the records (read_records) checks every one.
+    """
+    try:
+        return next(_walk(path, compression, read=True, verify=False), None)
+    except DamagedRecord:
+        return None
+
+
+def _framed(payload):
+    """One record's bytes: the payload's length and its masked CRC, the payload, the payload's masked CRC."""
+    length = len(payload).to_bytes(LENGTH_BYTES, 'little')
+    return b''.join([length, masked_crc32c(length).to_bytes(4, 'little'), payload,
+                     masked_crc32c(payload).to_bytes(4, 'little')])
+
+
+def write_records(path, payloads, compression='NONE'):
+    """Writes the payloads as a TFRecord file at path, as TensorFlow's TFRecordWriter does (GZIP or ZLIB: the whole
+    stream compressed); returns how many were written."""
+    count = 0
+    with open(path, 'wb') as raw:
+        compressed = (gzip.GzipFile(fileobj=raw, mode='wb') if compression == 'GZIP' else
+                      zlib.compressobj() if compression == 'ZLIB' else None)
+        for payload in payloads:
+            framed = _framed(payload)
+            if compression == 'ZLIB':
+                raw.write(compressed.compress(framed))
+            else:
+                (compressed or raw).write(framed)
+            count += 1
+        if compression == 'ZLIB':
+            raw.write(compressed.flush())
+        elif compressed is not None:
+            compressed.close()
+    return count
 
 
 # ----------------------------------------------------------------------------------------------
@@ -391,6 +444,44 @@ def _example(reader, end, max_bytes):
             else:
                 reader.skip_field(wire_type, features_end)
     return features
+
+
+def _varint(value):
+    """The protobuf varint encoding of a non-negative int (int64s below 0 as their 64-bit two's complement)."""
+    value &= 0xFFFFFFFFFFFFFFFF
+    encoded = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if not value:
+            encoded.append(byte)
+            return bytes(encoded)
+        encoded.append(byte | 0x80)
+
+
+def _field(number, parts):
+    """A length-delimited protobuf field around parts (a list of bytes), as a list of bytes: a big image is copied
+    once, when the message is joined, not once per enclosing message."""
+    return [_varint(number << 3 | _LENGTH_DELIMITED), _varint(sum(len(part) for part in parts)), *parts]
+
+
+def _feature_message(values):
+    """A tf.train.Feature of values: bytes or str (bytes_list), int (int64_list, packed) or float (float_list)."""
+    values = values if isinstance(values, (list, tuple)) else [values]
+    if values and isinstance(values[0], int):
+        return _field(3, _field(1, [_varint(value) for value in values]))
+    if values and isinstance(values[0], float):
+        return _field(2, _field(1, [struct.pack(f'<{len(values)}f', *values)]))
+    return _field(1, [part for value in values for part in _field(1, [value.encode() if isinstance(value, str)
+                                                                        else value])])
+
+
+def serialize_example(features):
+    """A serialized tf.train.Example of {key: value or list of values} (bytes/str, int or float), keys sorted as
+    TensorFlow's deterministic serialization orders them."""
+    entries = [part for key in sorted(features)
+               for part in _field(1, _field(1, [key.encode()]) + _field(2, _feature_message(features[key])))]
+    return b''.join(_field(1, entries))
 
 
 def parse_example(payload, max_bytes=None):

@@ -18,11 +18,13 @@ import tensorflow as tf
 from onu_lib import onu_checkpoint
 from onu_lib import onu_cluster
 from onu_lib import onu_data_service
+from onu_lib import onu_converter
 from onu_lib import onu_dataset
 import onu_input
 import onu_model
-from onu_lib import onu_records
+from onu_lib import onu_precision
 from onu_lib import onu_run_config
+from onu_lib import onu_run_folder
 from onu_lib import onu_sample_data
 from onu_lib import onu_serving
 
@@ -94,49 +96,46 @@ def default_model_name():
 
 
 def prepare_data(data_dir, data_format, validation_percent, labels_offset):
-    """Makes sure data_dir holds what data_format reads; returns the data format (None: the data's own).
+    """Makes sure data_dir holds what data_format reads; returns (its onu_dataset.DataDir, the data format to read).
 
     The built-in sample data (only in the default --data_dir) and this repo's records are made on demand;
     a folder with no data found is a DataError saying what was looked for. Prints what was found where it is
     not this repo's own layout: the split of bare class folders, the labels of other tools' records.
     """
     try:
-        layout = onu_input.data_layout(data_dir)
+        data = onu_dataset.describe(data_dir, validation_percent, labels_offset)
     except onu_dataset.DataError:
         if os.path.abspath(data_dir) != os.path.abspath(onu_dataset.DEFAULT_DATA_DIR):
             raise
         print(f'{data_dir} has no data: generating the built-in sample dataset there.', flush=True)
         onu_sample_data.generate_dataset(data_dir)
-        layout = onu_input.data_layout(data_dir)
-    data_format = data_format or onu_input.default_data_format(data_dir)
-    if layout == 'class_folders':
+        data = onu_dataset.describe(data_dir, validation_percent, labels_offset)
+    data_format = data_format or data.default_format()
+    if data.layout == onu_dataset.CLASS_FOLDERS:
         print(f'{data_dir} has class folders without a train/val split: holding out {validation_percent:g}% of the '
               f'photos for val by a hash of each file\'s path (--validation_percent; the same on every run).',
               flush=True)
-    converting = data_format != 'images' and not onu_input.has_records(data_dir, data_format, validation_percent,
-                                                                       labels_offset)
-    if converting or onu_input.reads_other_tools_records(data_dir, data_format):
-        description = onu_input.describe_labels(data_dir, labels_offset)  # '' for photos
-        if description:
-            print(description, flush=True)
+    converting = data_format != 'images' and not data.has_records(data_format)
+    if (converting or data.reads_other_tools_records(data_format)) and data.labels_line():
+        print(data.labels_line(), flush=True)
     if converting:
-        print(f'{data_dir} has no {data_format} records: converting them now '
-              f'(python convert_to_tfrecord.py --data_dir={data_dir} --format={data_format}).', flush=True)
-        onu_records.convert(data_dir, formats=(data_format,), validation_percent=validation_percent,
-                            labels_offset=labels_offset)
-    return data_format
+        print(f'{data_dir} has no {data_format} records: converting them now ({data.convert_command(data_format)}).',
+              flush=True)
+        onu_converter.convert(data, formats=(data_format,))
+        data = onu_dataset.describe(data_dir, validation_percent, labels_offset)  # with the records just written
+    return data, data_format
 
 
 def start_run(train_dir, run_config, is_chief):
     """Checks that train_dir's saved run can be resumed as run_config; the chief saves it; prints the run."""
     onu_checkpoint.check_resumable(train_dir, run_config, onu_run_config.RunConfig.load(train_dir))
     if is_chief:
-        with onu_checkpoint.stop_on_write_failure(train_dir, 'writing run_config.json', train_dir):
+        with onu_run_folder.stop_on_write_failure(train_dir, 'writing run_config.json', train_dir):
             run_config.save(train_dir)
     size = run_config.image_size
-    print(f'Training {run_config.model} at {size}x{size} on {run_config.num_examples_per_epoch} '
-          f'{run_config.data_format} examples of {run_config.num_classes} classes '
-          f'({", ".join(run_config.class_names)}) into {train_dir}', flush=True)
+    examples = 'photos' if run_config.data_format == 'images' else f'{run_config.data_format} records'
+    print(f'Training {run_config.model} at {size}x{size} on {run_config.num_examples_per_epoch} {examples} of '
+          f'{run_config.num_classes} classes ({", ".join(run_config.class_names)}) into {train_dir}', flush=True)
     if run_config.cache_decoded_epoch == 'on':
         epoch_bytes = onu_input.decoded_epoch_bytes(run_config.num_examples_per_epoch, size)
         memory = f'{epoch_bytes / 2**20:.1f} MB' if epoch_bytes >= 2**20 else f'{epoch_bytes / 2**10:.0f} KB'
@@ -306,7 +305,7 @@ class LoggerHook(tf.compat.v1.train.SessionRunHook):
         self._last_time = None
         self._trace_next = False
         self._wait_fraction = None  # measured since the last line (on a cluster the step to trace is a guess)
-        self._pipeline_work = None  # (seconds of work, batches) of the input pipelines at the last traced step
+        self._pipeline_work = None  # onu_input.PipelineWork of the input pipelines at the last traced step
         self._work_per_batch = None
 
     def before_run(self, run_context):
@@ -328,8 +327,10 @@ class LoggerHook(tf.compat.v1.train.SessionRunHook):
     def _measure_pipeline_work(self, serialized_models):
         """Keeps the input pipelines' seconds of work per batch since the last traced step (None at the first)."""
         work = onu_input.pipeline_work(serialized_models)
-        if self._pipeline_work is not None and work[1] > self._pipeline_work[1]:
-            self._work_per_batch = (work[0] - self._pipeline_work[0]) / (work[1] - self._pipeline_work[1])
+        if self._pipeline_work is not None:
+            seconds, batches = onu_input.work_between(self._pipeline_work, work)
+            if batches > 0:
+                self._work_per_batch = seconds / batches
         self._pipeline_work = work
 
     def _log(self, step, loss):
@@ -549,8 +550,8 @@ def monitored_training_session(options, role, scaffold, hooks, info):
     stop_hook = _hook(hooks, StopOnSignalHook)
     profile = next((hook for hook in hooks if isinstance(hook, ProfileHook)), None)
     try:
-        with onu_checkpoint.stop_on_write_failure(train_dir, 'training', train_dir), \
-                onu_input.damaged_records_as_data_error(info):
+        with onu_run_folder.stop_on_write_failure(train_dir, 'training', train_dir), \
+                onu_dataset.read_errors_as_data_error(info):
             with tf.compat.v1.train.MonitoredTrainingSession(
                     master=role.master, is_chief=role.is_chief, checkpoint_dir=train_dir,
                     scaffold=scaffold, hooks=hooks, save_checkpoint_secs=None, save_checkpoint_steps=None,
@@ -594,16 +595,16 @@ def _hook(hooks, hook_type):
 
 def training_role(options):
     """Returns (precision, this process's onu_cluster.Role) as options (or TF_CONFIG) say."""
-    precision = onu_model.resolve_precision(options.precision)
+    precision = onu_precision.resolve_precision(options.precision)
     task = onu_cluster.resolve_task(list(options.ps_hosts), list(options.worker_hosts), options.job_name,
                                     options.task_index, os.environ.get('TF_CONFIG'), options.sync_replicas,
                                     options.model is not None)
-    session = onu_model.set_precision_options(onu_model.session_config(), precision.compute_dtype, options.xla)
+    session = onu_precision.set_precision_options(onu_precision.session_config(), precision.compute_dtype, options.xla)
     return precision, onu_cluster.join(task, session, options.sync_replicas)
 
 
-def training_run_config(options, precision, info):
-    """Returns the RunConfig of a run of options on info, the train split (model: default_model_name())."""
+def training_run_config(options, precision, data, info):
+    """Returns the RunConfig of a run of options on a DataDir and info, its train split (model: default_model_name())."""
     model_name = options.model or default_model_name()
     if not options.model:
         print(f'--model not given: using {model_name} '
@@ -615,7 +616,7 @@ def training_run_config(options, precision, info):
         model=model_name, image_size=image_size,
         class_names=info.class_names, num_examples_per_epoch=info.num_examples,
         data_dir=os.path.abspath(options.data_dir), data_format=info.data_format,
-        layout=onu_input.data_layout(options.data_dir),
+        layout=data.layout,
         labels_offset=info.data_labels_offset, validation_percent=info.validation_percent,
         cache_decoded_epoch='on' if cached else 'off',
         precision=precision.name, compute_dtype=precision.compute_dtype, max_steps=options.max_steps,
@@ -638,15 +639,14 @@ def begin_training_run(options, precision, role):
     Returns (RunConfig, the train split's onu_input.DatasetInfo, checkpoint resumed from).
     """
     if role.is_chief:  # one trainer per train_dir: refused, before anything is read or written, if in use
-        onu_checkpoint.hold_folder(options.train_dir, 'training', 'train_dir')
+        onu_run_folder.hold_folder(options.train_dir, 'training', 'train_dir')
     check_not_complete(options.train_dir, options.max_steps, role)
     if options.data_service:
         check_data_service(options.data_service)
-    data_format = prepare_data(options.data_dir, options.data_format, options.validation_percent,
-                               options.labels_offset)
-    info = onu_input.dataset_info(options.data_dir, data_format, 'train', options.validation_percent,
-                                  options.labels_offset)
-    run_config = training_run_config(options, precision, info)
+    data, data_format = prepare_data(options.data_dir, options.data_format, options.validation_percent,
+                                     options.labels_offset)
+    info = data.split('train', data_format)
+    run_config = training_run_config(options, precision, data, info)
     start_run(options.train_dir, run_config, role.is_chief)
     return run_config, info, resume_point(options.train_dir, role.is_chief)
 

@@ -1,7 +1,7 @@
 """Shared tiny-data fixtures (small images, one tiny training run; in pytest's temp folders) and the script runner.
 
 Test files mirror the modules: tests/test_X.py tests X.py (a script, a core library at the root, or a library in
-onu_lib/). A library that is one script's engine is tested with it: onu_records with convert_to_tfrecord,
+onu_lib/). A library that is one script's engine is tested with it: onu_converter with convert_to_tfrecord,
 onu_sample_data with make_sample_data, onu_serving with onu_export, run_local_cluster with onu_cluster.
 
   make_tiny_dataset(name='data', train_per_class=4, val_per_class=2, image_size=(64, 48)) -> data_dir
@@ -49,7 +49,8 @@ from PIL import Image
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
-from onu_lib import onu_records  # noqa: E402  (needs REPO_ROOT on sys.path)
+from onu_lib import onu_converter  # noqa: E402  (needs REPO_ROOT on sys.path)
+from onu_lib import onu_dataset  # noqa: E402
 from onu_lib import onu_run_config  # noqa: E402
 from onu_lib import onu_sample_data  # noqa: E402
 
@@ -157,7 +158,7 @@ def tiny_data_dir(tmp_path_factory):
     """A read-only tiny sample dataset, already converted to both record kinds in <it>/tfrecords."""
     data_dir = str(tmp_path_factory.mktemp('tiny') / 'data')
     onu_sample_data.generate_dataset(data_dir, 4, 2, TINY_IMAGE_SIZE, seed=0, processes=1)
-    onu_records.convert(data_dir, num_shards=2, processes=1)
+    onu_converter.convert(onu_dataset.describe(data_dir), num_shards=2, processes=1)
     return data_dir
 
 
@@ -468,13 +469,16 @@ def tensorboard_server(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------
-# Records as other tools write them: each writer is the tests' own, from the keys, names and label base
-# read in that tool's code (not this repo's). LAYOUT_WRITERS has one per onu_layouts.RECORD_LAYOUTS entry.
+# Records as other tools write them, derived from each onu_layouts.RECORD_LAYOUTS entry (its file names, keys, label
+# base, names and counts files): a new layout is written, found and trained on by every test that takes `layout`.
 #
 #   layout_photos(classes=LAYOUT_CLASSES, train=4, val=2, val_classes=None, mode='RGB') -> [LayoutPhoto]
 #       tiny photos (distinct colour per class, JPEG unless mode says otherwise) of each split.
-#   LAYOUT_WRITERS[layout](folder, photos, classes) -> the data_dir to give --data_dir; writes the layout.
-#   write_study_records(folder, photos, kinds=('raw', 'encoded'), compression='')  the study's single files.
+#   write_layout(layout, folder, photos, classes=LAYOUT_CLASSES, data_format='encoded', **options) -> the data_dir to
+#       give --data_dir: the photos written as the layout's tool writes them (onu_layouts.write_records' options).
+#   layout_class_names(layout, classes=LAYOUT_CLASSES)  the class names found in what write_layout wrote.
+#   write_tfrecord(path, serialized, compression) and _example(features): TensorFlow's own writer and Example, for
+#       records no tool would write (an independent check of onu_tfrecord).
 
 LAYOUT_CLASSES = ('daisy', 'rose', 'tulip')
 LAYOUT_PHOTO_SIZE = (40, 30)  # width, height
@@ -504,8 +508,34 @@ def layout_photos(classes=LAYOUT_CLASSES, train=4, val=2, val_classes=None, mode
     return photos
 
 
+def write_layout(layout, folder, photos, classes=LAYOUT_CLASSES, data_format='encoded', **options):
+    """Writes photos as the layout's tool does (onu_layouts.write_records of its entry); returns the data_dir.
+
+    Raw records hold PIL's tobytes of each photo as opened (grey, RGB or RGBA), as the study's converter wrote them.
+    """
+    from onu_lib import onu_layouts  # pylint: disable=import-outside-toplevel
+    def stored(photo):
+        """The photo as its record holds it: the file's bytes, or the pixels of the file as opened."""
+        with Image.open(io.BytesIO(photo.data)) as opened:
+            data = opened.tobytes() if data_format == 'raw' else photo.data
+            return onu_layouts.StoredImage(photo.split, photo.label, data, opened.width, opened.height, photo.name)
+    images = [stored(photo) for photo in photos]
+    return onu_layouts.write_records(onu_layouts.layout_named(layout), folder, images, classes, data_format,
+                                     **options)
+
+
+def layout_class_names(layout, classes=LAYOUT_CLASSES):
+    """The class names found in write_layout's records of layout: the tool's names file or class texts, if it writes
+    either, else class_<label>."""
+    from onu_lib import onu_layouts  # pylint: disable=import-outside-toplevel
+    entry = onu_layouts.layout_named(layout)
+    if entry.writes_names_file or entry.text_key in entry.written_keys:
+        return tuple(classes)
+    return tuple(f'class_{label}' for label in range(len(classes)))
+
+
 def _example(features):
-    """A serialized tf.train.Example of {key: bytes, str, int or list of them}."""
+    """A serialized tf.train.Example of {key: bytes, str, int or list of them}, made by TensorFlow."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     example = tf.train.Example()
     for key, value in features.items():
@@ -527,95 +557,6 @@ def write_tfrecord(path, serialized, compression=''):
     with tf.io.TFRecordWriter(path, tf.io.TFRecordOptions(compression_type=compression)) as writer:
         for record in serialized:
             writer.write(record)
-
-
-def _sharded(items, num_shards):
-    """items cut into num_shards consecutive runs (trailing ones may be empty, as TF-slim's)."""
-    per_shard = -(-len(items) // num_shards)
-    return [items[i * per_shard:(i + 1) * per_shard] for i in range(num_shards)]
-
-
-def write_study_records(folder, photos, kinds=('raw', 'encoded'), compression=''):
-    """The study's files: 603_663_{train,val}_raw.tfrecord (image/raw = PIL tobytes of the photo as opened) and
-    603_663_{train,val}_g.tfrecord (image/encoded = the file's bytes); image/width, image/height, 0-based label."""
-    for split in ('train', 'val'):
-        chosen = [photo for photo in photos if photo.split == split]
-        for kind in kinds:
-            records = []
-            for photo in chosen:
-                opened = Image.open(io.BytesIO(photo.data))
-                image = {'image/raw': opened.tobytes()} if kind == 'raw' else {'image/encoded': photo.data}
-                records.append(_example(dict(image, **{'image/width': opened.width, 'image/height': opened.height,
-                                                       'image/class/label': photo.label})))
-            suffix = 'raw' if kind == 'raw' else 'g'
-            write_tfrecord(os.path.join(folder, f'603_663_{split}_{suffix}.tfrecord'), records, compression)
-    return folder
-
-
-def write_slim_records(folder, photos, classes, name='flowers', num_shards=5):
-    """TF-slim's download_and_convert_flowers: 5 shards per split (trailing ones may be empty), labels.txt id:name,
-    image/encoded, image/format 'jpg' (always), 0-based image/class/label, image/height, image/width."""
-    for split, token in (('train', 'train'), ('val', 'validation')):
-        chosen = [photo for photo in photos if photo.split == split]
-        for index, shard in enumerate(_sharded(chosen, num_shards)):
-            records = [_example({'image/encoded': photo.data, 'image/format': 'jpg', 'image/class/label': photo.label,
-                                 'image/height': photo.image.height, 'image/width': photo.image.width})
-                       for photo in shard]
-            write_tfrecord(os.path.join(folder, f'{name}_{token}_{index:05d}-of-{num_shards:05d}.tfrecord'), records)
-    with open(os.path.join(folder, 'labels.txt'), 'w') as f:
-        f.write(''.join(f'{label}:{class_name}\n' for label, class_name in enumerate(classes)))
-    return folder
-
-
-def write_inception_records(folder, photos, classes, num_shards=2, with_text=True):
-    """build_image_data.py: train-00000-of-00002, validation-...; labels 1-based (0 = background), image/encoded,
-    height, width, colorspace, channels, class/text, format 'JPEG', filename (basename); no labels file beside."""
-    for split, token in (('train', 'train'), ('val', 'validation')):
-        chosen = [photo for photo in photos if photo.split == split]
-        for index, shard in enumerate(_sharded(chosen, num_shards)):
-            records = []
-            for photo in shard:
-                features = {'image/height': photo.image.height, 'image/width': photo.image.width,
-                            'image/colorspace': 'RGB', 'image/channels': 3, 'image/class/label': photo.label + 1,
-                            'image/format': 'JPEG', 'image/filename': photo.name, 'image/encoded': photo.data}
-                if with_text:
-                    features['image/class/text'] = classes[photo.label]
-                records.append(_example(features))
-            write_tfrecord(os.path.join(folder, f'{token}-{index:05d}-of-{num_shards:05d}'), records)
-    return folder
-
-
-def write_tfds_records(folder, photos, classes, name='tf_flowers', version='3.0.1', num_shards=2):
-    """TFDS: <name>/<version>/<name>-<split>.tfrecord-00000-of-00002 with features image (encoded) and label
-    (0-based), dataset_info.json (splits[].shardLengths) and label.labels.txt. Returns <folder>/<name>."""
-    version_dir = os.path.join(folder, name, version)
-    splits = []
-    for split, token in (('train', 'train'), ('val', 'test')):
-        chosen = [photo for photo in photos if photo.split == split]
-        shards = _sharded(chosen, num_shards)
-        for index, shard in enumerate(shards):
-            write_tfrecord(os.path.join(version_dir, f'{name}-{token}.tfrecord-{index:05d}-of-{num_shards:05d}'),
-                           [_example({'image': photo.data, 'label': photo.label}) for photo in shard])
-        splits.append({'name': token, 'shardLengths': [str(len(shard)) for shard in shards],
-                       'filepathTemplate': '{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}'})
-    with open(os.path.join(version_dir, 'dataset_info.json'), 'w') as f:
-        json.dump({'name': name, 'version': version, 'splits': splits}, f)
-    with open(os.path.join(version_dir, 'label.labels.txt'), 'w') as f:
-        f.write(''.join(f'{class_name}\n' for class_name in classes))
-    return os.path.join(folder, name)
-
-
-LAYOUT_WRITERS = {
-    'single_file': lambda folder, photos, classes: write_study_records(folder, photos),
-    'slim': write_slim_records,
-    'inception': write_inception_records,
-    'tfds': write_tfds_records,
-}
-# What each layout's class names are, found from its own files (the study writes none).
-LAYOUT_CLASS_NAMES = {
-    'single_file': tuple(f'class_{label}' for label in range(len(LAYOUT_CLASSES))),
-    'slim': LAYOUT_CLASSES, 'inception': LAYOUT_CLASSES, 'tfds': LAYOUT_CLASSES,
-}
 
 
 @pytest.fixture(autouse=True, scope='session')

@@ -1,4 +1,4 @@
-"""Tests of onu_records: record contents, manifest, bad input, safe shard writing, determinism, re-runs."""
+"""Tests of onu_converter: record contents, manifest, bad input, safe shard writing, determinism, re-runs."""
 
 import hashlib
 import io
@@ -11,9 +11,10 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from conftest import LAYOUT_CLASSES, REPO_ROOT, layout_photos, run_script, write_inception_records, write_study_records
+from conftest import LAYOUT_CLASSES, REPO_ROOT, layout_photos, run_script, write_layout
 
-from onu_lib import onu_records
+from onu_lib import onu_photos
+from onu_lib import onu_converter
 from onu_lib import onu_tfrecord
 from onu_lib import onu_dataset
 
@@ -151,11 +152,11 @@ def test_train_shuffled_across_shards_val_in_sorted_order(tiny_data_dir, tiny_re
 
 def test_same_seed_same_shards_for_any_process_count(make_tiny_dataset, tmp_path, monkeypatch):
     data_dir = make_tiny_dataset()
-    monkeypatch.setattr(onu_records, 'RAW_TASK_MAX_IMAGES', 1)  # 8 tasks cycling through 5 shared blocks
+    monkeypatch.setattr(onu_converter, 'RAW_TASK_MAX_IMAGES', 1)  # 8 tasks cycling through 5 shared blocks
     outputs = {}
     for name, seed, processes in (('serial', 0, 1), ('parallel', 0, 2), ('other_seed', 1, 1)):
         records_dir = str(tmp_path / name)
-        onu_records.convert(data_dir, records_dir, num_shards=2, processes=processes, seed=seed)
+        onu_converter.convert(onu_dataset.describe(data_dir), records_dir, num_shards=2, processes=processes, seed=seed)
         outputs[name] = {n: open(os.path.join(records_dir, n), 'rb').read()
                          for n in os.listdir(records_dir) if n.endswith('.tfrecord')}
     assert len(outputs['serial']) == 8
@@ -168,7 +169,7 @@ def test_bad_inputs_are_skipped_with_reasons_and_the_rest_decode_upright(messy_d
                                                                          pattern_image):
     before = _tree_digest(messy_data_dir)
     records_dir = str(tmp_path / 'records')
-    manifest = onu_records.convert(messy_data_dir, records_dir, processes=2)  # decoded by workers
+    manifest = onu_converter.convert(onu_dataset.describe(messy_data_dir), records_dir, processes=2)  # decoded by workers
     assert _tree_digest(messy_data_dir) == before  # sources untouched, nothing written next to them
     skipped = {s['path']: s['reason'] for s in manifest['skipped']}
     expected_skips = {f'train/F603/{name}': word for name, word in messy_files.items() if word is not None}
@@ -214,7 +215,7 @@ def test_bad_inputs_are_skipped_with_reasons_and_the_rest_decode_upright(messy_d
 def test_strict_fails_on_unreadable_files_but_not_on_hidden_ones(messy_data_dir, make_tiny_dataset, tmp_path):
     records_dir = str(tmp_path / 'records')
     with pytest.raises(onu_dataset.DataError) as error:
-        onu_records.convert(messy_data_dir, records_dir, strict=True, processes=1)
+        onu_converter.convert(onu_dataset.describe(messy_data_dir), records_dir, strict=True, processes=1)
     message = str(error.value)
     assert '\n' not in message and '--strict' in message and os.path.join(messy_data_dir, 'train', 'F603') in message
     assert not os.path.exists(records_dir)
@@ -222,45 +223,45 @@ def test_strict_fails_on_unreadable_files_but_not_on_hidden_ones(messy_data_dir,
     for name in ('.DS_Store', 'Thumbs.db'):
         with open(os.path.join(data_dir, 'train', 'F603', name), 'wb') as f:
             f.write(b'\x00' * 10)
-    manifest = onu_records.convert(data_dir, records_dir, formats=('encoded',), strict=True, processes=1)
-    assert [s['reason'] for s in manifest['skipped']] == [onu_dataset.REASON_HIDDEN] * 2
+    manifest = onu_converter.convert(onu_dataset.describe(data_dir), records_dir, formats=('encoded',), strict=True, processes=1)
+    assert [s['reason'] for s in manifest['skipped']] == [onu_photos.REASON_HIDDEN] * 2
 
 
 def test_a_file_failing_to_decode_is_skipped_in_raw_or_fails_strict(make_tiny_dataset, monkeypatch):
     data_dir = make_tiny_dataset()
     broken = os.path.join(data_dir, 'train', 'F663N', '00002.jpg')
-    real_upright_rgb = onu_dataset.upright_rgb
+    real_upright_rgb = onu_photos.upright_rgb
 
     def failing_upright_rgb(path, orientation):
         if path == broken:
             raise OSError('broken data\nstream')
         return real_upright_rgb(path, orientation)
 
-    monkeypatch.setattr(onu_dataset, 'upright_rgb', failing_upright_rgb)
+    monkeypatch.setattr(onu_photos, 'upright_rgb', failing_upright_rgb)
     records_dir = os.path.join(data_dir, 'tfrecords')
     with pytest.raises(onu_dataset.DataError) as error:
-        onu_records.convert(data_dir, formats=('raw',), strict=True, processes=1)
+        onu_converter.convert(onu_dataset.describe(data_dir), formats=('raw',), strict=True, processes=1)
     assert str(error.value) == f'{broken}: decode failed: broken data stream (--strict): fix or remove the file'
     assert not any(name.endswith('.tfrecord') or '.tmp-' in name for name in os.listdir(records_dir))
-    manifest = onu_records.convert(data_dir, processes=1)
+    manifest = onu_converter.convert(onu_dataset.describe(data_dir), processes=1)
     assert manifest['skipped'] == [
         {'path': 'train/F663N/00002.jpg', 'reason': 'decode failed: broken data stream', 'format': 'raw',
          'split': 'train'}]
     assert manifest['splits']['train']['raw']['records_per_class'] == {'F603': 4, 'F663N': 3}
     assert manifest['splits']['train']['encoded']['records_per_class'] == {'F603': 4, 'F663N': 4}
     assert len(_read_records(records_dir, 'train', 'raw')) == 7
-    table = onu_records.summary_table(manifest)
+    table = onu_converter.summary_table(manifest)
     assert 'skipped train/F663N/00002.jpg: decode failed: broken data stream' in table
 
 
 def test_class_set_mismatch_and_output_inside_photos_are_errors(make_tiny_dataset):
     data_dir = make_tiny_dataset()
     with pytest.raises(onu_dataset.DataError) as error:
-        onu_records.convert(data_dir, os.path.join(data_dir, 'train', 'records'), processes=1)
+        onu_converter.convert(onu_dataset.describe(data_dir), os.path.join(data_dir, 'train', 'records'), processes=1)
     assert 'inside the photo folder' in str(error.value)
     shutil.rmtree(os.path.join(data_dir, 'val', 'F603'))
     with pytest.raises(onu_dataset.DataError) as error:
-        onu_records.convert(data_dir, processes=1)
+        onu_converter.convert(onu_dataset.describe(data_dir), processes=1)
     assert "missing in val: ['F603']" in str(error.value)
     assert not os.path.exists(os.path.join(data_dir, 'tfrecords'))
 
@@ -275,8 +276,8 @@ def test_shards_are_renamed_into_place_only_after_a_full_read_back(make_tiny_dat
             renames.append((source, destination, onu_tfrecord.count_records(source, 'NONE')))
         real_replace(source, destination)
 
-    monkeypatch.setattr(onu_records.os, 'replace', recording_replace)
-    manifest = onu_records.convert(data_dir, num_shards=2, processes=1)
+    monkeypatch.setattr(onu_converter.os, 'replace', recording_replace)
+    manifest = onu_converter.convert(onu_dataset.describe(data_dir), num_shards=2, processes=1)
     records_dir = os.path.join(data_dir, 'tfrecords')
     expected = {os.path.join(records_dir, s['file']): s['records']
                 for split in manifest['splits'].values() for entry in split.values() for s in entry['shards']}
@@ -304,12 +305,12 @@ def test_interrupted_run_leaves_no_complete_looking_shard(make_tiny_dataset, mon
 
     monkeypatch.setattr(onu_tfrecord, 'count_records', interrupted_count)
     with pytest.raises(KeyboardInterrupt):
-        onu_records.convert(data_dir, formats=('raw',), num_shards=2, processes=1)
+        onu_converter.convert(onu_dataset.describe(data_dir), formats=('raw',), num_shards=2, processes=1)
     assert sorted(os.listdir(records_dir)) == [onu_dataset.LABELS_FILENAME, onu_dataset.MANIFEST_FILENAME,
                                                'train-raw-00000-of-00002.tfrecord']
     assert onu_dataset.read_manifest(records_dir)['splits']['train'] == {}  # readers see no raw records yet
     monkeypatch.setattr(onu_tfrecord, 'count_records', real_count)
-    manifest = onu_records.convert(data_dir, formats=('raw',), num_shards=2, processes=1)
+    manifest = onu_converter.convert(onu_dataset.describe(data_dir), formats=('raw',), num_shards=2, processes=1)
     assert [len(_read_records(records_dir, s, 'raw')) for s in onu_dataset.SPLITS] == [8, 4]
     assert manifest['splits']['train']['raw']['records'] == 8
 
@@ -317,17 +318,17 @@ def test_interrupted_run_leaves_no_complete_looking_shard(make_tiny_dataset, mon
 def test_rerun_is_a_noop_until_inputs_change_or_overwrite(make_tiny_dataset, capsys):
     data_dir = make_tiny_dataset()
     records_dir = os.path.join(data_dir, 'tfrecords')
-    first = onu_records.convert(data_dir, processes=1)
+    first = onu_converter.convert(onu_dataset.describe(data_dir), processes=1)
     shards = _shard_identities(records_dir)
     capsys.readouterr()
-    again = onu_records.convert(data_dir, processes=1)
+    again = onu_converter.convert(onu_dataset.describe(data_dir), processes=1)
     assert 'up to date' in capsys.readouterr().out
     assert again == first and _shard_identities(records_dir) == shards
-    onu_records.convert(data_dir, processes=1, overwrite=True)
+    onu_converter.convert(onu_dataset.describe(data_dir), processes=1, overwrite=True)
     assert set(_shard_identities(records_dir)) == set(shards)
     assert all(_shard_identities(records_dir)[n][0] != shards[n][0] for n in shards)  # every shard rewritten
     shutil.copy(os.path.join(data_dir, 'val', 'F603', '00000.jpg'), os.path.join(data_dir, 'val', 'F603', 'new.jpg'))
-    changed = onu_records.convert(data_dir, processes=1)
+    changed = onu_converter.convert(onu_dataset.describe(data_dir), processes=1)
     assert 'up to date' not in capsys.readouterr().out
     assert changed['splits']['val']['encoded']['records_per_class'] == {'F603': 3, 'F663N': 2}
 
@@ -335,15 +336,15 @@ def test_rerun_is_a_noop_until_inputs_change_or_overwrite(make_tiny_dataset, cap
 def test_formats_built_separately_share_one_manifest_until_settings_change(make_tiny_dataset):
     data_dir = make_tiny_dataset()
     records_dir = os.path.join(data_dir, 'tfrecords')
-    onu_records.convert(data_dir, formats=('encoded',), processes=1)
+    onu_converter.convert(onu_dataset.describe(data_dir), formats=('encoded',), processes=1)
     encoded_shards = _shard_identities(records_dir)
-    manifest = onu_records.convert(data_dir, formats=('raw',), processes=1)
+    manifest = onu_converter.convert(onu_dataset.describe(data_dir), formats=('raw',), processes=1)
     assert set(manifest['splits']['train']) == {'raw', 'encoded'}
     assert {n: v for n, v in _shard_identities(records_dir).items() if 'encoded' in n} == encoded_shards
-    manifest = onu_records.convert(data_dir, formats=('raw',), overwrite=True, processes=1)
+    manifest = onu_converter.convert(onu_dataset.describe(data_dir), formats=('raw',), overwrite=True, processes=1)
     assert set(manifest['splits']['val']) == {'raw', 'encoded'}  # --overwrite rebuilds only what was asked for
     assert {n: v for n, v in _shard_identities(records_dir).items() if 'encoded' in n} == encoded_shards
-    gzip = onu_records.convert(data_dir, formats=('raw',), compression='GZIP', processes=1)
+    gzip = onu_converter.convert(onu_dataset.describe(data_dir), formats=('raw',), compression='GZIP', processes=1)
     assert gzip['compression'] == 'GZIP' and set(gzip['splits']['train']) == {'raw'}
     assert not any('encoded' in name for name in os.listdir(records_dir))  # stale records removed
     records = _read_records(records_dir, 'train', 'raw')
@@ -352,7 +353,7 @@ def test_formats_built_separately_share_one_manifest_until_settings_change(make_
 
 
 def test_summary_table(tiny_records_dir):
-    table = onu_records.summary_table(onu_dataset.read_manifest(tiny_records_dir)).splitlines()
+    table = onu_converter.summary_table(onu_dataset.read_manifest(tiny_records_dir)).splitlines()
     assert table[0].split() == ['split', 'format', 'images', 'F603', 'F663N', 'skipped', 'source', 'MB', 'record',
                                 'MB', 'ratio', 'seconds']
     assert [row.split()[:6] for row in table[1:]] == [
@@ -364,7 +365,7 @@ def test_script_exit_codes_and_output(make_tiny_dataset, tmp_path):
     missing = run_script(SCRIPT, f'--data_dir={tmp_path / "nowhere"}', timeout=120)
     assert missing.returncode == 2
     assert missing.stderr.startswith('error: ') and missing.stderr.count('\n') == 1
-    assert str(tmp_path / 'nowhere' / 'train') in missing.stderr
+    assert f'{tmp_path / "nowhere"}: data dir not found' in missing.stderr and 'make_sample_data.py' in missing.stderr
     data_dir = make_tiny_dataset()
     done = run_script(SCRIPT, f'--data_dir={data_dir}', '--format=encoded', '--processes=1')
     assert done.returncode == 0, done.stderr
@@ -396,15 +397,15 @@ def test_workers_of_the_data_scripts_and_of_training_never_import_tensorflow(mak
     converted = run_with_import_log('convert_to_tfrecord.py', f'--data_dir={data_dir}', '--format=raw',
                                     '--processes=2')
     assert converted.returncode == 0, converted.stderr[-3000:]
-    assert imports_by_process(converted.stderr, 'onu_lib.onu_records') >= 2
-    assert imports_by_process(converted.stderr, 'tensorflow') == 1  # only this process, to verify the shards
+    assert imports_by_process(converted.stderr, 'onu_lib.onu_converter') >= 2
+    assert imports_by_process(converted.stderr, 'tensorflow') == 0  # shards written and checked by onu_tfrecord
     fresh_dir = make_tiny_dataset('fresh')  # no records yet: training converts them
     trained = run_with_import_log('onu_train.py', f'--data_dir={fresh_dir}', f'--train_dir={tmp_path / "train"}',
                                   '--data_format=raw', '--max_steps=1', '--image_size=32', '--batch_size=2',
                                   '--model=small')
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert 'no raw records: converting them now' in trained.stdout
-    assert imports_by_process(trained.stderr, 'onu_lib.onu_records') >= 2  # training converted with worker processes
+    assert imports_by_process(trained.stderr, 'onu_lib.onu_converter') >= 2  # training converted with worker processes
     assert imports_by_process(trained.stderr, 'tensorflow') == 1
 
 
@@ -420,7 +421,7 @@ def test_png_photos_are_kept_byte_for_byte_so_records_stay_the_size_of_the_photo
             for index in range(count):
                 digit = (rng.random((28, 28)) > 0.7).astype(np.uint8) * 255  # MNIST-like 28x28 grey
                 Image.fromarray(digit, 'L').save(os.path.join(data_dir, split, class_name, f'{index}.png'))
-    manifest = onu_records.convert(data_dir, formats=('encoded',), processes=1)
+    manifest = onu_converter.convert(onu_dataset.describe(data_dir), formats=('encoded',), processes=1)
     entry = manifest['splits']['train']['encoded']
     # Only the keys (label, class, size, file name) are added: the images are not re-encoded (they grew 3x as RGB).
     assert entry['record_bytes'] < entry['source_bytes'] + 250 * entry['records']
@@ -451,7 +452,7 @@ def test_bare_class_folders_convert_with_their_split_recorded(make_tiny_dataset)
 
 def test_the_studys_raw_records_convert_to_encoded_records_of_the_same_pixels(tmp_path):
     photos = layout_photos()
-    study = write_study_records(str(tmp_path / 'study'), photos, kinds=('raw',))
+    study = write_layout('single_file', str(tmp_path / 'study'), photos, data_format='raw')
     done = run_script(SCRIPT, f'--data_dir={study}', '--format=encoded', '--processes=2')
     assert done.returncode == 0, done.stderr
     header = done.stdout.splitlines()[0].split()
@@ -470,10 +471,36 @@ def test_the_studys_raw_records_convert_to_encoded_records_of_the_same_pixels(tm
                                       np.asarray(Image.open(io.BytesIO(photo.data)).convert('RGB')))
 
 
+def test_a_damaged_record_of_another_tool_stops_the_conversion_in_one_line_and_is_never_rewritten(tmp_path):
+    inception = write_layout('inception', str(tmp_path / 'inception'), layout_photos())
+    shard = os.path.join(inception, 'train-00001-of-00002')
+    payloads = list(tf.compat.v1.io.tf_record_iterator(shard))
+    data = bytearray(open(shard, 'rb').read())
+    data[sum(16 + len(p) for p in payloads[:3]) + 12 + len(payloads[3]) // 2] ^= 0x01  # inside record 4's JPEG
+    open(shard, 'wb').write(bytes(data))
+    assert onu_tfrecord.read_framing(shard, 'NONE') == onu_tfrecord.Framing(6, None)  # only its CRC tells
+    before = _tree_digest(inception)
+    records_dir = str(tmp_path / 'records')
+    done = run_script(SCRIPT, f'--data_dir={inception}', f'--output_dir={records_dir}', '--format=encoded',
+                      '--num_shards=2', '--processes=1')
+    assert done.returncode == 2
+    assert done.stderr == (f'error: {shard}: record 4 is damaged (its payload CRC does not match); re-create the '
+                           f'file with the tool that wrote it, or move it away\n')
+    assert _tree_digest(inception) == before
+    # The shard the damaged record would go to never appears; one finished before it was read holds only sound
+    # records; the manifest lists none of them.
+    shards = sorted(name for name in os.listdir(records_dir) if name.startswith(('train-', 'val-')))
+    assert shards in ([], ['train-encoded-00000-of-00002.tfrecord'])
+    for name in shards:
+        assert onu_tfrecord.read_framing(os.path.join(records_dir, name), 'NONE', verify=True) == (
+            onu_tfrecord.Framing(6, None))
+    assert onu_dataset.read_manifest(records_dir)['splits'] == {'train': {}, 'val': {}}
+
+
 def test_inception_records_convert_with_their_offset_and_names(tmp_path):
     photos = layout_photos()
-    inception = write_inception_records(str(tmp_path / 'inception'), photos, LAYOUT_CLASSES)
-    manifest = onu_records.convert(inception, formats=('raw', 'encoded'), processes=1)
+    inception = write_layout('inception', str(tmp_path / 'inception'), photos)
+    manifest = onu_converter.convert(onu_dataset.describe(inception), formats=('raw', 'encoded'), processes=1)
     assert manifest['class_names'] == list(LAYOUT_CLASSES) and manifest['source']['labels_offset'] == 1
     records_dir = os.path.join(inception, 'tfrecords')
     for record_format in onu_dataset.RECORD_FORMATS:

@@ -9,11 +9,12 @@ import pytest
 import tensorflow as tf
 
 from conftest import (STUDY_AUGMENTATION_RANGES, assert_spans, colour_effect, layout_photos, mid_colour_image,
-                      run_script, write_study_records)
+                      run_script, write_layout)
 from benchmark import baselines as benchmark_baselines
 from benchmark import measure as benchmark_measure
 from benchmark import plan as benchmark_plan
 from benchmark import report as benchmark_report
+from onu_lib import onu_dataset
 import onu_input
 
 PIPELINE_ROWS = ('images', 'raw', 'encoded', 'serial_cv2', 'keras_reader')
@@ -155,7 +156,9 @@ def test_quick_run_measures_every_row(make_tiny_dataset, tmp_path):
 
 
 def test_a_folder_of_records_is_measured_in_the_formats_it_holds(tmp_path):
-    study = write_study_records(str(tmp_path / 'study'), layout_photos(train=6))
+    photos = layout_photos(train=6)
+    study = write_layout('single_file', str(tmp_path / 'study'), photos, data_format='raw')
+    write_layout('single_file', study, photos, data_format='encoded')
     done, report, markdown, _ = run_quick_benchmark(study, tmp_path)
     assert (report['kind'], report['layout'], report['data']['records']) == ('records', 'single_file', 18)
     rows = report['rows']
@@ -217,7 +220,7 @@ def test_keras_baseline_rotates_up_to_the_same_angle(keras_layers):
 def test_serial_cv2_baseline_matches_the_pipeline(tiny_data_dir):
     with tf.Graph().as_default():  # the 4 val photos: the eval pipeline's one batch
         with tf.compat.v1.Session() as sess:
-            reference, reference_labels = sess.run(onu_input.inputs(onu_input.dataset_info(tiny_data_dir, 'images', 'val'), 4, IMAGE_SIZE))
+            reference, reference_labels = sess.run(onu_input.inputs(onu_dataset.describe(tiny_data_dir).split('val', 'images'), 4, IMAGE_SIZE))
     with tf.Graph().as_default():
         loader = benchmark_baselines.SerialCv2Loader(tiny_data_dir, 'val', batch_size=4, image_size=IMAGE_SIZE)
         feeds = list(loader.feed_dicts(epochs=1))
@@ -244,7 +247,7 @@ def test_op_kinds_cover_tensorflow_and_onednn_op_types():
 
 
 def test_step_profile_measures_every_kind_in_float32_and_mixed(tiny_data_dir):
-    photos = onu_input.dataset_info(tiny_data_dir, 'images', 'train')
+    photos = onu_dataset.describe(tiny_data_dir).split('train', 'images')
     profile = benchmark_measure.measure_step_profile('small', lambda way: photos, batch_size=4,
                                                      image_size=IMAGE_SIZE, warmup=1, steps=2)
     assert profile['compute_dtypes'] == {'float32': 'float32', 'mixed': 'bfloat16'}

@@ -1,9 +1,12 @@
 """Tests of onu_cli.py: the native start-up lines filter, deprecated flag spellings, one-line errors."""
 import os
+import subprocess
+import sys
 
 from absl import flags
 import pytest
 
+from conftest import REPO_ROOT, SCRIPT_TIMEOUT_SECS, run_script
 from onu_lib import onu_cli
 from onu_lib import onu_dataset
 
@@ -25,6 +28,51 @@ def test_native_start_up_lines_are_dropped_and_everything_else_kept(capfd):
         for line in START_UP_LINES[:3] + KEPT_LINES[:1] + START_UP_LINES[3:] + KEPT_LINES[1:]:
             os.write(2, line.encode())
     assert capfd.readouterr().err == ''.join(KEPT_LINES)
+
+
+def env_with_log_level(level):
+    """Returns this environment with TF_CPP_MIN_LOG_LEVEL at level (None: unset), no onu_cli setting inherited."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith(('TF_CPP', 'ONU_'))}
+    if level is not None:
+        env[onu_cli.TF_LOG_LEVEL_ENV] = level
+    return env
+
+
+# What TensorFlow 2.21 prints while it loads and probes its devices (none of it the script's).
+START_UP_NOISE = ('oneDNN', 'cuInit', 'cudart', 'absl::InitializeLog', 'cpu_feature_guard', 'rebuild TensorFlow')
+
+
+@pytest.mark.parametrize('level', [None, '0', '2'])  # unset, everything, and the common quiet setting
+def test_a_script_starts_quietly_whatever_the_users_log_level(tmp_path, level):
+    # onu_export.py imports TensorFlow, then stops at once: no run_config.json in the folder.
+    result = run_script('onu_export.py', f'--checkpoint_dir={tmp_path}', env=env_with_log_level(level))
+    assert result.returncode == 2
+    noise = [line for line in result.stderr.splitlines() if any(word in line for word in START_UP_NOISE)]
+    assert noise == []
+    assert result.stderr.splitlines() == [f'error: {tmp_path}/run_config.json not found: pass the --checkpoint_dir '
+                                          '(train_dir) that onu_train.py wrote, which holds the model, image size '
+                                          'and class names']
+
+
+# After start-up, TensorFlow's C++ WARNING that a dataset's cache was read in part: shown at levels 0 and 1 only.
+AFTER_START_UP = '''
+import sys
+from onu_lib import onu_cli
+tf = onu_cli.import_tensorflow()
+print('started', file=sys.stderr, flush=True)
+next(iter(tf.data.Dataset.range(10).cache()))  # the iterator is dropped with 9 elements unread
+'''
+CACHE_WARNING = 'The calling iterator did not fully read the dataset being cached'
+
+
+@pytest.mark.parametrize('level, shown', [('0', True), (None, False)])
+def test_the_users_log_level_governs_what_tensorflow_logs_after_start_up(level, shown):
+    result = subprocess.run([sys.executable, '-c', AFTER_START_UP], capture_output=True, text=True, cwd=REPO_ROOT,
+                            env=env_with_log_level(level), timeout=SCRIPT_TIMEOUT_SECS)
+    assert result.returncode == 0, result.stderr[-3000:]
+    start_up, after = result.stderr.split('started\n')
+    assert start_up == ''
+    assert (CACHE_WARNING in after) == shown
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from test_onu_train import checkpoint_step
 from onu_lib import onu_sample_data
 from onu_lib import onu_cluster
 from onu_lib import onu_launch
-import onu_model
+from onu_lib import onu_precision
 from onu_lib import onu_run_config
 
 PROCESS_TIMEOUT_SECS = 300
@@ -79,7 +79,7 @@ def test_unusable_cluster_descriptions_are_one_line_errors(args, message):
 
 
 def test_session_config_filters_devices_and_keeps_the_base_config():
-    base = onu_model.session_config()
+    base = onu_precision.session_config()
     worker = onu_cluster.ClusterTask(('p:1', 'p:2'), ('w:1', 'w:2'), 'worker', 1)
     config = onu_cluster.task_session_config(base, worker)
     assert list(config.device_filters) == ['/job:ps', '/job:worker/task:1']

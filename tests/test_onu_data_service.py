@@ -172,30 +172,29 @@ def test_a_run_reads_its_batches_from_the_service_and_its_checkpoints_evaluate(s
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     with open(tmp_path / 'eval' / 'results.jsonl') as f:
         result = json.loads(f.readline())
-    held_out = onu_input.dataset_info(data_dir, 'images', 'val').num_examples
+    held_out = onu_dataset.describe(data_dir).split('val', 'images').num_examples
     assert result['step'] == STEPS and result['num_examples'] == held_out >= 1  # eval reads val locally, each once
 
 
-def _photo_counts(service, data_dir, epochs, batch_size):
-    """Reads epochs' worth of training examples of data_dir from the service; returns {photo: times seen}."""
-    info = onu_input.dataset_info(data_dir, 'images', 'train', validation_percent=0)
-    with tf.Graph().as_default():
-        dataset = onu_input.make_dataset(info, batch_size, 32, training=True, augment_on='model', seed=3,
-                                         data_service=service.address)
-        images, _, _ = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+def test_a_finite_epoch_through_two_workers_holds_every_photo_once(service, tmp_path):
+    data_dir = photo_folder(str(tmp_path / 'photos'), 6)
+    info = onu_dataset.describe(data_dir, validation_percent=0).split('train', 'images')
+    assert info.num_examples == 18
+    with tf.Graph().as_default():  # one epoch, in batches of one (a worker's last partial batch would be dropped)
+        dataset = onu_input.make_dataset(info, 1, 32, training=True, augment_on='model', seed=3,
+                                         data_service=service.address, num_epochs=1)
+        images = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()[0]
+        seen = []
         with tf.compat.v1.Session() as session:
-            batches = [session.run(images) for _ in range(epochs * info.num_examples // batch_size)]
-    counts = collections.Counter(hashlib.sha1(image.tobytes()).hexdigest() for batch in batches for image in batch)
-    return info.num_examples, counts
-
-
-def test_each_example_once_per_epoch_across_the_workers(service, tmp_path):
-    num_examples, counts = _photo_counts(service, photo_folder(str(tmp_path / 'photos'), 6), epochs=4, batch_size=3)
-    assert num_examples == 18 and len(counts) == num_examples  # 18 distinct photos, every one seen
-    # Each worker batches the photos it was handed, and the trainer takes batches from both in turn, so an epoch's
-    # last photos may come after the next epoch's first: never two more or fewer (every worker reading every photo,
-    # as processing_mode parallel_epochs does, would give half the photos twice as often).
-    assert sum(counts.values()) == 4 * num_examples and set(counts.values()) <= {3, 4, 5}, counts
+            while True:
+                try:
+                    seen.append(hashlib.sha1(session.run(images).tobytes()).hexdigest())
+                except tf.errors.OutOfRangeError:
+                    break
+    # The dispatcher hands each unit of photos to one of the two workers: every photo once. Each worker reading
+    # every photo (processing mode parallel_epochs, no sharding) would give each twice.
+    counts = collections.Counter(seen)
+    assert len(counts) == 18 and set(counts.values()) == {1}, counts
 
 
 def test_a_killed_worker_leaves_training_going_with_one_warning(service, tmp_path):

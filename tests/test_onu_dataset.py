@@ -1,7 +1,9 @@
-"""Tests of onu_dataset: class discovery, header-only image listing, skip reasons, labels and manifest files."""
+"""Tests of onu_dataset: what a data folder holds, described once (DataDir, DatasetInfo), class discovery, header-only
+image listing, skip reasons, labels and manifest files, this repo's records and their errors."""
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -12,6 +14,7 @@ from PIL import Image
 from PIL import ImageOps
 
 from conftest import REPO_ROOT
+from onu_lib import onu_photos
 from onu_lib import onu_dataset
 
 
@@ -90,7 +93,7 @@ def test_list_split_images_sniffs_content_and_reports_each_skip(messy_data_dir, 
     for name, word in messy_files.items():
         if word is not None:
             assert word in reasons[name], (name, reasons[name])
-    assert reasons['.DS_Store'] == reasons['Thumbs.db'] == onu_dataset.REASON_HIDDEN
+    assert reasons['.DS_Store'] == reasons['Thumbs.db'] == onu_photos.REASON_HIDDEN
     assert 'truncated' in reasons['truncated.jpg']
     expected = {  # name: (format, mode, orientation, kept byte for byte in encoded records)
         'plain.jpg': ('JPEG', 'RGB', 1, True), 'gray.jpg': ('JPEG', 'L', 1, True),
@@ -109,24 +112,24 @@ def test_list_split_images_sniffs_content_and_reports_each_skip(messy_data_dir, 
 def test_upright_rgb_matches_pillow_exif_transpose(tmp_path, pattern_image):
     for orientation in range(1, 9):
         exif = Image.Exif()
-        exif[onu_dataset.EXIF_ORIENTATION_TAG] = orientation
+        exif[onu_photos.EXIF_ORIENTATION_TAG] = orientation
         path = str(tmp_path / f'o{orientation}.png')
         pattern_image.save(path, exif=exif.tobytes())
-        info = onu_dataset.read_image_info(path)
+        info = onu_photos.read_image_info(path)
         assert info.orientation == orientation
         with Image.open(path) as image:
             expected = np.asarray(ImageOps.exif_transpose(image).convert('RGB'))
-        actual = np.asarray(onu_dataset.upright_rgb(path, info.orientation))
+        actual = np.asarray(onu_photos.upright_rgb(path, info.orientation))
         np.testing.assert_array_equal(actual, expected)
         assert actual.shape == (info.height, info.width, 3)
 
 
 def test_read_image_info_ignores_invalid_orientation(tmp_path, pattern_image):
     exif = Image.Exif()
-    exif[onu_dataset.EXIF_ORIENTATION_TAG] = 9
+    exif[onu_photos.EXIF_ORIENTATION_TAG] = 9
     path = str(tmp_path / 'odd.jpg')
     pattern_image.save(path, exif=exif.tobytes())
-    info = onu_dataset.read_image_info(path)
+    info = onu_photos.read_image_info(path)
     assert (info.orientation, info.width, info.height) == (1, 48, 32)
 
 
@@ -180,11 +183,12 @@ def test_manifest_round_trip_and_shard_paths(tmp_path):
     assert '--format=raw' in _one_line(error)
 
 
-def test_records_dir_for(tmp_path):
+def test_records_dir_is_the_folder_with_the_manifest(tmp_path):
     data_dir = str(tmp_path)
-    assert onu_dataset.records_dir_for(data_dir) == os.path.join(data_dir, onu_dataset.RECORDS_SUBDIR)
+    os.makedirs(os.path.join(data_dir, 'F603'))  # a class folder: photos, no records yet
+    assert onu_dataset.describe(data_dir).records_dir() == os.path.join(data_dir, onu_dataset.RECORDS_SUBDIR)
     onu_dataset.write_manifest(data_dir, {'version': onu_dataset.MANIFEST_VERSION})
-    assert onu_dataset.records_dir_for(data_dir) == data_dir
+    assert onu_dataset.describe(data_dir).records_dir() == data_dir
 
 
 def test_importing_onu_dataset_does_not_import_tensorflow():
@@ -238,17 +242,24 @@ def test_bare_class_folders_split_into_disjoint_sets_and_added_photos_move_no_ol
     after = listed(30.0)
     assert before['train'] <= after['train'] and before['val'] <= after['val']
     assert len(after['train'] | after['val']) == 44
+    # The description gives the same split, and says which percentage made it.
+    data = onu_dataset.describe(photos_dir, validation_percent=30.0)
+    assert (data.layout, data.photo_splits()) == (onu_dataset.CLASS_FOLDERS, ['train', 'val'])
+    for split in onu_dataset.SPLITS:
+        info = data.split(split, 'images')
+        assert set(info.files) == after[split] and info.validation_percent == 30.0
+        assert info.layout == onu_dataset.CLASS_FOLDERS
 
 
 def test_records_dir_is_found_in_the_folder_or_in_the_cache(tmp_path):
     data_dir = str(tmp_path / 'data')
-    os.makedirs(data_dir)
-    assert onu_dataset.records_dir_for(data_dir) == os.path.join(data_dir, onu_dataset.RECORDS_SUBDIR)
+    os.makedirs(os.path.join(data_dir, 'F603'))
+    assert onu_dataset.describe(data_dir).records_dir() == os.path.join(data_dir, onu_dataset.RECORDS_SUBDIR)
     cached = onu_dataset.cached_records_dir(data_dir)
     assert cached.startswith(onu_dataset.cache_dir()) and os.path.basename(cached).startswith('data-')
     os.makedirs(cached)
     onu_dataset.write_manifest(cached, {'version': onu_dataset.MANIFEST_VERSION})
-    assert onu_dataset.records_dir_for(data_dir) == cached
+    assert onu_dataset.describe(data_dir).records_dir() == cached
     assert onu_dataset.cached_records_dir(str(tmp_path / 'other' / 'data')) != cached  # same name, other folder
 
 
@@ -261,5 +272,184 @@ def test_records_of_a_folder_turned_read_only_are_found_by_format(tmp_path):
     os.makedirs(cached)
     onu_dataset.write_manifest(cached, {'version': onu_dataset.MANIFEST_VERSION, 'splits': {'train': {'encoded': {}}}})
     assert onu_dataset.records_dirs(data_dir) == [in_folder, cached]
-    assert onu_dataset.records_dir_for(data_dir, 'raw') == in_folder == onu_dataset.records_dir_for(data_dir)
-    assert onu_dataset.records_dir_for(data_dir, 'encoded') == cached
+    data = onu_dataset.describe(data_dir)
+    assert data.records_dir('raw') == in_folder == data.records_dir()
+    assert data.records_dir('encoded') == cached
+
+
+# ---------------------------------------------------------------------------------------------
+# The one description of a data folder: describe(), DataDir, DatasetInfo.
+
+def _copy(tiny_data_dir, tmp_path):
+    """A writable copy of the tiny photos and their records."""
+    data_dir = str(tmp_path / 'data')
+    shutil.copytree(tiny_data_dir, data_dir)
+    return data_dir
+
+
+def test_photos_with_their_records_are_described_from_the_manifest(tiny_data_dir, tiny_records_dir):
+    data = onu_dataset.describe(tiny_data_dir)
+    assert (data.layout, data.has_photos, data.record_formats, data.default_format()) == (
+        onu_dataset.PHOTOS, True, ('encoded', 'raw'), 'encoded')
+    assert data.records_dir() == data.records_dir('raw') == tiny_records_dir
+    assert data.has_records('raw') and data.has_records('encoded') and not data.reads_other_tools_records('raw')
+    manifest = onu_dataset.read_manifest(tiny_records_dir)
+    for data_format, image_key in (('raw', onu_dataset.KEY_RAW), ('encoded', onu_dataset.KEY_ENCODED)):
+        for split, count in (('train', 8), ('val', 4)):
+            entry = manifest['splits'][split][data_format]
+            info = data.split(split, data_format)
+            assert (info.data_dir, info.data_format, info.split, info.layout) == (
+                tiny_data_dir, data_format, split, onu_dataset.RECORDS)
+            assert info.class_names == ('F603', 'F663N') and info.num_examples == count
+            assert info.files == tuple(os.path.join(tiny_records_dir, shard['file']) for shard in entry['shards'])
+            assert info.records_per_file == tuple(shard['records'] for shard in entry['shards'])
+            assert (info.image_key, info.label_key, info.filename_key) == (
+                image_key, onu_dataset.KEY_LABEL, onu_dataset.KEY_FILENAME)
+            assert (info.height_key, info.width_key) == (onu_dataset.KEY_HEIGHT, onu_dataset.KEY_WIDTH)
+            assert info.compression_type == '' and info.labels_offset == 0 and info.data_labels_offset is None
+            assert info.bytes_per_example == entry['record_bytes'] // count and info.validation_percent is None
+            assert info.record_name_prefixes == tuple(os.path.basename(path) + '#' for path in info.files)
+
+
+def test_photos_are_described_file_by_file(tiny_data_dir):
+    info = onu_dataset.describe(tiny_data_dir).split('val', 'images')
+    assert (info.layout, info.data_format, info.num_examples, info.class_names) == (
+        onu_dataset.PHOTOS, 'images', 4, ('F603', 'F663N'))
+    assert info.files == tuple(sorted(info.files, key=lambda path: (os.path.basename(os.path.dirname(path)), path)))
+    assert info.names == tuple(os.path.relpath(path, tiny_data_dir) for path in info.files)
+    assert info.labels == (0, 0, 1, 1) and info.orientations == (1, 1, 1, 1) and info.skipped == ()
+    assert all(path.startswith(os.path.join(tiny_data_dir, 'val') + os.sep) for path in info.files)
+
+
+@pytest.mark.parametrize('val_name', ['val', 'validation', 'test'])
+def test_the_val_split_is_the_first_of_its_names_there_is(make_tiny_dataset, val_name):
+    data_dir = make_tiny_dataset()
+    if val_name != 'val':
+        os.rename(os.path.join(data_dir, 'val'), os.path.join(data_dir, val_name))
+    if val_name == 'validation':  # preferred to test/ when both are there
+        shutil.copytree(os.path.join(data_dir, val_name), os.path.join(data_dir, 'test'))
+        for name in os.listdir(os.path.join(data_dir, 'test', 'F603')):
+            os.remove(os.path.join(data_dir, 'test', 'F603', name))
+    assert onu_dataset.split_dir(data_dir, 'val') == os.path.join(data_dir, val_name)
+    assert onu_dataset.split_dir(data_dir, 'train') == os.path.join(data_dir, 'train')
+    info = onu_dataset.describe(data_dir).split('val', 'images')
+    assert info.num_examples == 4 and all(os.sep + val_name + os.sep in path for path in info.files)
+    assert info.validation_percent is None  # the folders made the split
+    assert onu_dataset.split_dir(str(data_dir) + '_none', 'val') == os.path.join(str(data_dir) + '_none', 'val')
+
+
+def test_what_the_records_lack_is_one_line_naming_the_file_and_the_command(tiny_data_dir, tmp_path):
+    data_dir = _copy(tiny_data_dir, tmp_path)
+    records_dir = os.path.join(data_dir, onu_dataset.RECORDS_SUBDIR)
+    convert = f'python convert_to_tfrecord.py --data_dir={data_dir} --format=raw'
+    raw = onu_dataset.describe(data_dir).split('val', 'raw').files
+    with open(raw[0], 'r+b') as f:  # cut short
+        f.truncate(os.path.getsize(raw[0]) - 1)
+    with pytest.raises(onu_dataset.DataError) as error:
+        onu_dataset.describe(data_dir).split('val', 'raw')
+    assert _one_line(error) == (f'{raw[0]}: {os.path.getsize(raw[0])} bytes on disk but {os.path.getsize(raw[0]) + 1} '
+                                f'in the manifest (truncated or changed); re-create the records with {convert} --overwrite')
+    os.remove(raw[0])
+    with pytest.raises(onu_dataset.DataError) as error:
+        onu_dataset.describe(data_dir).split('val', 'raw')
+    assert _one_line(error) == (f'{raw[0]}: record file listed in the manifest is missing; re-create the records with '
+                                f'{convert} --overwrite')
+    assert onu_dataset.describe(data_dir).split('train', 'raw').num_examples == 8  # the other split still reads
+    manifest = onu_dataset.read_manifest(records_dir)
+    del manifest['splits']['val']['raw']
+    onu_dataset.write_manifest(records_dir, manifest)
+    data = onu_dataset.describe(data_dir)
+    assert data.record_formats == ('encoded',) and not data.has_records('raw')  # raw: not for every split
+    with pytest.raises(onu_dataset.DataError) as error:
+        data.split('val', 'raw')
+    assert _one_line(error) == (f'{records_dir}: raw records of val were asked but the manifest lists only encoded '
+                                f'records; write them with {convert}, or use --data_format=encoded')
+    os.remove(os.path.join(records_dir, onu_dataset.LABELS_FILENAME))
+    with pytest.raises(onu_dataset.DataError) as error:
+        onu_dataset.describe(data_dir).split('train', 'encoded')
+    assert _one_line(error).startswith(f'{os.path.join(records_dir, onu_dataset.LABELS_FILENAME)} not found: '
+                                       f're-create the records with python convert_to_tfrecord.py')
+
+
+def test_records_made_with_another_split_or_labels_offset_are_not_read_as_these(tiny_data_dir, tmp_path):
+    data_dir = _copy(tiny_data_dir, tmp_path)
+    records_dir = os.path.join(data_dir, onu_dataset.RECORDS_SUBDIR)
+    manifest = onu_dataset.read_manifest(records_dir)
+    onu_dataset.write_manifest(records_dir, dict(manifest, validation_percent=30.0,
+                                                 source={'labels_offset': 1}))
+    assert onu_dataset.describe(data_dir, validation_percent=30.0).has_records('encoded')
+    asked = onu_dataset.describe(data_dir, validation_percent=20.0)
+    assert not asked.has_records('encoded')
+    assert asked.made_otherwise('encoded') == (
+        f'{records_dir}: records split with --validation_percent=30, but 20 is asked; use --validation_percent=30, '
+        f'or re-create them with python convert_to_tfrecord.py --data_dir={data_dir} --format=encoded '
+        f'--validation_percent=20')
+    offset = onu_dataset.describe(data_dir, validation_percent=30.0, labels_offset=0)
+    assert not offset.has_records('raw') and offset.made_otherwise('raw') == (
+        f'{records_dir}: records made with --labels_offset=1, but 0 is asked; use --labels_offset=1, or re-create '
+        f'them with python convert_to_tfrecord.py --data_dir={data_dir} --format=raw --labels_offset=0')
+    with pytest.raises(onu_dataset.DataError) as error:
+        offset.split('train', 'raw')
+    assert '--labels_offset=1' in _one_line(error)
+    made = onu_dataset.describe(data_dir, validation_percent=30.0, labels_offset=1)
+    assert made.has_records('raw')
+    info = made.split('train', 'raw')
+    assert (info.validation_percent, info.data_labels_offset, info.labels_offset) == (30.0, 1, 0)  # stored 0-based
+    onu_dataset.write_manifest(records_dir, dict(manifest, compression='GZIP'))
+    assert onu_dataset.describe(data_dir).split('val', 'encoded').compression_type == 'GZIP'
+
+
+def test_records_alone_are_read_in_their_own_format(tiny_records_dir, tmp_path):
+    records_dir = str(tmp_path / 'records')
+    shutil.copytree(tiny_records_dir, records_dir)
+    data = onu_dataset.describe(records_dir)
+    assert (data.layout, data.has_photos, data.default_format(), data.records_dir()) == (
+        onu_dataset.RECORDS, False, 'encoded', records_dir)
+    assert data.split('val', 'raw').num_examples == 4
+    with pytest.raises(onu_dataset.DataError) as error:
+        data.split('train', 'images')
+    assert _one_line(error) == f'{records_dir}: holds records, not photo folders: read them with --data_format=encoded'
+
+
+def test_commands_in_messages_are_quoted_for_the_shell(tmp_path):
+    data_dir = str(tmp_path / "my photos (2024)")
+    command = onu_dataset.convert_command(data_dir, 'raw', '--overwrite')
+    assert shlex.split(command) == ['python', 'convert_to_tfrecord.py', f'--data_dir={data_dir}', '--format=raw',
+                                    '--overwrite']
+    message = str(onu_dataset.missing_data_dir_error(data_dir))
+    made = message.split('make sample data with ')[1].split(', or point')[0]
+    assert shlex.split(made) == ['python', 'make_sample_data.py', f'--data_dir={data_dir}']
+
+
+def test_an_empty_folder_is_one_line_saying_what_was_looked_for(tmp_path):
+    with pytest.raises(onu_dataset.DataError) as error:
+        onu_dataset.describe(str(tmp_path))
+    message = _one_line(error)
+    assert message.startswith(f'{tmp_path}: no data found; looked for photos in train/<class>/ and val/<class>/')
+    assert 'manifest.json' in message and message.endswith('see README "Bring your own data"')
+    with pytest.raises(onu_dataset.DataError) as error:
+        onu_dataset.describe(str(tmp_path / 'nowhere'))
+    assert _one_line(error).startswith(f'{tmp_path / "nowhere"}: data dir not found; make sample data with ')
+
+
+def test_a_photo_that_does_not_decode_is_reported_once_and_none_decoding_is_an_error(make_tiny_dataset, caplog):
+    data_dir = make_tiny_dataset()
+    info = onu_dataset.describe(data_dir).split('val', 'images')
+    with open(info.files[0], 'r+b') as f:  # damaged after the listing: its header still reads
+        f.seek(os.path.getsize(info.files[0]) // 2)
+        f.write(bytes(64))
+    with caplog.at_level('WARNING'):
+        for _ in range(2):
+            info.report_unreadable(0)
+    lines = [record.getMessage() for record in caplog.records if info.files[0] in record.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith(f'skipping {info.files[0]}: ') and 'fix or remove it' in lines[0]
+    assert info.files[0] in onu_dataset.skipped_photos()
+    assert onu_dataset.report_skipped(info.files[0], 'again') is False  # said once
+    assert onu_dataset.report_skipped(info.files[0] + '.other', 'a reason') is True
+    assert onu_dataset.skipped_photos()[info.files[0] + '.other'] == 'a reason'
+    for index in range(1, info.num_examples - 1):
+        info.report_unreadable(index)
+    with pytest.raises(onu_dataset.DataError) as error:
+        info.report_unreadable(info.num_examples - 1)
+    assert _one_line(error) == (f'{os.path.join(data_dir, "val")}: none of the {info.num_examples} images decodes; '
+                                f'replace them with JPEG/PNG/GIF/BMP photos')

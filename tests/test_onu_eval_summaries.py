@@ -2,7 +2,12 @@
 TensorBoard server that has to list and serve what was written."""
 import io
 import math
+import warnings
 
+import matplotlib
+from matplotlib import font_manager
+from matplotlib import ft2font
+from matplotlib.text import Text
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -82,6 +87,170 @@ def test_confusion_png_shows_the_counts_the_colours_and_the_names():
         assert different.shape == pixels.shape and not np.array_equal(different, pixels)
 
 
+def rendered(figure):
+    """Returns the figure's pixels as its PNG holds them ([H, W, 3] uint8); the figure keeps the renderer's layout."""
+    return np.asarray(decoded(summaries.figure_png(figure)))
+
+
+def heatmap_axes(figure):
+    """Returns the heatmap's axes (the colour bar is the other one)."""
+    [axes] = [axes for axes in figure.axes if axes.get_images()]
+    return axes
+
+
+def pixel_at(pixels, axes, x, y):
+    """Returns the RGB pixel at data point (x, y) of axes (display y counts from the bottom, PNG rows from the top)."""
+    column, row = axes.transData.transform((x, y))
+    return pixels[int(round(pixels.shape[0] - row)), int(round(column))].astype(int)
+
+
+def test_each_cell_is_coloured_by_its_share_of_the_true_class():
+    # Shares of the row (true class) and of the column differ strongly here: [1, 0] is 0.1 of its row, 0.01 of its
+    # column; [0, 1] 0.1 of its row, 0.56 of its column.
+    confusion = np.array([[90, 10, 0], [1, 8, 1], [2, 0, 18]])
+    figure = summaries.confusion_matrix_figure(confusion, ['F603', 'F663N', 'HG8245'])
+    pixels = rendered(figure)
+    axes = heatmap_axes(figure)
+    blues = matplotlib.colormaps['Blues']  # vmin 0, vmax 1
+    for (true, predicted), share in np.ndenumerate(confusion / confusion.sum(axis=1, keepdims=True)):
+        # 0.3 of a cell from its centre: inside the cell, clear of the count written at the centre.
+        colour = pixel_at(pixels, axes, predicted + 0.3, true + 0.3)
+        expected = np.round(np.array(blues(share)[:3]) * 255).astype(int)
+        assert np.abs(colour - expected).max() <= 2, (true, predicted, colour, expected)
+
+
+def extent_in_pixels(artist, figure):
+    """Returns an artist's (left, top, right, bottom) in PNG pixels (rows from the top) after figure_png."""
+    box = artist.get_window_extent(figure.canvas.get_renderer())
+    height = figure.bbox.height
+    return box.x0, height - box.y1, box.x1, height - box.y0
+
+
+def lies_inside(box, width, height):
+    """Returns True when the (left, top, right, bottom) box lies within a width x height picture."""
+    left, top, right, bottom = box
+    return 0 <= left and right <= width and 0 <= top and bottom <= height
+
+
+@pytest.mark.parametrize('names', [['F603', 'F663N'], ['F603', 'HG8245'], ['F603', 'F663N', 'GM220-S'],
+                                   ['F603', 'HG8245H5-ONU-model'], [f'ONU-{i:02d}' for i in range(12)]],
+                         ids=['2', '2-longer', '3-longer', '2-long-rotated', '12'])
+def test_every_text_of_the_heatmap_lies_inside_the_picture(names):
+    figure = summaries.confusion_matrix_figure(some_confusion(len(names), 0), names)
+    pixels = rendered(figure)
+    height, width = pixels.shape[:2]
+    texts = [text for text in figure.findobj(Text) if text.get_visible() and text.get_text()]
+    shown = {text.get_text() for text in texts}
+    assert {'true class', 'predicted class', 'fraction of the true class', *names} <= shown
+    boxes = [(text.get_text(), extent_in_pixels(text, figure)) for text in texts]
+    assert [(text, box) for text, box in boxes if not lies_inside(box, width, height)] == []
+    # Nothing is cut at the picture's edges: its outermost rows and columns are background.
+    assert (pixels[[0, -1]] == 255).all() and (pixels[:, [0, -1]] == 255).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# Class names in Chinese: a font that draws them, or readable escapes and one line
+
+
+def has_chinese(path):
+    """Returns True when the font file's first face has glyphs for 型 and 号."""
+    try:
+        characters = ft2font.FT2Font(path).get_charmap()
+    except (OSError, RuntimeError):  # not a font FreeType reads
+        return False
+    return all(ord(char) in characters for char in '型号')
+
+
+@pytest.fixture(scope='module')
+def chinese_font_files():
+    """The system's font files that draw Chinese (fonts-noto-cjk's), found without the code under test; else skips."""
+    files = [path for path in font_manager.findSystemFonts() if has_chinese(path)]
+    if not files:
+        pytest.skip('no installed font draws Chinese: install fonts-noto-cjk (.ci/run does)')
+    return files
+
+
+def box_pixels(pixels, box):
+    """Returns the pixels within box (left, top, right, bottom), widened to whole pixels."""
+    left, top, right, bottom = box
+    return pixels[max(math.floor(top), 0):math.ceil(bottom), max(math.floor(left), 0):math.ceil(right)]
+
+
+def drawn_in_the_default_font(figure, texts):
+    """Returns the figure's pixels again with texts in matplotlib's default font (DejaVu Sans), nothing moved."""
+    figure.set_layout_engine('none')  # every position stays where the first rendering put it
+    for text in texts:
+        text.set_fontfamily(None)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')  # its "Glyph ... missing from font(s)"
+        return rendered(figure)
+
+
+def differing_share(first, second):
+    """Returns the share of pixels that differ between two equally sized RGB images."""
+    return (first != second).any(axis=2).mean()
+
+
+def test_chinese_class_names_are_drawn_in_a_font_that_has_them(chinese_font_files):
+    names = ['型号 A', 'F603']
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')  # matplotlib warns "Glyph ... missing from font(s)" per missing glyph
+        figure = summaries.confusion_matrix_figure(np.array([[5, 1], [2, 6]]), names)
+        pixels = rendered(figure)
+        mistake = summaries.Mistake('型号A_0001.jpg', noise_image(30, 40, 0), 0, 1, 0.9)
+        grid = summaries.mistakes_grid_figure([mistake], names, 1)
+        grid_pixels = rendered(grid)
+    axes = heatmap_axes(figure)
+    labels = [axes.get_yticklabels()[0], axes.get_xticklabels()[0]]
+    assert [label.get_text() for label in labels] == ['型号 A', '型号 A']
+    [title] = [axes.title for axes in grid.axes]
+    assert title.get_text() == '型号A_0001.jpg\ntrue 型号 A -> F603 0.90'
+    # Drawn by DejaVu Sans, the same place shows "missing glyph" boxes instead.
+    boxes = [extent_in_pixels(label, figure) for label in labels]
+    in_default_font = drawn_in_the_default_font(figure, labels)
+    shares = [differing_share(box_pixels(pixels, box), box_pixels(in_default_font, box)) for box in boxes]
+    assert min(shares) > 0.2, shares  # 0.64 and 0.67 measured; 0 when both are boxes
+    box = extent_in_pixels(title, grid)
+    in_default_font = drawn_in_the_default_font(grid, [title])
+    share = differing_share(box_pixels(grid_pixels, box), box_pixels(in_default_font, box))
+    assert share > 0.1, share  # 0.41 measured (the caption's ASCII is the same in both)
+
+
+def test_a_chinese_font_installed_after_matplotlibs_font_cache_is_found(chinese_font_files, monkeypatch):
+    # matplotlib lists the fonts once, in its cache; apt-get install fonts-noto-cjk may come after that. Here the
+    # cache lists only the fonts matplotlib ships, among them Last Resort, whose "missing" boxes claim every character.
+    manager = font_manager.fontManager
+    shipped = [entry for entry in manager.ttflist if entry.fname.startswith(matplotlib.get_data_path())]
+    assert 'Last Resort High-Efficiency' in {entry.name for entry in shipped}
+    monkeypatch.setattr(manager, 'ttflist', shipped)
+    name = summaries.find_font_with(frozenset(map(ord, '型号')))
+    assert name is not None
+    assert str(font_manager.findfont(font_manager.FontProperties(family=[name]))) in chinese_font_files
+
+
+ESCAPED = '\\u578b\\u53f7 A'  # 型号 A as shown without a font for it
+
+
+def test_without_a_font_for_them_names_are_shown_escaped_and_said_once(monkeypatch, capsys):
+    monkeypatch.setattr(summaries, 'find_font_with', lambda characters: None)  # no font draws Chinese
+    monkeypatch.setattr(summaries, '_missing_font_reported', False)
+    names = ['型号 A', 'F603']
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')  # no "Glyph ... missing from font(s)" warnings
+        figure = summaries.confusion_matrix_figure(np.array([[5, 1], [2, 6]]), names)
+        rendered(figure)
+        mistake = summaries.Mistake('/data/val/型号 A/型号A_0001.jpg', noise_image(30, 40, 0), 0, 1, 0.9)
+        grid = summaries.mistakes_grid_figure([mistake], names, 1)
+        rendered(grid)
+    axes = heatmap_axes(figure)
+    assert [label.get_text() for label in axes.get_yticklabels()] == [ESCAPED, 'F603']
+    assert [label.get_text() for label in axes.get_xticklabels()] == [ESCAPED, 'F603']
+    assert grid.axes[0].get_title() == f'\\u578b\\u53f7A_0001.jpg\ntrue {ESCAPED} -> F603 0.90'
+    assert capsys.readouterr().err.splitlines() == [
+        f"warning: no installed font can draw the name '型号 A': the eval pictures show it as '{ESCAPED}'; "
+        "to draw Chinese, Japanese and Korean names, install fonts-noto-cjk (apt-get install fonts-noto-cjk)"]
+
+
 def test_confusion_png_refuses_a_matrix_of_other_classes():
     with pytest.raises(ValueError, match='shape'):
         summaries.confusion_matrix_png(np.ones((3, 3), int), CLASS_NAMES)
@@ -140,6 +309,7 @@ def test_caption_names_the_file_the_classes_and_the_probability():
     mistake = summaries.Mistake.from_prediction(b'/data/val/F603/F603_0012.jpg', noise_image(8, 8, 0), 0,
                                                 np.array([0.13, 0.87], np.float32))
     assert (mistake.true_label, mistake.predicted_label) == (0, 1)
+    np.testing.assert_array_equal(mistake.image, noise_image(8, 8, 0))
     assert summaries.mistake_caption(mistake, CLASS_NAMES) == 'F603_0012.jpg\ntrue F603 -> F663N 0.87'
 
     long_name = 'IMG_20240101_123456789_front_side_of_the_unit_F603.jpg'
@@ -147,6 +317,10 @@ def test_caption_names_the_file_the_classes_and_the_probability():
     shown = caption.split('\n')[0]
     assert len(shown) <= summaries.MAX_CAPTION_NAME
     assert shown.startswith('IMG_2024') and shown.endswith('_F603.jpg') and '...' in shown
+
+    # Classes too long for the tile's width: the predicted one goes on a third line.
+    caption = summaries.mistake_caption(mistake, ['HG8245H5-ONU-model', 'ZXHN F663N'])
+    assert caption == 'F603_0012.jpg\ntrue HG8245H5-ONU-model\n-> ZXHN F663N 0.87'
 
 
 def test_image_summary_value_reads_the_size_from_the_png():
@@ -179,6 +353,8 @@ def test_pr_curves_are_one_vs_rest_per_class():
     assert [value.tag for value in values] == ['pr_curves/' + name for name in names]
     for index, value in enumerate(values):
         assert value.metadata.plugin_data.plugin_name == 'pr_curves'
+        assert (value.metadata.display_name, value.metadata.summary_description) == (
+            names[index], f'{names[index]} against the other classes')
         data = tf.make_ndarray(value.tensor)  # rows: TP, FP, TN, FN, precision, recall
         assert data.shape == (6, 11)
         true_positives, false_positives = expected_counts(labels == index, probabilities[:, index], 11)
@@ -188,6 +364,7 @@ def test_pr_curves_are_one_vs_rest_per_class():
         assert data[5, 0] == 1.0  # everything is positive at threshold 0
 
 
+@pytest.mark.script
 def test_tensorboard_lists_and_serves_the_pictures_and_pr_curves(tmp_path, tensorboard_server):
     names = ['F603', 'F663N', 'HG8245']
     rng = np.random.default_rng(4)

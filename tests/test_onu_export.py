@@ -15,6 +15,7 @@ from onu_lib import onu_checkpoint
 from onu_lib import onu_dataset
 import onu_input
 import onu_model
+from onu_lib import onu_run_folder
 from onu_lib import onu_serving
 
 IMAGE_SIZE = 32
@@ -29,7 +30,7 @@ def checkpoint(run, step):
 
 def val_files(run):
     """Returns the val image paths in the order the eval input reads them."""
-    return list(onu_input.dataset_info(run.data_dir, 'images', 'val').files)
+    return list(onu_dataset.describe(run.data_dir).split('val', 'images').files)
 
 
 def read_bytes(paths):
@@ -45,7 +46,7 @@ def eval_graph_softmax(checkpoint_path, moving_average_decay, data_dir, data_for
                        split='val', model_name='small'):
     """Returns (softmax, images) of the eval input and model_name on a split, restored as eval does."""
     with tf.Graph().as_default():
-        images, _ = onu_input.inputs(onu_input.dataset_info(data_dir, data_format, split), 64, IMAGE_SIZE)
+        images, _ = onu_input.inputs(onu_dataset.describe(data_dir).split(split, data_format), 64, IMAGE_SIZE)
         logits, _ = onu_model.inference(images, 2, model_name, is_training=False, create_aux_logits=False)
         probabilities = tf.nn.softmax(logits)
         saver = tf.compat.v1.train.Saver(
@@ -218,7 +219,7 @@ def test_listener_exports_at_boundaries_and_a_failure_does_not_block_the_next(
     # A full disk is another matter: nothing more can be written, training stops with one line.
     failures.append(OSError(errno.ENOSPC, 'No space left on device', os.path.join(export_dir, '.tmp-12')))
     tf.compat.v1.train.update_checkpoint_state(checkpoint_dir, checkpoint(tiny_run, 12))
-    with pytest.raises(onu_checkpoint.WriteFailed) as error:
+    with pytest.raises(onu_run_folder.WriteFailed) as error:
         listener.after_save(None, 12)
     assert str(error.value).startswith(f'{export_dir}: the disk is full (exporting a SavedModel); ')
 

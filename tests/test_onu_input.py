@@ -15,9 +15,10 @@ from PIL import Image
 from PIL import ImageOps
 
 from conftest import STUDY_AUGMENTATION_RANGES, assert_spans, colour_effect, mid_colour_image
+from onu_lib import onu_photos
 from onu_lib import onu_dataset
 import onu_input
-from onu_lib import onu_records
+from onu_lib import onu_converter
 
 IMAGE_SIZE = 32
 FORMATS = onu_dataset.DATA_FORMATS
@@ -40,7 +41,7 @@ def _run_to_end(fetches):
 def _eval_examples(split, data_dir, data_format, batch_size=3, image_size=IMAGE_SIZE):
     """Returns (images, labels, batch sizes) of one full eval pass."""
     with tf.Graph().as_default():
-        batches = _run_to_end(onu_input.inputs(onu_input.dataset_info(data_dir, data_format, split), batch_size, image_size))
+        batches = _run_to_end(onu_input.inputs(onu_dataset.describe(data_dir).split(split, data_format), batch_size, image_size))
     images = np.concatenate([images for images, _ in batches])
     labels = np.concatenate([labels for _, labels in batches])
     return images, labels, [len(labels) for _, labels in batches]
@@ -73,7 +74,7 @@ def messy_records_dir(messy_data_dir, tmp_path_factory):
     for name in os.listdir(train_dir):
         if os.path.isfile(os.path.join(train_dir, name)):
             shutil.copy(os.path.join(train_dir, name), os.path.join(data_dir, 'val', 'F603', name))
-    onu_records.convert(data_dir, processes=1)
+    onu_converter.convert(onu_dataset.describe(data_dir), processes=1)
     return data_dir
 
 
@@ -83,7 +84,7 @@ def messy_records_dir(messy_data_dir, tmp_path_factory):
 @pytest.mark.parametrize('data_format', FORMATS)
 def test_distorted_inputs_shapes_and_range(tiny_data_dir, data_format):
     with tf.Graph().as_default():
-        images, labels = onu_input.distorted_inputs(onu_input.dataset_info(tiny_data_dir, data_format, 'train'), batch_size=5,
+        images, labels = onu_input.distorted_inputs(onu_dataset.describe(tiny_data_dir).split('train', data_format), batch_size=5,
                                                     image_size=IMAGE_SIZE, seed=1)
         assert images.shape.as_list() == [5, IMAGE_SIZE, IMAGE_SIZE, 3]
         assert labels.shape.as_list() == [5]
@@ -96,10 +97,10 @@ def test_distorted_inputs_shapes_and_range(tiny_data_dir, data_format):
 
 @pytest.mark.parametrize('data_format', FORMATS)
 def test_inputs_shapes_and_each_example_once(tiny_data_dir, data_format):
-    info = onu_input.dataset_info(tiny_data_dir, data_format, 'train')
+    info = onu_dataset.describe(tiny_data_dir).split('train', data_format)
     assert (info.num_examples, info.class_names) == (8, ('F603', 'F663N'))
     with tf.Graph().as_default():
-        images, labels = onu_input.inputs(onu_input.dataset_info(tiny_data_dir, data_format, 'train'), 3, IMAGE_SIZE)
+        images, labels = onu_input.inputs(onu_dataset.describe(tiny_data_dir).split('train', data_format), 3, IMAGE_SIZE)
         assert images.shape.as_list() == [None, IMAGE_SIZE, IMAGE_SIZE, 3]
         assert (images.dtype, labels.dtype) == (tf.float32, tf.int32)
     images, labels, batch_sizes = _eval_examples('train', tiny_data_dir, data_format)
@@ -142,7 +143,7 @@ def test_messy_files_decode_upright_rgb(messy_records_dir, pattern_image):
     """EXIF-rotated, PNG named .jpg, RGBA, BMP, CMYK: all look like the upright pattern."""
     width, height = pattern_image.size
     expected = np.asarray(pattern_image, np.float32) / 255.0
-    info = onu_input.dataset_info(messy_records_dir, 'images', 'val')
+    info = onu_dataset.describe(messy_records_dir).split('val', 'images')
     names = [os.path.basename(path) for path in info.files]
     assert 'exif_rotated.jpg' in names and 'png_named.jpg' in names and 'truncated.jpg' not in names
     with tf.Graph().as_default():
@@ -161,7 +162,7 @@ def test_messy_files_decode_upright_rgb(messy_records_dir, pattern_image):
 @pytest.mark.parametrize('orientation', range(1, 9))
 def test_exif_orientation_matches_pillow(tmp_path, pattern_image, orientation):
     exif = Image.Exif()
-    exif[onu_dataset.EXIF_ORIENTATION_TAG] = orientation
+    exif[onu_photos.EXIF_ORIENTATION_TAG] = orientation
     path = str(tmp_path / 'photo.png')
     pattern_image.save(path, 'PNG', exif=exif.tobytes())
     with Image.open(path) as image:
@@ -252,6 +253,23 @@ def test_augmentation_alone_changes_the_image(augmentation, pattern_image):
     assert np.mean(differences > 1e-3) > 0.25 and len(np.unique(differences.round(6))) > 1, differences
 
 
+GEOMETRY = [augmentation for augmentation in onu_input.AUGMENTATIONS if augmentation.space == 'geometry']
+
+
+@pytest.mark.parametrize('augmentation', GEOMETRY, ids=[augmentation.name for augmentation in GEOMETRY])
+def test_what_a_geometry_augmentation_uncovers_is_grey_never_black(augmentation):
+    """Alone and after or before the others: a white photo stays white where it covers, grey where it does not."""
+    white = np.full((40, 56, 3), 255, np.uint8)  # not square: a map that swaps rows and columns uncovers some
+    draws = _draws(64)
+    for names in [{augmentation.name}] + [{augmentation.name, other.name} for other in GEOMETRY if other != augmentation]:
+        with tf.Graph().as_default():
+            images = _evaluate(onu_input.augment_batch(np.stack([white] * 64), draws, onu_input.AugmentOptions(names)))
+        unit = (images + 1.0) / 2.0
+        # Black would be a pixel that nothing covers taken for one the photo does (its coverage lost on the way).
+        assert unit.min() >= onu_input.ROTATION_FILL_VALUE - 1e-4, (names, unit.min())
+        assert unit.max() <= 1.0 + 1e-6
+
+
 def test_adding_or_removing_augmentations_leaves_each_ones_draws(monkeypatch):
     def parameters():
         with tf.Graph().as_default():
@@ -268,9 +286,27 @@ def test_adding_or_removing_augmentations_leaves_each_ones_draws(monkeypatch):
     assert not np.allclose(after['added_later'], before[first.name])  # its own stream, though first's range
 
 
+def test_the_input_work_between_two_readings_is_never_negative(make_tiny_dataset):
+    """Each epoch's dataset ends with its epoch and takes its nodes' time with it: the work between two readings
+    still counts each node by how much it grew, never less than nothing."""
+    info = onu_dataset.describe(make_tiny_dataset('four', train_per_class=2, val_per_class=1)).split('train', 'images')
+    with tf.Graph().as_default():  # 4 photos a split, 2 a batch: an epoch ends every other batch
+        images, _ = onu_input.distorted_inputs(info, 2, IMAGE_SIZE, augment=False, seed=1, cache=False,
+                                               summaries=False)
+        models = tf.compat.v1.get_collection(onu_input.PIPELINE_MODEL_OPS)
+        with tf.compat.v1.Session() as session:
+            readings = []
+            for _ in range(30):
+                session.run(images)
+                readings.append(onu_input.pipeline_work(session.run(models)))
+    between = [onu_input.work_between(before, after) for before, after in zip(readings, readings[1:])]
+    assert min(seconds for seconds, _ in between) >= 0.0, between
+    assert sum(seconds for seconds, _ in between) > 0.0 and sum(batches for _, batches in between) >= 25
+
+
 def test_model_placement_hands_over_uint8_images_and_draws_per_image(tiny_data_dir):
     with tf.Graph().as_default():
-        batch = onu_input.undistorted_inputs(onu_input.dataset_info(tiny_data_dir, 'encoded', 'train'), batch_size=8,
+        batch = onu_input.undistorted_inputs(onu_dataset.describe(tiny_data_dir).split('train', 'encoded'), batch_size=8,
                                              image_size=IMAGE_SIZE, seed=5)
         images, labels, draws = batch
         with tf.compat.v1.Session() as sess:
@@ -297,7 +333,7 @@ def test_both_placements_give_the_same_images_for_the_same_seed(tiny_data_dir, o
     outputs = {}
     for placement in onu_input.AUGMENT_PLACEMENTS:
         with tf.Graph().as_default():
-            images, labels = onu_input.distorted_inputs(onu_input.dataset_info(tiny_data_dir, 'encoded', 'train'), batch_size=4,
+            images, labels = onu_input.distorted_inputs(onu_dataset.describe(tiny_data_dir).split('train', 'encoded'), batch_size=4,
                                                         image_size=IMAGE_SIZE, seed=11, augment=options,
                                                         augment_on=placement)
             with tf.compat.v1.Session() as sess:
@@ -382,7 +418,7 @@ def test_fast_training_decode_stays_within_its_bound_of_the_exact_path(make_tiny
 
 
 def test_cached_training_epochs_cover_every_photo_once(tiny_data_dir):
-    info = onu_input.dataset_info(tiny_data_dir, 'encoded', 'train')
+    info = onu_dataset.describe(tiny_data_dir).split('train', 'encoded')
     per_epoch = info.num_examples // 2
     pictures = {}
     for cache in (True, False):
@@ -402,7 +438,7 @@ def test_cached_training_epochs_cover_every_photo_once(tiny_data_dir):
 
 
 def test_images_mode_without_the_cache_reads_every_epoch_in_a_new_order(make_tiny_dataset):
-    info = onu_input.dataset_info(make_tiny_dataset('twelve', train_per_class=6, val_per_class=1), 'images', 'train')
+    info = onu_dataset.describe(make_tiny_dataset('twelve', train_per_class=6, val_per_class=1)).split('train', 'images')
     assert info.num_examples == 12
     with tf.Graph().as_default():
         dataset = onu_input.make_dataset(info, 4, IMAGE_SIZE, training=True, augment=False, seed=3, cache=False)
@@ -418,7 +454,7 @@ def test_augmentation_varies_per_image(make_tiny_dataset):
     data_dir = make_tiny_dataset('one_each', train_per_class=1, val_per_class=1)
     for augment, differ in ((True, True), (False, False)):
         with tf.Graph().as_default():
-            images, labels = onu_input.distorted_inputs(onu_input.dataset_info(data_dir, 'images', 'train'), batch_size=8,
+            images, labels = onu_input.distorted_inputs(onu_dataset.describe(data_dir).split('train', 'images'), batch_size=8,
                                                         image_size=IMAGE_SIZE, augment=augment)
             images, labels = _evaluate((images, labels))
         for label in (0, 1):
@@ -431,7 +467,7 @@ def test_augmentation_varies_per_image(make_tiny_dataset):
 def test_seed_makes_training_batches_reproducible(tiny_data_dir):
     def first_batch(seed):
         with tf.Graph().as_default():
-            return _evaluate(onu_input.distorted_inputs(onu_input.dataset_info(tiny_data_dir, 'encoded', 'train'), 4, IMAGE_SIZE, seed=seed))
+            return _evaluate(onu_input.distorted_inputs(onu_dataset.describe(tiny_data_dir).split('train', 'encoded'), 4, IMAGE_SIZE, seed=seed))
     first, again, other = first_batch(3), first_batch(3), first_batch(4)
     np.testing.assert_array_equal(first[0], again[0])
     np.testing.assert_array_equal(first[1], again[1])
@@ -440,7 +476,7 @@ def test_seed_makes_training_batches_reproducible(tiny_data_dir):
 
 def test_distorted_inputs_adds_image_summary(tiny_data_dir):
     with tf.Graph().as_default():
-        onu_input.distorted_inputs(onu_input.dataset_info(tiny_data_dir, 'raw', 'train'), 4, IMAGE_SIZE)
+        onu_input.distorted_inputs(onu_dataset.describe(tiny_data_dir).split('train', 'raw'), 4, IMAGE_SIZE)
         summaries = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SUMMARIES)
         assert [s.op.name for s in summaries] == ['augmented_inputs']
         summary = tf.compat.v1.Summary.FromString(_evaluate(summaries[0]))
@@ -473,26 +509,26 @@ def test_missing_data_dir_says_how_to_make_data(tmp_path):
     missing = str(tmp_path / 'nowhere')
     for data_format in FORMATS:
         with pytest.raises(onu_dataset.DataError) as error:
-            onu_input.dataset_info(missing, data_format, 'train')
+            onu_dataset.describe(missing).split('train', data_format)
         message = str(error.value)
         assert missing in message and 'make_sample_data.py' in message and '\n' not in message
 
 
 def test_missing_records_say_how_to_convert(make_tiny_dataset):
     data_dir = make_tiny_dataset()
-    assert not onu_input.has_records(data_dir, 'raw')
+    assert not onu_dataset.describe(data_dir).has_records('raw')
     with pytest.raises(onu_dataset.DataError) as error:
-        onu_input.distorted_inputs(onu_input.dataset_info(data_dir, 'raw', 'train'), 2, IMAGE_SIZE)
+        onu_input.distorted_inputs(onu_dataset.describe(data_dir).split('train', 'raw'), 2, IMAGE_SIZE)
     message = str(error.value)
     assert 'manifest.json' in message and f'--data_dir={data_dir} --format=raw' in message
 
 
 def test_records_of_the_other_kind(make_tiny_dataset):
     data_dir = make_tiny_dataset()
-    onu_records.convert(data_dir, formats=('encoded',), processes=1)
-    assert onu_input.has_records(data_dir, 'encoded') and not onu_input.has_records(data_dir, 'raw')
+    onu_converter.convert(onu_dataset.describe(data_dir), formats=('encoded',), processes=1)
+    assert onu_dataset.describe(data_dir).has_records('encoded') and not onu_dataset.describe(data_dir).has_records('raw')
     with pytest.raises(onu_dataset.DataError) as error:
-        onu_input.inputs(onu_input.dataset_info(data_dir, 'raw', 'val'), 2, IMAGE_SIZE)
+        onu_input.inputs(onu_dataset.describe(data_dir).split('val', 'raw'), 2, IMAGE_SIZE)
     message = str(error.value)
     assert 'only encoded records' in message and '--format=raw' in message
     assert '--data_format=encoded' in message and '\n' not in message
@@ -507,7 +543,7 @@ def _copy_records(tiny_data_dir, tmp_path):
 
 def test_corrupted_record_names_the_shard(tiny_data_dir, tmp_path):
     data_dir = _copy_records(tiny_data_dir, tmp_path)
-    info = onu_input.dataset_info(data_dir, 'encoded', 'train')
+    info = onu_dataset.describe(data_dir).split('train', 'encoded')
     damaged = info.files[1]
     with open(damaged, 'r+b') as f:
         f.seek(os.path.getsize(damaged) // 2)
@@ -515,22 +551,22 @@ def test_corrupted_record_names_the_shard(tiny_data_dir, tmp_path):
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([byte[0] ^ 0xFF]))
     with tf.Graph().as_default():
-        images, _ = onu_input.inputs(onu_input.dataset_info(data_dir, 'encoded', 'train'), 2, IMAGE_SIZE)
+        images, _ = onu_input.inputs(onu_dataset.describe(data_dir).split('train', 'encoded'), 2, IMAGE_SIZE)
         with pytest.raises(onu_dataset.DataError) as error:
-            with onu_input.damaged_records_as_data_error(onu_input.dataset_info(data_dir, 'encoded', 'train')):
+            with onu_dataset.read_errors_as_data_error(onu_dataset.describe(data_dir).split('train', 'encoded')):
                 _run_to_end(images)
     message = str(error.value)
-    assert message.startswith(damaged) and 'corrupted record' in message
+    assert message.startswith(damaged) and 'is damaged (its payload CRC does not match)' in message
     assert '--overwrite' in message and '\n' not in message
 
 
 def test_truncated_record_file_names_the_shard(tiny_data_dir, tmp_path):
     data_dir = _copy_records(tiny_data_dir, tmp_path)
-    shard = onu_input.dataset_info(data_dir, 'raw', 'val').files[0]
+    shard = onu_dataset.describe(data_dir).split('val', 'raw').files[0]
     with open(shard, 'r+b') as f:
         f.truncate(os.path.getsize(shard) - 100)
     with pytest.raises(onu_dataset.DataError) as error:
-        onu_input.inputs(onu_input.dataset_info(data_dir, 'raw', 'val'), 2, IMAGE_SIZE)
+        onu_input.inputs(onu_dataset.describe(data_dir).split('val', 'raw'), 2, IMAGE_SIZE)
     message = str(error.value)
     assert message.startswith(shard) and 'truncated' in message and '--format=raw' in message
 
@@ -539,13 +575,13 @@ def test_undecodable_image_is_skipped_warned_once_and_counted(make_tiny_dataset,
     data_dir = make_tiny_dataset()
     bad = os.path.join(data_dir, 'val', 'F603', 'bad_scan.jpg')
     _write_jpeg_with_bad_scan(bad, pattern_image)
-    info = onu_input.dataset_info(data_dir, 'images', 'val')
+    info = onu_dataset.describe(data_dir).split('val', 'images')
     assert bad in info.files  # its header is fine: only decoding finds the problem
     with caplog.at_level(logging.WARNING):
         images, labels, _ = _eval_examples('val', data_dir, 'images', batch_size=2)
-        assert len(labels) == info.num_examples - 1 and bad in onu_input.decode_failures()
+        assert len(labels) == info.num_examples - 1 and bad in onu_dataset.skipped_photos()
         with tf.Graph().as_default():  # two more epochs of training: no crash, no second warning
-            train_info = onu_input.dataset_info(data_dir, 'images', 'val')
+            train_info = onu_dataset.describe(data_dir).split('val', 'images')
             dataset = onu_input.make_dataset(train_info, 2, IMAGE_SIZE, training=True, seed=0)
             batch = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
             with tf.compat.v1.Session() as sess:
@@ -561,9 +597,9 @@ def test_no_decodable_image_stops_training_with_a_data_error(tmp_path, pattern_i
         os.makedirs(os.path.join(data_dir, 'train', class_name))
         _write_jpeg_with_bad_scan(os.path.join(data_dir, 'train', class_name, 'bad.jpg'), pattern_image)
     with tf.Graph().as_default():
-        images, _ = onu_input.distorted_inputs(onu_input.dataset_info(data_dir, 'images', 'train'), 2, IMAGE_SIZE)
+        images, _ = onu_input.distorted_inputs(onu_dataset.describe(data_dir).split('train', 'images'), 2, IMAGE_SIZE)
         with pytest.raises(onu_dataset.DataError) as error:
-            with onu_input.damaged_records_as_data_error(onu_input.dataset_info(data_dir, 'images', 'train')):
+            with onu_dataset.read_errors_as_data_error(onu_dataset.describe(data_dir).split('train', 'images')):
                 _evaluate(images)  # without the check this would wait forever
     message = str(error.value)
     assert message.startswith(os.path.join(data_dir, 'train')) and 'none of the 2 images' in message
@@ -588,15 +624,15 @@ def test_bare_class_folders_give_the_same_split_in_every_feeding_mode(make_tiny_
     expected = {split: sorted(f'{c}/{n}' for c in ('F603', 'F663N') for n in os.listdir(os.path.join(photos_dir, c))
                               if onu_dataset.split_of(f'{c}/{n}', 30.0) == split) for split in onu_dataset.SPLITS}
     assert expected['val'] and expected['train']
-    onu_records.convert(photos_dir, processes=1, validation_percent=30.0)
+    onu_converter.convert(onu_dataset.describe(photos_dir, validation_percent=30.0), processes=1)
     for data_format in FORMATS:
-        names = {split: _eval_names(onu_input.dataset_info(photos_dir, data_format, split, validation_percent=30.0))
+        names = {split: _eval_names(onu_dataset.describe(photos_dir, validation_percent=30.0).split(split, data_format))
                  for split in onu_dataset.SPLITS}
         assert names == expected, data_format  # and so no val photo is ever trained on
-    info = onu_input.dataset_info(photos_dir, 'encoded', 'val', validation_percent=30.0)
+    info = onu_dataset.describe(photos_dir, validation_percent=30.0).split('val', 'encoded')
     assert (info.layout, info.validation_percent) == ('records', 30.0)
     with pytest.raises(onu_dataset.DataError) as error:  # records split otherwise are not read as this split
-        onu_input.dataset_info(photos_dir, 'encoded', 'val', validation_percent=20.0)
+        onu_dataset.describe(photos_dir, validation_percent=20.0).split('val', 'encoded')
     assert '--validation_percent=30' in str(error.value) and '\n' not in str(error.value)
 
 
@@ -604,11 +640,11 @@ def test_images_mode_leaves_out_what_it_cannot_decode_with_one_line(make_tiny_da
     data_dir = make_tiny_dataset()
     pattern_image.save(os.path.join(data_dir, 'val', 'F603', 'scan.tif'), 'TIFF')
     with caplog.at_level(logging.WARNING):
-        info = onu_input.dataset_info(data_dir, 'images', 'val')
+        info = onu_dataset.describe(data_dir).split('val', 'images')
         assert info.num_examples == 4 and not any(path.endswith('.tif') for path in info.files)
-        onu_input.dataset_info(data_dir, 'images', 'val')
+        onu_dataset.describe(data_dir).split('val', 'images')
     lines = [r.getMessage() for r in caplog.records if 'scan.tif' in r.getMessage()]
-    assert len(lines) == 1 and 'TIFF' in lines[0] and 'records include them' in lines[0]
+    assert len(lines) == 1 and 'TIFF' in lines[0] and 'records include it' in lines[0]
     assert len(_eval_examples('val', data_dir, 'images')[1]) == 4  # counted as it is read
-    onu_records.convert(data_dir, formats=('encoded',), processes=1)  # records read it through Pillow
-    assert onu_input.dataset_info(data_dir, 'encoded', 'val').num_examples == 5
+    onu_converter.convert(onu_dataset.describe(data_dir), formats=('encoded',), processes=1)  # records read it through Pillow
+    assert onu_dataset.describe(data_dir).split('val', 'encoded').num_examples == 5

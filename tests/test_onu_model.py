@@ -1,7 +1,9 @@
-"""Tests of onu_model: the batch-norm work-around, the registry and every model in it, the loss, the train op,
-moving averages."""
+"""Tests of onu_model: the batch-norm work-around, the registry and every model in it (also called as TF-slim's
+nets are), the loss, the train op, moving averages, the float16 optimizer."""
 
+import dataclasses
 import importlib
+import inspect
 import math
 import sys
 
@@ -12,6 +14,7 @@ import tf_slim as slim
 
 from onu_lib import onu_checkpoint
 import onu_model
+from onu_lib import onu_precision
 
 IRV2 = 'inception_resnet_v2'
 # The side of the inputs a model takes a train step on where it is not 32 (Inception-ResNet-v2's reductions
@@ -135,22 +138,25 @@ def variable_values(session, variables):
 
 
 @pytest.fixture(scope='module')
-def models_at_default_size():
-    """Every registered model with 1001 classes built (not run) on 2 inputs of its default size, each in its own
-    graph: {model name: (graph, logits, end_points)}."""
+def models_by_slims_minimal_call():
+    """Every registered model built (not run) as code written for TF-slim's nets calls them, build(images)
+    inside arg_scope(), on 2 inputs of its default size, each in its own graph: {model name: (graph, logits,
+    end_points)}."""
     built = {}
     for name, spec in onu_model.MODELS.items():
         graph = tf.Graph()
         with graph.as_default():
             images = tf.compat.v1.placeholder(tf.float32, [2, spec.image_size, spec.image_size, 3])
-            built[name] = (graph, *onu_model.inference(images, 1001, name, is_training=False))
+            with slim.arg_scope(spec.arg_scope()):
+                built[name] = (graph, *spec.build(images))
     return built
 
 
 @pytest.fixture(scope='module')
-def irv2_299(models_at_default_size):
-    """Inception-ResNet-v2 built on a 2x299x299x3 input: (graph, end_points)."""
-    graph, _, end_points = models_at_default_size[IRV2]
+def irv2_299(models_by_slims_minimal_call):
+    """Inception-ResNet-v2 as TF-slim's train_image_classifier.py builds it (1001 classes, training mode) on a
+    2x299x299x3 input: (graph, end_points)."""
+    graph, _, end_points = models_by_slims_minimal_call[IRV2]
     assert onu_model.MODELS[IRV2].image_size == 299
     return graph, end_points
 
@@ -203,16 +209,37 @@ def test_every_registered_model_has_every_setting(model_name):
 
 
 @pytest.mark.parametrize('model_name', onu_model.MODEL_NAMES)
-def test_every_model_builds_at_its_default_size_under_its_scope(models_at_default_size, model_name):
+def test_every_model_builds_with_slims_minimal_call_under_its_scope(models_by_slims_minimal_call, model_name):
     spec = onu_model.MODELS[model_name]
-    graph, logits, _ = models_at_default_size[model_name]
-    assert logits.shape.as_list() == [2, 1001]
+    graph, logits, end_points = models_by_slims_minimal_call[model_name]
+    assert logits.shape.as_list() == [2, 1001]  # TF-slim's ImageNet classes: 1000 and background
+    assert end_points['Predictions'].shape.as_list() == [2, 1001]
     variables = graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
     assert variables and all(v.op.name.startswith(spec.scope + '/') for v in variables)
     for scope in spec.classifier_scopes:  # each ends in a layer of one output per class
         weights = [v for v in variables if v.op.name.startswith(scope + '/') and v.op.name.endswith('/weights')]
         assert weights and weights[-1].shape[-1] == 1001, scope
-    assert graph.get_collection(tf.compat.v1.GraphKeys.REGULARIZATION_LOSSES)  # its weight decay
+    assert graph.get_collection(tf.compat.v1.GraphKeys.REGULARIZATION_LOSSES)  # the arg scope's weight decay
+    assert graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)  # training mode: batch-norm updates
+
+
+def test_inference_builds_with_the_registry_values_not_the_builders_defaults(monkeypatch):
+    small = onu_model.MODELS['small']
+    variant = dataclasses.replace(small, name='small_variant', weight_decay=0.003, dropout_keep_prob=0.25)
+    monkeypatch.setitem(onu_model.MODELS, variant.name, variant)
+    with tf.Graph().as_default():
+        images = tf.constant(np.random.RandomState(3).uniform(-1, 1, [4, 32, 32, 3]).astype(np.float32))
+        _, end_points = onu_model.inference(images, 3, variant.name, is_training=True)
+        decayed = [v for v in tf.compat.v1.trainable_variables() if v.op.name.endswith(('/weights', '/biases'))]
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            regularization, weights, pooled, dropped_out = session.run([
+                tf.compat.v1.losses.get_regularization_loss(), decayed,
+                slim.flatten(end_points['global_pool']), end_points['PreLogitsFlatten']])
+    assert regularization == pytest.approx(0.003 * sum((w ** 2).sum() for w in weights) / 2, rel=1e-5)
+    kept = dropped_out != 0
+    assert kept.any()
+    np.testing.assert_allclose(dropped_out[kept] / pooled[kept], 1 / 0.25, rtol=1e-5)  # slim.dropout's 1 / keep
 
 
 def test_an_unknown_model_is_one_line_naming_the_registered_ones():
@@ -228,6 +255,24 @@ def test_an_unknown_model_is_one_line_naming_the_registered_ones():
 
 
 # --- Inception-ResNet-v2 ---
+
+def test_irv2_called_as_tf_slim_builds_1001_class_logits_and_aux_logits(models_by_slims_minimal_call):
+    _, logits, end_points = models_by_slims_minimal_call[IRV2]
+    assert logits is end_points['Logits'] and logits.shape.as_list() == [2, 1001]
+    assert end_points['AuxLogits'].shape.as_list() == [2, 1001]
+
+
+def test_irv2_signatures_are_tf_slims_with_its_defaults():
+    def parameters(function):  # in order: slim's callers pass some of them by position
+        return [(name, parameter.default) for name, parameter in inspect.signature(function).parameters.items()]
+    assert parameters(onu_model.inception_resnet_v2) == [
+        ('inputs', inspect.Parameter.empty), ('num_classes', 1001), ('is_training', True), ('dropout_keep_prob', 0.8),
+        ('reuse', None), ('scope', 'InceptionResnetV2'), ('create_aux_logits', True), ('activation_fn', tf.nn.relu)]
+    assert parameters(onu_model.inception_resnet_v2_arg_scope) == [
+        ('weight_decay', 0.00004), ('batch_norm_decay', 0.9997), ('batch_norm_epsilon', 0.001),
+        ('activation_fn', tf.nn.relu), ('batch_norm_updates_collections', tf.compat.v1.GraphKeys.UPDATE_OPS),
+        ('batch_norm_scale', False)]
+
 
 def test_irv2_end_points_at_299(irv2_299):
     _, end_points = irv2_299
@@ -263,14 +308,16 @@ def test_irv2_variables_have_the_published_checkpoint_names_and_shapes(irv2_299)
 def test_irv2_end_points_at_150_with_aux_logits():
     with tf.Graph().as_default():
         _, end_points = onu_model.inference(tf.zeros([1, 150, 150, 3]), 5, IRV2, is_training=False)
-        aux_conv = tf.compat.v1.global_variables('InceptionResnetV2/AuxLogits/Conv2d_2a_5x5/weights')[0]
+        variables = {v.op.name: v.shape.as_list() for v in tf.compat.v1.global_variables()}
+    expected = published_checkpoint_variables(num_classes=5)
+    expected['InceptionResnetV2/AuxLogits/Conv2d_2a_5x5/weights'] = [1, 1, 128, 768]  # what the 5x5/3 pool leaves
+    assert variables == expected  # inference() builds the published names
     shapes = {name: end_points[name].shape.as_list()[1:] for name in
               ('Conv2d_1a_3x3', 'MaxPool_5a_3x3', 'Mixed_5b', 'PreAuxLogits', 'Mixed_7a', 'Conv2d_7b_1x1')}
     assert shapes == {'Conv2d_1a_3x3': [74, 74, 32], 'MaxPool_5a_3x3': [16, 16, 192], 'Mixed_5b': [16, 16, 320],
                       'PreAuxLogits': [7, 7, 1088], 'Mixed_7a': [3, 3, 2080], 'Conv2d_7b_1x1': [3, 3, 1536]}
     assert end_points['AuxLogits'].shape.as_list() == [1, 5]
     assert end_points['Logits'].shape.as_list() == [1, 5]
-    assert aux_conv.shape.as_list() == [1, 1, 128, 768]  # the aux conv covers what the 5x5/3 pool leaves
 
 
 def test_irv2_without_aux_logits_on_a_330x400_input():
@@ -555,55 +602,7 @@ def test_variables_to_restore_in_a_training_graph_maps_each_variable_once():
 
 
 # ---------------------------------------------------------------------------------------------
-# Precision.
-
-def test_choose_precision_follows_the_hardware():
-    epyc = onu_model.Hardware('AMD EPYC', ())
-    zen4 = onu_model.Hardware('AMD EPYC', ('avx512_bf16',))
-    xeon = onu_model.Hardware('Intel Xeon', ('amx_bf16', 'avx512_bf16'))
-    v100 = onu_model.Hardware('AMD EPYC', (), (('Tesla V100', (7, 0)),))
-    p100 = onu_model.Hardware('Intel Xeon', ('avx512_bf16',), (('Tesla P100', (6, 0)),))
-    choose = onu_model.choose_precision
-    assert choose('auto', xeon) == (onu_model.Precision('mixed', 'cpu'), None)
-    assert choose('auto', zen4)[0].compute_dtype == 'bfloat16'
-    assert choose('auto', v100) == (onu_model.Precision('mixed', 'gpu'), None)
-    assert choose('auto', v100)[0].compute_dtype == 'float16'
-    for hardware in (epyc, p100):  # no fast path where the model runs: auto is float32, silently
-        assert choose('auto', hardware) == (onu_model.Precision('float32'), None)
-        precision, warning = choose('mixed', hardware)
-        assert precision.compute_dtype == 'float32'
-        assert warning.startswith('--precision=mixed: ') and warning.endswith('training in float32 instead')
-        assert '\n' not in warning
-    assert 'AMD EPYC' in choose('mixed', epyc)[1] and 'Tesla P100' in choose('mixed', p100)[1]
-    assert choose('float32', xeon) == (onu_model.Precision('float32'), None)
-    with pytest.raises(ValueError, match='half'):
-        choose('half', xeon)
-
-
-def test_cpu_flags_come_from_proc_cpuinfo(tmp_path):
-    cpuinfo = tmp_path / 'cpuinfo'
-    cpuinfo.write_text('processor\t: 0\nmodel name\t: Test CPU 9000\nflags\t\t: fpu sse avx512f avx512_bf16\n\n'
-                       'processor\t: 1\nmodel name\t: Test CPU 9000\nflags\t\t: fpu sse avx512f avx512_bf16\n')
-    model, cpu_flags = onu_model.read_cpu_info(str(cpuinfo))
-    assert model == 'Test CPU 9000' and {'avx512_bf16', 'avx512f'} <= cpu_flags and 'amx_bf16' not in cpu_flags
-    assert onu_model.read_cpu_info(str(tmp_path / 'missing')) == ('', set())
-    model, cpu_flags = onu_model.read_cpu_info()  # this machine
-    hardware = onu_model.detect_hardware()
-    assert hardware.cpu_bfloat16_flags == tuple(f for f in onu_model.CPU_BFLOAT16_FLAGS if f in cpu_flags)
-
-
-def test_precision_options_turn_on_the_matching_rewrite():
-    rewriter = tf.compat.v1.ConfigProto().graph_options.rewrite_options
-    for dtype, on in (('bfloat16', 'auto_mixed_precision_onednn_bfloat16'), ('float16', 'auto_mixed_precision'),
-                      ('float32', None)):
-        config = onu_model.set_precision_options(tf.compat.v1.ConfigProto(), dtype)
-        switches = {name: getattr(config.graph_options.rewrite_options, name) for name in
-                    ('auto_mixed_precision', 'auto_mixed_precision_onednn_bfloat16')}
-        assert {name for name, value in switches.items() if value == rewriter.ON} == ({on} if on else set())
-        assert config.graph_options.optimizer_options.global_jit_level == 0
-    config = onu_model.set_precision_options(tf.compat.v1.ConfigProto(), 'float32', xla=True)
-    assert config.graph_options.optimizer_options.global_jit_level == tf.compat.v1.OptimizerOptions.ON_1
-
+# The float16 optimizer.
 
 def _loss_scaled_step(initial_loss_scale, checkpoint_prefix, loss_factor=1.0):
     """One float16-path training step of a tiny model on the CPU, then a checkpoint at checkpoint_prefix.
@@ -626,7 +625,7 @@ def _loss_scaled_step(initial_loss_scale, checkpoint_prefix, loss_factor=1.0):
                        for v in tf.compat.v1.global_variables())
         assert any('current_loss_scale' in v.op.name for v in tf.compat.v1.local_variables())
         saver = tf.compat.v1.train.Saver()
-        config = onu_model.set_precision_options(tf.compat.v1.ConfigProto(), 'float16')
+        config = onu_precision.set_precision_options(tf.compat.v1.ConfigProto(), 'float16')
         with tf.compat.v1.Session(config=config) as sess:
             sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
             before, scale_before = sess.run([weights, scale])

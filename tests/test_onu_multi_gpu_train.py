@@ -11,8 +11,9 @@ import pytest
 import tensorflow as tf
 import tf_slim as slim
 
-from conftest import LAYOUT_CLASSES, layout_photos, run_script, write_tfds_records
-from test_onu_train import checkpoint_step, event_tags
+from conftest import LAYOUT_CLASSES, layout_photos, run_script, write_layout
+from test_onu_train import (SCRIPT_OPTION_FLAGS, TIMEOUT_SECS, assert_the_run_used_the_script_options, checkpoint_step,
+                             event_tags)
 
 from onu_lib import onu_sample_data
 import onu_input
@@ -169,8 +170,16 @@ def test_checkpoint_evaluates_and_resumes_with_the_single_gpu_script(multi_gpu_r
     assert sorted(tf.train.list_variables(tf.train.latest_checkpoint(train_dir))) == multi_gpu_variables
 
 
+def test_every_option_the_script_passes_reaches_each_tower(tiny_data_dir, tmp_path):
+    train_dir = str(tmp_path / 'options')
+    result = run_script('onu_multi_gpu_train.py', *SCRIPT_OPTION_FLAGS, '--num_gpus=2', '--batch_size=3',
+                        f'--data_dir={tiny_data_dir}', f'--train_dir={train_dir}', timeout=TIMEOUT_SECS)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_the_run_used_the_script_options(train_dir, batch_size=3, towers=2)
+
+
 def test_towers_train_on_other_tools_records(tmp_path):
-    data_dir = write_tfds_records(str(tmp_path / 'tfds'), layout_photos(), LAYOUT_CLASSES)
+    data_dir = write_layout('tfds', str(tmp_path / 'tfds'), layout_photos())
     train_dir = str(tmp_path / 'train')
     result = run_script('onu_multi_gpu_train.py', *TINY_FLAGS, '--num_gpus=2', '--max_steps=2', '--model=small',
                         f'--data_dir={data_dir}', f'--train_dir={train_dir}')

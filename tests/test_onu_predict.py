@@ -12,10 +12,10 @@ from PIL import Image
 import pytest
 import tensorflow as tf
 
-from conftest import LAYOUT_CLASSES, layout_photos, run_script, write_inception_records
+from conftest import LAYOUT_CLASSES, layout_photos, run_script, write_layout
 from test_onu_export import eval_graph_softmax
 
-from onu_lib import onu_records
+from onu_lib import onu_converter
 from onu_lib import onu_dataset
 import onu_input
 import onu_predict
@@ -95,8 +95,8 @@ def test_bad_files_get_one_error_line_each_and_the_rest_are_classified(model, ph
 def test_predictions_equal_the_eval_softmax_on_the_same_photos(model, tiny_run, messy_data_dir, tmp_path):
     data_dir = str(tmp_path / 'data')
     shutil.copytree(messy_data_dir, data_dir)
-    onu_records.convert(data_dir, formats=('encoded',), num_shards=1, processes=1)
-    info = onu_input.dataset_info(data_dir, 'encoded', 'train')
+    onu_converter.convert(onu_dataset.describe(data_dir), formats=('encoded',), num_shards=1, processes=1)
+    info = onu_dataset.describe(data_dir).split('train', 'encoded')
     expected, _ = eval_graph_softmax(os.path.join(model, 'model.ckpt-12'), tiny_run.config.moving_average_decay,
                                      data_dir, 'encoded', 'train')
     filenames = [tf.train.Example.FromString(record.numpy()).features.feature[onu_dataset.KEY_FILENAME]
@@ -155,7 +155,7 @@ def test_script_prints_json_lines_and_errors(model, photo_folder):
 def test_a_run_on_inception_records_exports_and_predicts_what_eval_saw(tmp_path):
     """Labels 1-based in the records: training, eval, export and predict agree on the classes (run_config.json)."""
     photos = layout_photos()
-    data_dir = write_inception_records(str(tmp_path / 'data'), photos, LAYOUT_CLASSES)
+    data_dir = write_layout('inception', str(tmp_path / 'data'), photos)
     train_dir, eval_dir = str(tmp_path / 'train'), str(tmp_path / 'eval')
     for script, *args in (('onu_train.py', f'--data_dir={data_dir}', f'--train_dir={train_dir}', '--max_steps=6',
                            '--image_size=32', '--batch_size=6', '--model=small', '--learning_rate=0.05'),

@@ -1,4 +1,9 @@
-"""Tests of onu_tfrecord: framing counts, compression from the bytes, and Example parsing, against TensorFlow's own."""
+"""Tests of onu_tfrecord: framing counts, payload CRCs, compression from the bytes, and Example parsing, against
+TensorFlow's own."""
+import gzip
+import os
+import zlib
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -58,23 +63,42 @@ def test_compression_framing_and_examples_match_tensorflow(tmp_path, compression
                                                             .int64_list.value)
 
 
-def test_counting_scales_by_seeking(tmp_path):
+def _bytes_read(function):
+    """(function(), bytes this process read meanwhile) by /proc/self/io's rchar, which counts every read call."""
+    def rchar():
+        with open('/proc/self/io') as f:
+            return int(next(line for line in f if line.startswith('rchar:')).split()[1])
+    before = rchar()
+    result = function()
+    return result, rchar() - before
+
+
+@pytest.mark.skipif(not os.path.exists('/proc/self/io'), reason='needs Linux /proc/self/io')
+def test_counting_scales_by_seeking_and_verifying_reads_every_payload(tmp_path):
     path = str(tmp_path / 'big')
     write_tfrecord(path, [bytes(1 << 20)] * 30)  # 30 MB of payload: counting must not read it
-    assert onu_tfrecord.read_framing(path, 'NONE').records == 30
+    framing, read = _bytes_read(lambda: onu_tfrecord.read_framing(path, 'NONE'))
+    assert framing == onu_tfrecord.Framing(30, None) and read < 1 << 20
+    framing, read = _bytes_read(lambda: onu_tfrecord.read_framing(path, 'NONE', verify=True))
+    assert framing == onu_tfrecord.Framing(30, None) and read >= 30 << 20
 
 
+@pytest.mark.parametrize('verify', (False, True))
 @pytest.mark.parametrize('compression', sorted(COMPRESSIONS))
-def test_a_cut_file_counts_its_complete_records_and_says_why(tmp_path, compression):
+def test_a_cut_file_counts_its_complete_records_and_says_why(tmp_path, compression, verify):
     path = str(tmp_path / 'shard')
     write_tfrecord(path, [b'x' * 10, b'', b'y' * 3000], COMPRESSIONS[compression])
     whole = open(path, 'rb').read()
     assert onu_tfrecord.count_records(path, compression) == 3
     with open(path, 'wb') as f:
         f.write(whole[:len(whole) - 5])
-    framing = onu_tfrecord.read_framing(path, compression)
+    framing = onu_tfrecord.read_framing(path, compression, verify)
     assert framing.problem is not None
     assert framing.records == (2 if compression == 'NONE' else 3)  # compressed: the stream's end is what is cut
+    read = []
+    with pytest.raises(onu_tfrecord.DamagedRecord) as error:
+        read.extend(onu_tfrecord.read_records(path, compression))
+    assert (len(read), error.value.record, str(error.value)) == (framing.records, framing.records + 1, framing.problem)
     if compression == 'NONE':
         # Cut inside the last record's data, inside its length header, and right after the second record.
         for cut, complete, problem in ((len(whole) - 5, 2, 'cut short: the file ends inside it'),
@@ -82,7 +106,7 @@ def test_a_cut_file_counts_its_complete_records_and_says_why(tmp_path, compressi
                                        (7, 0, 'inside its 12-byte header')):
             with open(path, 'wb') as f:
                 f.write(whole[:cut])
-            framing = onu_tfrecord.read_framing(path, compression)
+            framing = onu_tfrecord.read_framing(path, compression, verify)
             assert framing.records == complete, cut
             assert (framing.problem is None) == (problem is None) and (problem or '') in (framing.problem or ''), cut
 
@@ -94,6 +118,30 @@ def test_a_flipped_length_byte_is_a_corrupted_header_not_a_wrong_count(tmp_path)
     data[100 + 16] ^= 0x01  # the second record's length
     open(path, 'wb').write(bytes(data))
     assert onu_tfrecord.read_framing(path, 'NONE') == onu_tfrecord.Framing(1, 'record 2 has a corrupted length header')
+    records = onu_tfrecord.read_records(path, 'NONE')
+    assert next(records) == b'a' * 100
+    with pytest.raises(onu_tfrecord.DamagedRecord, match='^record 2 has a corrupted length header$'):
+        next(records)
+
+
+@pytest.mark.parametrize('compression', sorted(COMPRESSIONS))
+def test_a_flipped_payload_byte_is_caught_by_its_crc_alone(tmp_path, compression):
+    path = str(tmp_path / 'shard')
+    write_tfrecord(path, [b'a' * 100] * 3)
+    data = bytearray(open(path, 'rb').read())
+    data[116 + 12 + 50] ^= 0x01  # a byte in the middle of the second record's payload
+    # Damaged before compression, so the compressed stream is sound and only the payload's CRC tells.
+    compress = {'NONE': bytes, 'GZIP': gzip.compress, 'ZLIB': zlib.compress}[compression]
+    open(path, 'wb').write(compress(bytes(data)))
+    with pytest.raises(tf.errors.DataLossError, match='corrupted record'):  # TensorFlow's reader agrees
+        list(tf.compat.v1.io.tf_record_iterator(path, tf.io.TFRecordOptions(COMPRESSIONS[compression])))
+    assert onu_tfrecord.read_framing(path, compression) == onu_tfrecord.Framing(3, None)  # the framing is whole
+    problem = 'record 2 is damaged (its payload CRC does not match)'
+    assert onu_tfrecord.read_framing(path, compression, verify=True) == onu_tfrecord.Framing(1, problem)
+    read = []
+    with pytest.raises(onu_tfrecord.DamagedRecord) as error:
+        read.extend(onu_tfrecord.read_records(path, compression))
+    assert (read, error.value.record, str(error.value)) == ([b'a' * 100], 2, problem)
 
 
 def test_files_that_are_not_tfrecords(tmp_path):

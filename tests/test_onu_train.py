@@ -16,7 +16,9 @@ from conftest import (REPO_ROOT, TINY_RUN_NOTES, TINY_RUN_STEPS, copy_train_dir,
                       script_command, script_tested_models)
 
 from onu_lib import onu_dataset
+from onu_lib import onu_flags
 import onu_model
+from onu_lib import onu_precision
 from onu_lib import onu_run_config
 
 TIMEOUT_SECS = 240
@@ -127,12 +129,45 @@ def test_every_model_trains_into_checkpoints_with_the_moving_averages_eval_resto
     assert weights and {name + '/ExponentialMovingAverage' for name in weights} <= saved
 
 
-def test_restart_resumes_from_saved_global_step(tiny_run, tmp_path):
-    resumed_dir = copy_train_dir(tiny_run, tmp_path)
-    result = run_train(f'--data_dir={tiny_run.data_dir}', f'--train_dir={resumed_dir}', '--max_steps=15')
+@pytest.fixture(scope='module')
+def resumed_run(tiny_run, tmp_path_factory):
+    """A copy of the shared run (12 steps) resumed to step 15 with its flags' seed: (train_dir, completed process)."""
+    resumed_dir = copy_train_dir(tiny_run, tmp_path_factory.mktemp('resumed'), exports=False)
+    result = run_train(f'--data_dir={tiny_run.data_dir}', f'--train_dir={resumed_dir}', '--max_steps=15',
+                       f'--seed={tiny_run.config.flags["seed"]}')
+    return resumed_dir, result
+
+
+def test_restart_resumes_from_saved_global_step(resumed_run):
+    resumed_dir, result = resumed_run
     assert result.returncode == 0, result.stderr[-3000:]
     assert logged_steps(result.stdout) == [14, 15]
     assert checkpoint_step(resumed_dir) == 15
+
+
+def summary_images(train_dir, tag_prefix='augmented_inputs'):
+    """Returns {global step: [encoded images]} of the image summaries under tag_prefix in train_dir's event files."""
+    images = {}
+    for name in os.listdir(train_dir):
+        if name.startswith('events.out.tfevents'):
+            for record in tf.compat.v1.io.tf_record_iterator(os.path.join(train_dir, name)):
+                event = tf.compat.v1.Event.FromString(record)
+                batch = [value.image.encoded_image_string for value in event.summary.value
+                         if value.tag.startswith(tag_prefix)]
+                images.setdefault(event.step, []).extend(batch)
+    return {step: batch for step, batch in images.items() if batch}
+
+
+def test_a_resumed_run_reads_new_batches_not_the_first_runs_again(resumed_run):
+    resumed_dir, result = resumed_run
+    assert result.returncode == 0, result.stderr[-3000:]
+    # The augmented inputs of every step (the same seed repeats them exactly): steps 1-12 of the shared run, whose
+    # event file the copy holds, and 13-15 resumed. The resumed steps' must not be the first steps' again.
+    images = summary_images(resumed_dir)
+    assert sorted(images) == list(range(1, 16))
+    first_run = {image for step in range(1, 13) for image in images[step]}
+    repeated = [step for step in (13, 14, 15) if first_run & set(images[step])]
+    assert repeated == [], f'the resumed steps {repeated} read batches the first run read'
 
 
 def test_restart_after_kill_resumes_from_last_checkpoint(tiny_run, tmp_path):
@@ -171,6 +206,88 @@ def test_resuming_with_other_image_size_is_a_clear_error(tiny_run, tmp_path):
     assert '--train_dir' in message
     assert checkpoint_step(train_dir) == 12
     assert 'Traceback' not in result.stderr
+
+
+# Each option the training scripts themselves pass from their TrainingOptions into the graph, at a value other than
+# its default (the batch size apart: the multi-GPU script's is per tower), for one step from the checkpoint at step 0
+# to the one at step 1, in float32 (so that the arithmetic below holds to float32's precision).
+SCRIPT_OPTIONS = {'weight_decay': 0.01, 'label_smoothing': 0.3, 'moving_average_decay': 0.05,
+                  'trainable_scopes': 'SmallNet/Logits', 'optimizer': 'adam', 'augmentations': 'rotation',
+                  'augment_on': 'model', 'histograms': True}
+SCRIPT_OPTION_FLAGS = ('--model=small', '--image_size=32', '--max_steps=1', '--precision=float32', '--seed=1',
+                       '--save_summaries_steps=1', '--save_checkpoint_secs=600',
+                       *(f'--{name}' if value is True else f'--{name}={value}'
+                         for name, value in SCRIPT_OPTIONS.items()))
+
+
+def _graph_of_step_1(train_dir):
+    """The training graph a run wrote with its checkpoint at step 1 (imported into a new graph, devices cleared)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.train.import_meta_graph(os.path.join(train_dir, 'model.ckpt-1.meta'), clear_devices=True)
+    return graph
+
+
+def _targets_for_class_0(graph):
+    """The targets each cross-entropy of graph compares its logits with, when the input batch is all of class 0."""
+    operations = graph.get_operations()
+    labels = next(output for op in operations if op.type == 'IteratorGetNext' for output in op.outputs
+                  if output.dtype.is_integer and output.shape.rank == 1)
+    targets = [op.inputs[1] for op in operations if op.type == 'SoftmaxCrossEntropyWithLogits']
+    with tf.compat.v1.Session(graph=graph) as session:
+        return session.run(targets, {labels: np.zeros(labels.shape, labels.dtype.as_numpy_dtype)})
+
+
+def assert_the_run_used_the_script_options(train_dir, batch_size, towers):
+    """Asserts that the one-step run of SCRIPT_OPTION_FLAGS in train_dir (batch_size per tower) trained with each
+    of SCRIPT_OPTIONS, as its checkpoints at steps 0 and 1, its event file and its graph show."""
+    start, end = (tf.train.load_checkpoint(os.path.join(train_dir, f'model.ckpt-{step}')) for step in (0, 1))
+    trainable = [name for name in start.get_variable_to_shape_map()
+                 if name.startswith('SmallNet/') and name.rsplit('/', 1)[1] in ('weights', 'biases', 'beta', 'gamma')]
+    scope = SCRIPT_OPTIONS['trainable_scopes']
+    # trainable_scopes: only its variables moved; optimizer: only they have Adam's slots (no Momentum's).
+    trained = sorted(name for name in trainable if not np.array_equal(start.get_tensor(name), end.get_tensor(name)))
+    assert trained == sorted(name for name in trainable if name.startswith(scope + '/')) != []
+    slots = {name for name in end.get_variable_to_shape_map() if name.endswith(('/Adam', '/Adam_1', '/Momentum'))}
+    assert slots == {f'{name}/{slot}' for name in trained for slot in ('Adam', 'Adam_1')}
+    # weight_decay: the logged regularization loss of step 1 is it times the L2 loss of the starting weights.
+    tags = event_tags(train_dir)
+    regularization = next(values[0] for tag, values in tags.items() if tag.endswith('losses/regularization'))
+    l2 = sum(np.sum(np.square(start.get_tensor(name), dtype=np.float64)) / 2
+             for name in trainable if name.endswith(('/weights', '/biases')))
+    assert regularization / l2 == pytest.approx(SCRIPT_OPTIONS['weight_decay'], rel=1e-4)
+    # moving_average_decay: shadow_1 = decay * shadow_0 + (1 - decay) * variable_1 (the decay is below the
+    # (1 + step) / (10 + step) ExponentialMovingAverage caps it with early on).
+    variable = f'{scope}/weights'
+    value, shadow_0, shadow_1 = (end.get_tensor(variable), start.get_tensor(f'{variable}/ExponentialMovingAverage'),
+                                 end.get_tensor(f'{variable}/ExponentialMovingAverage'))
+    decay = np.sum((shadow_1 - value) * (shadow_0 - value)) / np.sum(np.square(shadow_0 - value))
+    assert decay == pytest.approx(SCRIPT_OPTIONS['moving_average_decay'], rel=1e-3)
+    # histograms: the activations' histograms are written.
+    assert any('activations/' in tag for tag in tags), sorted(tags)
+    graph = _graph_of_step_1(train_dir)
+    # batch_size: each tower's cross-entropy is of that many logits; label_smoothing: its targets are smoothed.
+    losses = [op for op in graph.get_operations() if op.type == 'SoftmaxCrossEntropyWithLogits']
+    assert [op.inputs[0].shape[0] for op in losses] == [batch_size] * towers
+    smoothing = SCRIPT_OPTIONS['label_smoothing']
+    for targets in _targets_for_class_0(graph):
+        np.testing.assert_allclose(targets, [[1.0 - smoothing / 2, smoothing / 2]] * batch_size, rtol=1e-6)
+    # augment_on=model: the input pipeline yields the uint8 images (and draws) the graph augments itself;
+    # augmentations=rotation: none of the HSV ones, which are on by default, is in the graph or its functions.
+    assert tf.uint8 in [output.dtype for op in graph.get_operations() if op.type == 'IteratorGetNext'
+                        for output in op.outputs]
+    graph_def = graph.as_graph_def()
+    op_types = {node.op for node in graph_def.node} | {
+        node.op for function in graph_def.library.function for node in function.node_def}
+    assert 'RGBToHSV' not in op_types
+
+
+def test_every_option_the_script_passes_reaches_the_graph(tiny_data_dir, tmp_path):
+    train_dir = str(tmp_path / 'options')
+    result = run_script('onu_train.py', *SCRIPT_OPTION_FLAGS, '--batch_size=4', f'--data_dir={tiny_data_dir}',
+                        f'--train_dir={train_dir}', timeout=TIMEOUT_SECS)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_the_run_used_the_script_options(train_dir, batch_size=4, towers=1)
 
 
 def test_fine_tune_with_other_class_count_uses_exclude_scopes(tiny_run, tmp_path):
@@ -240,7 +357,7 @@ def test_bare_class_folders_train_on_a_split_eval_keeps(make_tiny_dataset, tmp_p
                        '--validation_percent=30', '--data_format=images')
     assert result.returncode == 0, result.stderr[-3000:]
     assert 'holding out 30% of the photos for val' in result.stdout
-    assert f'on {20 - len(val)} images examples' in result.stdout
+    assert f'on {20 - len(val)} photos of 2 classes' in result.stdout
     saved = onu_run_config.RunConfig.load(train_dir)
     assert (saved.layout, saved.validation_percent, saved.class_names) == ('class_folders', 30.0, ('F603', 'F663N'))
     evaluated = run_script('onu_eval.py', f'--checkpoint_dir={train_dir}', f'--eval_dir={eval_dir}', '--run_once',
@@ -263,8 +380,8 @@ def _checkpoint_dtypes(train_dir):
 def test_precision_is_printed_and_saved_and_runs_resume_in_the_other(tiny_run, tmp_path):
     data_dir, train_dir, result = tiny_run.data_dir, tiny_run.train_dir, tiny_run.result
     assert result.returncode == 0, result.stderr[-3000:]
-    hardware = onu_model.detect_hardware()
-    expected, _ = onu_model.choose_precision('auto', hardware)  # the default --precision=auto
+    hardware = onu_precision.detect_hardware()
+    expected, _ = onu_precision.choose_precision('auto', hardware)  # the default --precision=auto
     assert f'precision: {expected.describe()}' in result.stdout
     assert 'GPUs: none visible' in result.stdout and (hardware.cpu_model or 'unknown') in result.stdout
     run_config = onu_run_config.RunConfig.load(train_dir)
@@ -337,7 +454,7 @@ def test_main_job_starts_quietly_and_verbose_shows_everything(tiny_run, tmp_path
 # ---------------------------------------------------------------------------------------------
 # Is my run starved? The input wait in the log, and a profile for TensorBoard's Profile tab.
 
-STARVED_STEPS, PROFILED = 30, (12, 28)
+STARVED_STEPS, PROFILED = 22, (12, 20)
 
 
 @pytest.fixture(scope='module')
@@ -392,11 +509,13 @@ def test_a_starved_run_says_so_in_its_log_and_its_profile_and_a_cached_one_does_
         assert 'DT_UINT8' not in result.stderr  # oneDNN's note on uint8 is dropped with the start-up lines
     assert 'Decoding the first epoch' not in off[1].stdout and 'Decoding the first epoch' in on[1].stdout
     starved, cached = _logged_waits(off[1].stdout, 10), _logged_waits(on[1].stdout, 10)
-    assert len(starved) == len(cached) == 11  # steps 10, 12, ..., 30
+    assert len(starved) == len(cached) == (STARVED_STEPS - 10) // 2 + 1  # steps 10, 12, ..., STARVED_STEPS
     assert np.median(starved) > 0.3 and np.median(cached) < 0.15, (starved, cached)
-    works = {cache: [int(work) for work in re.findall(r'input work (\d+) ms per batch', result.stdout)]
+    works = {cache: [int(work) for work in re.findall(r'input work (-?\d+) ms per batch', result.stdout)]
              for cache, (_, result) in starved_and_cached.items()}
+    assert all(len(works[cache]) >= STARVED_STEPS // 2 - 2 and min(works[cache]) >= 0 for cache in works), works  # >= 0
     assert np.median(works['off']) > 10 * np.median(works['on']), works  # decoding 3000x2000 photos, every step
+    assert 'on 16 photos of 2 classes' in off[1].stdout  # photos, not 'images examples'
     shares = {}
     for cache, (train_dir, _) in starved_and_cached.items():
         steps, shares[cache] = _input_share(tensorboard_server(logdir=train_dir))
@@ -425,8 +544,14 @@ def test_the_input_pipeline_analyzer_renders_in_a_headless_browser(starved_and_c
                      dom.stdout), dom.stdout[-3000:]
 
 
-@pytest.mark.parametrize('value', ['7', '9,3', '0,4', 'a,b'])
-def test_a_bad_profile_steps_value_is_one_line(tmp_path, value):
+@pytest.mark.parametrize('value, steps', [('7', None), ('9,3', None), ('0,4', None), ('a,b', None), ('1,-2', None),
+                                          ('3,3', (3, 3)), ('100, 110', (100, 110))])
+def test_profile_steps_are_start_and_stop_with_1_at_least_and_start_first(value, steps):
+    assert onu_flags.parse_profile_steps(value) == steps
+
+
+def test_a_bad_profile_steps_value_is_one_line(tmp_path):
+    value = '9,3'  # the script's flag check; the values it refuses are parse_profile_steps's
     result = run_train(f'--train_dir={tmp_path / "train"}', f'--profile_steps={value}')
     assert result.returncode != 0
     lines = [line for line in result.stderr.splitlines() if f'--profile_steps={value}' in line]

@@ -1,7 +1,8 @@
 """Tests of onu_training: the hooks that measure the input wait and profile steps, and the checkpoint saver's
-period, in real monitored sessions."""
+period, in real monitored sessions; the data made ready on demand."""
 import glob
 import os
+import shlex
 import time
 
 import numpy as np
@@ -21,8 +22,11 @@ def _train(tmp_path, pipeline_sleep_secs, steps=12, log_frequency=3, more_hooks=
         def slow(value):
             time.sleep(pipeline_sleep_secs)  # stands for decoding: the batch is late by this much
             return value
-        dataset = tf.data.Dataset.range(1000).map(
-            lambda index: tf.numpy_function(slow, [tf.cast(index, tf.float32)], tf.float32)).batch(1).prefetch(1)
+        dataset = tf.data.Dataset.range(1000).map(lambda index: tf.cast(index, tf.float32))
+        if pipeline_sleep_secs:
+            dataset = dataset.map(lambda value: tf.numpy_function(slow, [value], tf.float32))
+        # Fed: plain TensorFlow ops with a deep buffer, ahead however busy the machine (no Python to wait for).
+        dataset = dataset.batch(1).prefetch(8)
         batch = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
         global_step = tf.compat.v1.train.get_or_create_global_step()
         weights = tf.compat.v1.get_variable('weights', [800, 800])  # a step of a few ms: time to prefetch
@@ -86,3 +90,12 @@ def test_the_checkpoint_saver_saves_by_time_or_steps_and_never_by_time_at_0(tmp_
             for _ in range(5):
                 session.run(train_op)
     assert [onu_checkpoint.listed_step(path) for path in onu_checkpoint.list_checkpoints(str(tmp_path))] == saved_steps
+
+
+def test_the_conversion_line_names_a_command_the_shell_takes_back(make_tiny_dataset, capsys):
+    data_dir = make_tiny_dataset('photos with spaces', train_per_class=2, val_per_class=1)
+    data, data_format = onu_training.prepare_data(data_dir, None, 10.0, None)
+    assert data_format == 'encoded' and data.has_records('encoded')  # converted on demand, described again
+    line = next(line for line in capsys.readouterr().out.splitlines() if 'converting them now' in line)
+    command = line[line.index('(') + 1:line.rindex(')')]
+    assert shlex.split(command) == ['python', 'convert_to_tfrecord.py', f'--data_dir={data_dir}', '--format=encoded']

@@ -9,8 +9,9 @@ Train examples are shuffled across shards with --seed; val keeps the sorted orde
 under a temporary name, read back and counted, then renamed. labels.txt and manifest.json (record counts,
 sizes, skipped files) sit next to the shards. Unchanged inputs make a re-run a no-op.
 
-The library behind convert_to_tfrecord.py (and onu_train.py's on-demand conversion): convert()
-does it all. Worker processes import this module, so it imports TensorFlow only on first use.
+The library behind convert_to_tfrecord.py (and training's on-demand conversion): convert() does it all, for
+the folder onu_dataset.describe() described. No TensorFlow: records are written by onu_tfrecord, byte for byte as
+TensorFlow's writer and deterministic Example serialization write them.
 """
 
 import contextlib
@@ -31,7 +32,8 @@ from PIL import Image
 from tqdm import tqdm
 
 from onu_lib import onu_dataset
-from onu_lib import onu_layouts
+from onu_lib import onu_photos
+from onu_lib import onu_pool
 from onu_lib import onu_tfrecord
 from onu_lib.onu_dataset import DataError
 
@@ -43,16 +45,10 @@ REENCODE_JPEG_QUALITY = 95
 _TEMP_SHARD = re.compile(r'^(?:train|val)-(?:raw|encoded)-\d{5}-of-\d{5}\.tfrecord\.tmp-\d+$')
 
 
-def _tf():
-    """TensorFlow, imported on first use: worker processes import this module and must start fast."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    return tf
-
-
 def _raw_payload(info):
     """(upright RGB uint8 pixel bytes, 'raw'), or (None, reason) if the file does not decode."""
     try:
-        return onu_dataset.upright_rgb(info.path, info.orientation).tobytes(), onu_dataset.PAYLOAD_RAW
+        return onu_photos.upright_rgb(info.path, info.orientation).tobytes(), onu_dataset.PAYLOAD_RAW
     except Exception as error:  # a damaged file that passed the header check; reported, not fatal
         return None, f'decode failed: {" ".join(str(error).split())}'
 
@@ -61,14 +57,14 @@ def encoded_payload(info):
     """(file bytes or re-encoded upright RGB image, 'jpeg' or 'png'), or (None, reason)."""
     if info.is_kept_as_is:
         with open(info.path, 'rb') as f:
-            return f.read(), onu_dataset.PAYLOAD_JPEG if info.image_format in onu_dataset.JPEG_FORMATS else \
+            return f.read(), onu_dataset.PAYLOAD_JPEG if info.image_format in onu_photos.JPEG_FORMATS else \
                 onu_dataset.PAYLOAD_PNG
     try:
-        image = onu_dataset.upright_rgb(info.path, info.orientation)
+        image = onu_photos.upright_rgb(info.path, info.orientation)
     except Exception as error:  # a damaged file that passed the header check; reported, not fatal
         return None, f'decode failed: {" ".join(str(error).split())}'
     buffer = io.BytesIO()
-    if info.image_format in onu_dataset.JPEG_FORMATS:
+    if info.image_format in onu_photos.JPEG_FORMATS:
         image.save(buffer, 'JPEG', quality=REENCODE_JPEG_QUALITY)
         return buffer.getvalue(), onu_dataset.PAYLOAD_JPEG
     image.save(buffer, 'PNG')
@@ -119,7 +115,7 @@ def _payloads(order, record_format, pool, window):
     """
     if record_format == 'encoded':
         needs_decoding = not all(info.is_kept_as_is for info in order)
-        yield from onu_dataset.parallel_map(encoded_payload, order, pool if needs_decoding else None, window)
+        yield from onu_pool.parallel_map(encoded_payload, order, pool if needs_decoding else None, window)
     elif pool is None:
         yield from map(_raw_payload, order)
     else:
@@ -131,7 +127,7 @@ def _payloads(order, record_format, pool, window):
         # the batch just returned has been copied out.
         with _shared_blocks(window + 1, batch * slot_bytes) as blocks:
             tasks = ((infos, blocks[b % len(blocks)].name, slot_bytes) for b, infos in enumerate(batches))
-            for b, results in enumerate(onu_dataset.parallel_map(_raw_into_block, tasks, pool, window)):
+            for b, results in enumerate(onu_pool.parallel_map(_raw_into_block, tasks, pool, window)):
                 buffer = blocks[b % len(blocks)].buf
                 for k, (size, detail) in enumerate(results):
                     start = k * slot_bytes
@@ -143,17 +139,10 @@ def _serialized_example(info, payload, payload_key, payload_format, filename):
 
     info: what is said of the image (label, class_name, upright height and width): an ImageInfo or a ConvertedImage.
     """
-    example = _tf().train.Example()
-    feature = example.features.feature
-    feature[payload_key].bytes_list.value.append(payload)
-    feature[onu_dataset.KEY_FORMAT].bytes_list.value.append(payload_format.encode())
-    feature[onu_dataset.KEY_LABEL].int64_list.value.append(info.label)
-    feature[onu_dataset.KEY_TEXT].bytes_list.value.append(info.class_name.encode('utf-8'))
-    feature[onu_dataset.KEY_HEIGHT].int64_list.value.append(info.height)
-    feature[onu_dataset.KEY_WIDTH].int64_list.value.append(info.width)
-    feature[onu_dataset.KEY_CHANNELS].int64_list.value.append(onu_dataset.CHANNELS)
-    feature[onu_dataset.KEY_FILENAME].bytes_list.value.append(os.fsencode(filename))
-    return example.SerializeToString(deterministic=True)
+    return onu_tfrecord.serialize_example({
+        payload_key: payload, onu_dataset.KEY_FORMAT: payload_format, onu_dataset.KEY_LABEL: info.label,
+        onu_dataset.KEY_TEXT: info.class_name, onu_dataset.KEY_HEIGHT: info.height, onu_dataset.KEY_WIDTH: info.width,
+        onu_dataset.KEY_CHANNELS: onu_dataset.CHANNELS, onu_dataset.KEY_FILENAME: os.fsencode(filename)})
 
 
 def _num_shards(requested, images, record_format):
@@ -178,15 +167,9 @@ def _split_order(images, split, seed):
 
 def _write_verified_shard(path, examples, compression):
     """Writes serialized examples to a temporary file, reads it back and counts, then renames it to path."""
-    tf = _tf()
     temp_path = f'{path}.tmp-{os.getpid()}'
     try:
-        options = tf.io.TFRecordOptions(compression_type=onu_dataset.tf_compression_type(compression))
-        written = 0
-        with tf.io.TFRecordWriter(temp_path, options) as writer:
-            for example in examples:
-                writer.write(example)
-                written += 1
+        written = onu_tfrecord.write_records(temp_path, examples, compression)
         found = onu_tfrecord.count_records(temp_path, compression)
         if found != written:
             raise DataError(f'{temp_path}: wrote {written} records but read back {found}: '
@@ -287,36 +270,38 @@ class RecordSource:
     data_format: str   # of the source records: 'raw' or 'encoded'
     image_key: str
     label_key: str
+    height_key: str
+    width_key: str
     filename_key: str
     labels_offset: int
     num_classes: int
     folder: str
 
 
-def _converted_payload(image_bytes, features, source_format, record_format):
+def _converted_payload(image_bytes, features, source, record_format):
     """(payload, payload format, width, height) of one record's image in record_format; UnreadableImage if unusable.
 
     Pixels are what reading the records as they are gives: raw grey or RGBA pixels become RGB (alpha dropped),
     encoded bytes are decoded without EXIF orientation (as the tools' own readers do). Encoded images that
     TensorFlow decodes are kept byte for byte; raw pixels are stored as a lossless PNG of their own mode.
     """
-    if source_format == 'raw':
-        height = features[onu_dataset.KEY_HEIGHT].values[0]
-        width = features[onu_dataset.KEY_WIDTH].values[0]
+    if source.data_format == 'raw':
+        height = features[source.height_key].values[0]
+        width = features[source.width_key].values[0]
         mode = onu_dataset.RAW_MODES[len(image_bytes) // (height * width)]
         image = Image.frombytes(mode, (width, height), image_bytes)
         if record_format == 'raw':
-            return image.convert('RGB').tobytes(), onu_dataset.PAYLOAD_RAW, width, height
+            return onu_photos.to_rgb(image).tobytes(), onu_dataset.PAYLOAD_RAW, width, height
         buffer = io.BytesIO()
         image.save(buffer, 'PNG')
         return buffer.getvalue(), onu_dataset.PAYLOAD_PNG, width, height
-    header = onu_dataset.read_image_header(image_bytes)
-    if record_format == 'encoded' and header.image_format in onu_dataset.TF_DECODABLE_FORMATS:
-        payload_format = (onu_dataset.PAYLOAD_JPEG if header.image_format in onu_dataset.JPEG_FORMATS
+    header = onu_photos.read_image_header(image_bytes)
+    if record_format == 'encoded' and header.image_format in onu_photos.TF_DECODABLE_FORMATS:
+        payload_format = (onu_dataset.PAYLOAD_JPEG if header.image_format in onu_photos.JPEG_FORMATS
                           else header.image_format.lower())
         return image_bytes, payload_format, header.width, header.height
     with Image.open(io.BytesIO(image_bytes)) as image:
-        rgb = image.convert('RGB')
+        rgb = onu_photos.to_rgb(image)
     if record_format == 'raw':
         return rgb.tobytes(), onu_dataset.PAYLOAD_RAW, header.width, header.height
     buffer = io.BytesIO()
@@ -346,18 +331,22 @@ def convert_foreign_record(task, source, record_format):
         return ConvertedImage(filename, where, skip_reason=f'label {stored} is not one of the {source.num_classes} '
                                                            f'classes (labels offset {source.labels_offset})')
     try:
-        payload, payload_format, width, height = _converted_payload(image_bytes, features, source.data_format,
-                                                                    record_format)
-    except (onu_dataset.UnreadableImage, OSError, ValueError, KeyError, IndexError, ZeroDivisionError) as error:
+        payload, payload_format, width, height = _converted_payload(image_bytes, features, source, record_format)
+    except (onu_photos.UnreadableImage, OSError, ValueError, KeyError, IndexError, ZeroDivisionError) as error:
         return ConvertedImage(filename, where, skip_reason=' '.join(str(error).split()) or type(error).__name__)
     return ConvertedImage(filename, where, payload, payload_format, label, '', height, width, len(serialized))
 
 
 def _foreign_records(record_set):
-    """Yields (serialized record, <file>#<index>) of every record of record_set, in file order."""
+    """Yields (serialized record, <file>#<index>) of every record of record_set, in file order, each CRC checked;
+    DataError naming the file and the record at the first damaged one (never rewritten with a fresh CRC)."""
     for path in record_set.files:
-        for index, serialized in enumerate(onu_tfrecord.read_records(path, record_set.compression)):
-            yield serialized, f'{os.path.basename(path)}{onu_dataset.RECORD_NAME_SEPARATOR}{index}'
+        try:
+            for index, serialized in enumerate(onu_tfrecord.read_records(path, record_set.compression)):
+                yield serialized, f'{os.path.basename(path)}{onu_dataset.RECORD_NAME_SEPARATOR}{index}'
+        except onu_tfrecord.DamagedRecord as error:
+            raise DataError(f'{path}: {error}; re-create the file with the tool that wrote it, '
+                            f'or move it away') from None
 
 
 def _convert_record_split(record_set, output_dir, record_format, options, pool, skipped):
@@ -368,9 +357,11 @@ def _convert_record_split(record_set, output_dir, record_format, options, pool, 
     growth = 12 if record_format == 'raw' and record_set.data_format == 'encoded' else 1  # pixels vs JPEG bytes
     num_shards = options['num_shards'] or math.ceil(record_set.record_bytes * growth / TARGET_SHARD_BYTES)
     num_shards = max(1, min(num_shards, record_set.num_examples))
-    source = RecordSource(record_set.data_format, record_set.image_key, record_set.label_key, record_set.filename_key,
-                          record_set.labels.offset, len(record_set.labels.class_names), record_set.folder)
-    converted = onu_dataset.parallel_map(
+    layout = record_set.layout
+    source = RecordSource(record_set.data_format, record_set.image_key, layout.label_key, layout.height_key,
+                          layout.width_key, record_set.filename_key, record_set.labels.offset,
+                          len(record_set.labels.class_names), record_set.folder)
+    converted = onu_pool.parallel_map(
         functools.partial(convert_foreign_record, source=source, record_format=record_format),
         _foreign_records(record_set), pool, window=2 * options['processes'])
     named = (image if image.payload is None else dataclasses.replace(
@@ -387,32 +378,6 @@ def _image_size_stats(sizes):
         values = [size[index] for size in sizes] or [0]
         stats[key] = {'min': min(values), 'max': max(values), 'mean': round(sum(values) / len(values), 1)}
     return stats
-
-
-def _photo_folders(data_dir):
-    """The class folders of data_dir's photos: <split>/<class>/ of each split folder, or <class>/ of bare ones."""
-    if not onu_dataset.has_split_folders(data_dir):
-        return [os.path.join(data_dir, name) for name in onu_dataset.bare_class_folders(data_dir)]
-    folders = []
-    for split in onu_dataset.SPLITS:
-        split_dir = onu_dataset.split_dir(data_dir, split)
-        if os.path.isdir(split_dir):
-            folders += [os.path.join(split_dir, name) for name in onu_dataset.visible_subdirs(split_dir)]
-    return folders
-
-
-def _input_entries(data_dir, foreign):
-    """Paths of what conversion reads, sorted: other tools' record files and the files that name their classes
-    or count them, or the class folders and their entries."""
-    if foreign is not None:
-        beside = [os.path.join(foreign.folder, name) for name in foreign.layout.names_files
-                  + ((foreign.layout.counts_file,) if foreign.layout.counts_file else ())]
-        return sorted([path for group in foreign.groups for path in group.files]
-                      + [path for path in beside if os.path.isfile(path)])
-    paths = []
-    for class_dir in _photo_folders(data_dir):
-        paths += [class_dir] + sorted(entry.path for entry in os.scandir(class_dir))
-    return paths
 
 
 def _inputs_digest(data_dir, paths):
@@ -470,12 +435,13 @@ def _reusable_formats(old, output_dir, build, splits):
     return reusable
 
 
-def _check_output_dir(data_dir, output_dir):
+def _check_output_dir(data, output_dir):
     """DataError if output_dir lies inside the photo folders, which are never written to."""
+    data_dir = data.path
     output = os.path.realpath(output_dir)
     split_dirs = [onu_dataset.split_dir(data_dir, split) for split in onu_dataset.SPLITS
-                  if onu_dataset.has_split_folders(data_dir)]
-    for folder in split_dirs + _photo_folders(data_dir):
+                  if data.layout == onu_dataset.PHOTOS]
+    for folder in split_dirs + onu_dataset.photo_folders(data_dir):
         folder = os.path.realpath(folder)
         if output == folder or output.startswith(folder + os.sep):
             raise DataError(f'--output_dir={output_dir} is inside the photo folder {folder}: '
@@ -489,24 +455,24 @@ def _remove_stale_temp_shards(output_dir):
             os.remove(os.path.join(output_dir, name))
 
 
-def default_output_dir(data_dir):
-    """Where data_dir's records go: its records folder, or, if data_dir is read-only, a folder in the cache (said)."""
-    output_dir = onu_dataset.writable_records_dir(data_dir)
-    if output_dir != onu_dataset.records_dir_for(data_dir):
-        print(f'{data_dir} is read-only: writing its records to {output_dir} (found there by every script; '
+def default_output_dir(data):
+    """Where a DataDir's records go: its records folder, or, if the folder is read-only, a folder in the cache (said)."""
+    output_dir = onu_dataset.writable_records_dir(data)
+    if output_dir != data.records_dir():
+        print(f'{data.path} is read-only: writing its records to {output_dir} (found there by every script; '
               f'--output_dir chooses another place)', flush=True)
     return output_dir
 
 
-def convert(data_dir, output_dir=None, formats=onu_dataset.RECORD_FORMATS, num_shards=None, compression='NONE',
-            strict=False, overwrite=False, processes=None, seed=0,
-            validation_percent=onu_dataset.DEFAULT_VALIDATION_PERCENT, labels_offset=None):
-    """Converts data_dir's photos, or the records other tools wrote there, to this repo's TFRecords; returns the manifest.
+def convert(data, output_dir=None, formats=onu_dataset.RECORD_FORMATS, num_shards=None, compression='NONE',
+            strict=False, overwrite=False, processes=None, seed=0):
+    """Converts a DataDir's photos, or the records other tools wrote there, to this repo's TFRecords; returns the
+    manifest.
 
-    output_dir: default data_dir/tfrecords, or a folder in the cache when data_dir is read-only.
-    validation_percent: the share of bare class folders' photos held out for val (onu_dataset.split_of);
-    labels_offset: for other tools' records, onu_layouts' (None: from evidence).
-    num_shards None or 0 picks about TARGET_SHARD_BYTES per shard; processes None or 0 uses every core.
+    data: onu_dataset.describe()'s, with the split (bare class folders' validation_percent) and labels offset
+    (other tools' records) to convert with. output_dir: default data_dir/tfrecords, or a folder in the cache when
+    data_dir is read-only. num_shards None or 0 picks about TARGET_SHARD_BYTES per shard; processes None or 0
+    uses every core.
     Records already built from the same inputs with the same settings are kept (a re-run is a no-op);
     overwrite rebuilds the requested formats anyway. Records of other formats are kept while they match
     the inputs and compression, else removed. strict turns every skipped file (except hidden/system files)
@@ -518,21 +484,21 @@ def convert(data_dir, output_dir=None, formats=onu_dataset.RECORD_FORMATS, num_s
         raise ValueError(f'formats must be among {onu_dataset.RECORD_FORMATS} and compression among '
                          f'{onu_dataset.COMPRESSIONS}, got {formats} and {compression!r}')
     formats = tuple(f for f in onu_dataset.RECORD_FORMATS if f in formats)
-    foreign = onu_layouts.find_foreign_records(data_dir)
+    data_dir, foreign, validation_percent = data.path, data.foreign, data.validation_percent
     if foreign is None:
-        onu_dataset.find_class_names(data_dir)  # no photos: say so before anything is written
-    output_dir = output_dir or default_output_dir(data_dir)
-    _check_output_dir(data_dir, output_dir)
-    entries = _input_entries(data_dir, foreign)
+        data.photo_class_names()  # no photos: say so before anything is written
+    output_dir = output_dir or default_output_dir(data)
+    _check_output_dir(data, output_dir)
+    entries = data.source_paths()
     build = {'inputs': _inputs_digest(data_dir, entries), 'compression': compression,
              'num_shards': num_shards or None, 'seed': seed}
     if foreign is not None:
-        labels = foreign.labels(labels_offset)
+        labels = foreign.labels(data.labels_offset)
         build['labels_offset'] = labels.offset
         splits = [s for s in onu_dataset.SPLITS if any(group.split == s for group in foreign.groups)]
     else:
-        splits = onu_dataset.photo_splits(data_dir)
-        if not onu_dataset.has_split_folders(data_dir):
+        splits = data.photo_splits()
+        if data.layout == onu_dataset.CLASS_FOLDERS:
             build['validation_percent'] = validation_percent
     old = _existing_manifest(output_dir)
     reusable = _reusable_formats(old, output_dir, build, splits)
@@ -543,20 +509,20 @@ def convert(data_dir, output_dir=None, formats=onu_dataset.RECORD_FORMATS, num_s
               f'(--overwrite rebuilds them)')
         return old
 
-    workers = onu_dataset.worker_count(processes)
+    workers = onu_pool.worker_count(processes)
     with contextlib.ExitStack() as stack:
         # Started before the listing, so that the workers' start-up and the disk reads overlap it.
-        pool = stack.enter_context(onu_dataset.process_pool(workers)) if 'raw' in to_build else None
+        pool = stack.enter_context(onu_pool.process_pool(workers)) if 'raw' in to_build else None
         _prefetch(entries)
         if foreign is not None:
             class_names, listings, skipped = list(labels.class_names), None, []
             splits_written = {split: None for split in splits}
-            pool = pool or stack.enter_context(onu_dataset.process_pool(workers))
+            pool = pool or stack.enter_context(onu_pool.process_pool(workers))
         else:
-            class_names, listings, skipped = _list_inputs(data_dir, splits, strict, validation_percent)
+            class_names, listings, skipped = _list_inputs(data, splits, strict)
             splits_written = listings
             if pool is None and not all(info.is_kept_as_is for images, _ in listings.values() for info in images):
-                pool = stack.enter_context(onu_dataset.process_pool(workers))  # to re-encode those images
+                pool = stack.enter_context(onu_pool.process_pool(workers))  # to re-encode those images
         os.makedirs(output_dir, exist_ok=True)
         manifest = {'version': onu_dataset.MANIFEST_VERSION, 'compression': compression, 'class_names': class_names,
                     'splits': {split: {f: old['splits'][split][f] for f in kept} for split in splits_written},
@@ -594,15 +560,16 @@ def convert(data_dir, output_dir=None, formats=onu_dataset.RECORD_FORMATS, num_s
 
 def _unreadable(skipped):
     """The skipped-file entries that are not hidden or system files."""
-    return [s for s in skipped if s['reason'] != onu_dataset.REASON_HIDDEN]
+    return [s for s in skipped if s['reason'] != onu_photos.REASON_HIDDEN]
 
 
-def _list_inputs(data_dir, splits, strict, validation_percent):
+def _list_inputs(data, splits, strict):
     """(class names, {split: (images, skipped)}, skipped as manifest entries); DataError on any skip if strict.
 
     A split with no image (bare class folders with too few photos for a val split) is left out, with a note.
     """
-    class_names = onu_dataset.find_class_names(data_dir)
+    data_dir, validation_percent = data.path, data.validation_percent
+    class_names = data.photo_class_names()
     listings = {split: onu_dataset.list_split_images(data_dir, split, class_names, validation_percent)
                 for split in splits}
     skipped = [{'path': onu_dataset.relative_name(path, data_dir), 'reason': reason, 'split': split}
@@ -640,7 +607,7 @@ def summary_table(manifest):
     for split, formats in manifest['splits'].items():
         for record_format, entry in formats.items():
             skipped = sum(1 for s in manifest['skipped']
-                          if s.get('split', s['path'].split('/')[0]) == split and s['reason'] != onu_dataset.REASON_HIDDEN
+                          if s.get('split', s['path'].split('/')[0]) == split and s['reason'] != onu_photos.REASON_HIDDEN
                           and s.get('format', record_format) == record_format)
             rows.append([split, record_format, entry['records']]
                         + [entry['records_per_class'][name] for name in class_names]
