@@ -11,10 +11,11 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from conftest import (REPO_ROOT, TINY_IMAGE_SIZE, copy_train_dir, run_on_a_terminal, run_script, script_command,
-                      script_tested_models)
+from conftest import (REPO_ROOT, TINY_IMAGE_SIZE, TINY_RUN_STEPS, copy_train_dir, run_on_a_terminal, run_script,
+                      script_command, script_tested_models)
 
 from onu_lib import onu_sample_data
+from onu_lib import onu_best
 from onu_lib import onu_checkpoint
 from onu_lib import onu_dataset
 import onu_eval
@@ -330,6 +331,8 @@ def test_summaries_are_written_at_each_checkpoints_global_step(polled_run):
     for entry in read_results(eval_dir):
         step = entry['step']
         assert summaries[onu_eval.PRECISION_TAG, step] == pytest.approx(entry['precision_at_1'])
+        best_so_far = max(earlier['precision_at_1'] for earlier in read_results(eval_dir) if earlier['step'] <= step)
+        assert summaries[onu_eval.BEST_PRECISION_TAG, step] == pytest.approx(best_so_far)
         assert summaries[onu_eval.LOSS_TAG, step] == pytest.approx(entry['loss'])
         for name, recall in entry['per_class_recall'].items():
             assert summaries[onu_eval.RECALL_TAG_PREFIX + name, step] == pytest.approx(recall)
@@ -338,6 +341,50 @@ def test_summaries_are_written_at_each_checkpoints_global_step(polled_run):
             assert f'| **{name}** | {row[0]} | {row[1]} |' in table
         assert summaries['eval/confusion_matrix_image', step] == 'image'
         assert (summaries.get(('eval/mistakes', step)) == 'image') == bool(entry['misclassified'])
+
+
+def best_of(records):
+    """The results.jsonl record the evaluator keeps: the highest precision, then the lowest loss, then the earliest."""
+    return min(records, key=lambda record: (-record['precision_at_1'], record['loss'], record['step']))
+
+
+def test_the_best_checkpoint_is_kept_and_evaluates_and_exports_without_the_training_run(polled_run, tmp_path):
+    _, train_dir, eval_dir, evaluator = polled_run
+    records = read_results(eval_dir)
+    best = best_of(records)
+    kept = json.load(open(os.path.join(eval_dir, 'best', 'best.json')))
+    assert (kept['step'], kept['precision_at_1'], kept['loss'], kept['source']) == (
+        best['step'], best['precision_at_1'], best['loss'], best['checkpoint'])
+    news = [line for line in evaluator.stdout.splitlines() if line.startswith('New best: ')]
+    assert len(news) == len({best_of(records[:count + 1])['step'] for count in range(len(records))})
+    assert news[-1].startswith(f'New best: step {best["step"]}, precision @ 1 = {best["precision_at_1"]:.3f} (')
+    # The best folder alone, its training run gone (as --keep_checkpoint_max deletes checkpoints).
+    best_dir = str(tmp_path / 'best')
+    shutil.copytree(os.path.join(eval_dir, 'best'), best_dir)
+    again = run_script('onu_eval.py', f'--checkpoint_dir={best_dir}', '--run_once', f'--eval_dir={tmp_path / "e"}',
+                       '--batch_size=4', timeout=TIMEOUT_SECS)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f'step {best["step"]}, precision @ 1 = {best["precision_at_1"]:.3f} ' in again.stdout
+    exported = run_script('onu_export.py', f'--checkpoint_dir={best_dir}', f'--export_dir={tmp_path / "export"}',
+                          timeout=TIMEOUT_SECS)
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    assert os.listdir(tmp_path / 'export') == [str(best['step'])]  # TF Serving's version: the best's step
+    assert os.path.isfile(tmp_path / 'export' / str(best['step']) / 'saved_model.pb')
+
+
+def test_a_restarted_evaluator_keeps_the_best_an_earlier_run_kept(tiny_run, tmp_path):
+    copy_dir, eval_dir = copy_train_dir(tiny_run, tmp_path), str(tmp_path / 'eval')
+    # An earlier evaluator's best: step 2 at precision 1 and loss 0, which no later result can beat.
+    earlier = {'step': 2, 'precision_at_1': 1.0, 'loss': 0.0, 'eval_data': 'val',
+               'num_examples': onu_dataset.describe(tiny_run.data_dir).split('val', 'images').num_examples}
+    onu_best.keep(eval_dir, os.path.join(copy_dir, 'model.ckpt-2'), earlier, copy_dir)
+    again = run_script('onu_eval.py', f'--checkpoint_dir={copy_dir}', f'--eval_dir={eval_dir}', '--run_once',
+                       timeout=TIMEOUT_SECS)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f'step {TINY_RUN_STEPS}, precision @ 1 = ' in again.stdout and 'New best' not in again.stdout
+    assert onu_best.read_best(eval_dir)['step'] == 2
+    summaries, _ = event_summaries(eval_dir)
+    assert summaries[onu_eval.BEST_PRECISION_TAG, TINY_RUN_STEPS] == 1.0
 
 
 def test_checkpoint_deleted_while_read_is_skipped_for_the_newest(tiny_run, tmp_path):
