@@ -14,7 +14,8 @@ line to eval_dir/results.jsonl (with the misclassified file names). On a termina
 shows the examples evaluated; in logs and pipes there is none.
 The best checkpoint so far (precision @ 1 on the same eval data; ties: the lower loss, then the earlier step) is
 copied into eval_dir/best/, a checkpoint folder of its own that outlives the trainer's --keep_checkpoint_max and
-that onu_export.py --checkpoint_dir=eval_dir/best exports; `Best precision @ 1` is its TensorBoard scalar.
+that onu_export.py --checkpoint_dir=eval_dir/best exports; `Best precision @ 1` is its TensorBoard scalar. With
+--export_best each new best is also exported as a SavedModel version folder (TF Serving's layout) in --export_dir.
 It stops by itself once the training run's final step (onu_train.py --max_steps) is evaluated,
 after --timeout_secs seconds without a new checkpoint, or after one evaluation with --run_once.
 Model, image size, data and class names come from the training run's run_config.json; flags given
@@ -46,6 +47,7 @@ import onu_model
 from onu_lib import onu_precision
 from onu_lib import onu_run_config
 from onu_lib import onu_run_folder
+from onu_lib import onu_serving
 
 DEFAULT_EVAL_DIR = '/tmp/onu_eval'
 RESULTS_FILENAME = 'results.jsonl'
@@ -421,6 +423,11 @@ def reported_results(eval_dir, eval_data):
     return records
 
 
+def export_best_dir():
+    """Where --export_best puts its version folders: --export_dir, default eval_dir/export."""
+    return FLAGS.export_dir or onu_serving.default_export_dir(FLAGS.eval_dir)
+
+
 def keep_best(eval_dir, checkpoint_path, record, checkpoint_dir, best):
     """Keeps checkpoint_path in eval_dir/best/ when record beats best, saying so in one line; returns the record of
     what best/ holds after it."""
@@ -505,6 +512,9 @@ def evaluate_checkpoints(writer, precision):
         best = keep_best(FLAGS.eval_dir, path, record, checkpoint_dir, best)
         best_seen = record if onu_best.beats(record, best_before) else best_before  # kept, or deleted first
         report(result, record, writer, FLAGS.eval_dir, best_seen['precision_at_1'])
+        if FLAGS.export_best and best is not best_before:
+            onu_serving.export_saved_model(os.path.join(onu_best.best_dir(FLAGS.eval_dir), best['checkpoint']),
+                                           run_config, export_best_dir(), FLAGS.allow_raw_weights)
         if FLAGS.run_once:
             return
         last_step = final_step(checkpoint_dir)
@@ -531,6 +541,11 @@ def define_flags():
                          'val is read in class order, so a few give a quick check, not a fair sample.',
                          lower_bound=1)
     flags.DEFINE_boolean('run_once', False, 'Evaluate the latest checkpoint once, then exit.')
+    flags.DEFINE_boolean('export_best', False,
+                         'Export each new best checkpoint (the one eval_dir/best/ keeps) as a SavedModel version '
+                         'folder <global_step>/ in --export_dir, the layout TF Serving watches.')
+    flags.DEFINE_string('export_dir', None,
+                        'Where --export_best puts its version folders; default: <eval_dir>/export.')
     flags.DEFINE_integer('max_mistakes', DEFAULT_MAX_MISTAKES,
                          'Misclassified photos shown in TensorBoard (eval/mistakes), the most confident '
                          'mistakes first; results.jsonl lists them all (0: no grid).', lower_bound=0)

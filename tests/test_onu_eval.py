@@ -23,6 +23,7 @@ from onu_lib import onu_eval_summaries
 import onu_input
 import onu_model
 from onu_lib import onu_run_config
+from onu_lib import onu_serving
 
 TIMEOUT_SECS = 180
 IMAGE_SIZE = 32
@@ -141,7 +142,7 @@ def assert_matches(result, reference):
 
 @pytest.fixture(scope='module')
 def polled_run(tmp_path_factory):
-    """The evaluator started on an empty train_dir, then a 6-step training run beside it.
+    """The evaluator started on an empty train_dir (exporting each new best), then a 6-step training run beside it.
 
     Returns (data_dir, train_dir, eval_dir, the evaluator's CompletedProcess-like result).
     """
@@ -150,7 +151,7 @@ def polled_run(tmp_path_factory):
     onu_sample_data.generate_dataset(data_dir, 8, VAL_PER_CLASS, (96, 72), seed=0, processes=1)
     evaluator = subprocess.Popen(
         script_command('onu_eval.py', f'--checkpoint_dir={train_dir}', f'--eval_dir={eval_dir}', '--batch_size=4',
-                       '--eval_interval_secs=0.2', '--timeout_secs=120'),
+                       '--eval_interval_secs=0.2', '--timeout_secs=120', '--export_best'),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
     try:
         trainer = run_script('onu_train.py', f'--data_dir={data_dir}', f'--train_dir={train_dir}',
@@ -293,7 +294,8 @@ def test_polling_evaluates_each_checkpoint_once_and_stops_at_the_final_step(poll
     assert f"Step {MAX_STEPS} is the training run's final step" in evaluator.stdout
     steps = [entry['step'] for entry in read_results(eval_dir)]
     assert steps == checkpoint_steps(train_dir) == [0, 2, 4, 6]
-    printed = [line for line in evaluator.stdout.splitlines() if ', precision @ 1 = ' in line]
+    printed = [line for line in evaluator.stdout.splitlines()
+               if ', precision @ 1 = ' in line and not line.startswith('New best: ')]
     assert [int(line.split('step ')[1].split(',')[0]) for line in printed] == steps
 
 
@@ -356,8 +358,14 @@ def test_the_best_checkpoint_is_kept_and_evaluates_and_exports_without_the_train
     assert (kept['step'], kept['precision_at_1'], kept['loss'], kept['source']) == (
         best['step'], best['precision_at_1'], best['loss'], best['checkpoint'])
     news = [line for line in evaluator.stdout.splitlines() if line.startswith('New best: ')]
-    assert len(news) == len({best_of(records[:count + 1])['step'] for count in range(len(records))})
+    bests = sorted({best_of(records[:count + 1])['step'] for count in range(len(records))})
+    assert len(news) == len(bests)
     assert news[-1].startswith(f'New best: step {best["step"]}, precision @ 1 = {best["precision_at_1"]:.3f} (')
+    # --export_best: a SavedModel version per new best, the newest version the best (what TF Serving serves).
+    assert [step for step, _ in onu_serving.version_dirs(os.path.join(eval_dir, 'export'))] == bests
+    exported = onu_run_config.RunConfig.load(os.path.join(eval_dir, 'export', str(best['step']),
+                                                          onu_serving.METADATA_SUBDIR))
+    assert exported.export['checkpoint_path'] == os.path.join(eval_dir, 'best', f'model.ckpt-{best["step"]}')
     # The best folder alone, its training run gone (as --keep_checkpoint_max deletes checkpoints).
     best_dir = str(tmp_path / 'best')
     shutil.copytree(os.path.join(eval_dir, 'best'), best_dir)
@@ -474,7 +482,7 @@ def test_mistakes_name_exactly_the_files_the_model_gets_wrong(handmade_checkpoin
         assert mistake.image.shape == (IMAGE_SIZE, IMAGE_SIZE, 3) and mistake.image.dtype == np.uint8
     record = onu_eval.result_record(result, handmade_run_config(tiny_data_dir, data_format), 'val')
     assert record['misclassified'] == [names[index] for index in wrong]
-    tags = {value.tag: value for value in onu_eval.result_summary(result).value}
+    tags = {value.tag: value for value in onu_eval.result_summary(result, result.precision_at_1).value}
     assert tags['eval/mistakes'].image.width > 0 and tags['eval/confusion_matrix_image'].image.height > 0
     assert {'pr_curves/F603', 'pr_curves/F663N'} <= set(tags)
 
@@ -517,7 +525,7 @@ def test_max_mistakes_zero_writes_no_grid_but_still_lists_the_mistakes(handmade_
     result = onu_eval.evaluate(handmade_checkpoints['averaged'], handmade_run_config(tiny_data_dir), onu_eval.eval_data_info(handmade_run_config(tiny_data_dir), 'val'),
                                batch_size=3, max_mistakes=0)
     assert result.predictions.mistakes == [] and result.predictions.misclassified()
-    tags = {value.tag for value in onu_eval.result_summary(result).value}
+    tags = {value.tag for value in onu_eval.result_summary(result, result.precision_at_1).value}
     assert 'eval/mistakes' not in tags and 'eval/confusion_matrix_image' in tags
 
 
