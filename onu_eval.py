@@ -12,6 +12,10 @@ eval/mistakes: a grid of up to --max_mistakes misclassified photos with their fi
 predicted classes, and pr_curves/<class>: a precision-recall curve per class) and appends a JSON
 line to eval_dir/results.jsonl (with the misclassified file names). On a terminal a progress bar
 shows the examples evaluated; in logs and pipes there is none.
+The best checkpoint so far (precision @ 1 on the same eval data; ties: the lower loss, then the earlier step) is
+copied into eval_dir/best/, a checkpoint folder of its own that outlives the trainer's --keep_checkpoint_max and
+that onu_export.py --checkpoint_dir=eval_dir/best exports; `Best precision @ 1` is its TensorBoard scalar. With
+--export_best each new best is also exported as a SavedModel version folder (TF Serving's layout) in --export_dir.
 It stops by itself once the training run's final step (onu_train.py --max_steps) is evaluated,
 after --timeout_secs seconds without a new checkpoint, or after one evaluation with --run_once.
 Model, image size, data and class names come from the training run's run_config.json; flags given
@@ -33,6 +37,7 @@ import numpy as np
 import tensorflow as tf
 from tqdm import tqdm
 
+from onu_lib import onu_best
 from onu_lib import onu_checkpoint
 from onu_lib import onu_dataset
 from onu_lib import onu_eval_summaries
@@ -42,10 +47,12 @@ import onu_model
 from onu_lib import onu_precision
 from onu_lib import onu_run_config
 from onu_lib import onu_run_folder
+from onu_lib import onu_serving
 
 DEFAULT_EVAL_DIR = '/tmp/onu_eval'
 RESULTS_FILENAME = 'results.jsonl'
 PRECISION_TAG = 'Precision @ 1'
+BEST_PRECISION_TAG = 'Best precision @ 1'  # the best so far on the same eval data, beside the current one
 LOSS_TAG = 'eval/loss'
 RECALL_TAG_PREFIX = 'eval/recall/'
 CONFUSION_MATRIX_TAG = 'eval/confusion_matrix'
@@ -263,10 +270,12 @@ def confusion_markdown(result):
     return '\n'.join(lines)
 
 
-def result_summary(result):
-    """Returns the Summary proto of an EvalResult: precision, loss, recall per class, confusion matrix."""
+def result_summary(result, best_precision):
+    """Returns the Summary proto of an EvalResult: precision (and the best so far), loss, recall per class,
+    confusion matrix."""
     value = tf.compat.v1.Summary.Value
     values = [value(tag=PRECISION_TAG, simple_value=result.precision_at_1),
+              value(tag=BEST_PRECISION_TAG, simple_value=best_precision),
               value(tag=LOSS_TAG, simple_value=result.loss)]
     values += [value(tag=RECALL_TAG_PREFIX + name, simple_value=recall)
                for name, recall in result.recall().items() if recall is not None]
@@ -308,13 +317,14 @@ def summary_writer(eval_dir):
         return tf.compat.v1.summary.FileWriter(eval_dir)
 
 
-def report(result, record, writer, eval_dir):
-    """Prints the precision line, writes the summaries and appends record to eval_dir/results.jsonl."""
+def report(result, record, writer, eval_dir, best_precision):
+    """Prints the precision line, writes the summaries (with the best precision @ 1 so far on the same eval data) and
+    appends record to eval_dir/results.jsonl."""
     raw = ', raw weights' if result.weights == onu_checkpoint.WEIGHTS_RAW else ''
     print(f'{datetime.now()}: step {result.step}, precision @ 1 = {result.precision_at_1:.3f} '
           f'(loss {result.loss:.4f}, {result.num_examples} {record["eval_data"]} examples{raw})',
           flush=True)
-    writer.add_summary(result_summary(result), result.step)
+    writer.add_summary(result_summary(result, best_precision), result.step)
     writer.flush()
     append_line(os.path.join(eval_dir, RESULTS_FILENAME), json.dumps(record, ensure_ascii=False))
 
@@ -413,6 +423,32 @@ def reported_results(eval_dir, eval_data):
     return records
 
 
+def export_best_dir():
+    """Where --export_best puts its version folders: --export_dir, default eval_dir/export."""
+    return FLAGS.export_dir or onu_serving.default_export_dir(FLAGS.eval_dir)
+
+
+def keep_best(eval_dir, checkpoint_path, record, checkpoint_dir, best):
+    """Keeps checkpoint_path in eval_dir/best/ when record beats best, saying so in one line; returns the record of
+    what best/ holds after it."""
+    if not onu_best.beats(record, best):
+        return best
+    where = onu_best.best_dir(eval_dir)
+    was = (f'before: step {best["step"]}, {best["precision_at_1"]:.3f}' if best and onu_best.same_eval_data(record, best)
+           else 'the first')
+    try:
+        kept = onu_best.keep(eval_dir, checkpoint_path, record, checkpoint_dir)
+    except onu_checkpoint.CheckpointGone:
+        still = f'{where} keeps step {best["step"]}' if best else f'{where} stays empty'
+        print(f'Step {record["step"]} is the best so far (precision @ 1 = {record["precision_at_1"]:.3f}), but '
+              f'{checkpoint_path} was deleted before it could be kept (the trainer keeps only the newest '
+              f'--keep_checkpoint_max): {still}.', flush=True)
+        return best
+    print(f'New best: step {kept["step"]}, precision @ 1 = {kept["precision_at_1"]:.3f} ({was}); kept in {where}',
+          flush=True)
+    return kept
+
+
 def evaluate_checkpoints(writer, precision):
     """Evaluates each new checkpoint of --checkpoint_dir once, until the final step, --timeout_secs or --run_once.
 
@@ -423,6 +459,7 @@ def evaluate_checkpoints(writer, precision):
     check_same_split(checkpoint_dir)
     run_config = info = None
     reported = reported_results(FLAGS.eval_dir, eval_data)
+    best = onu_best.read_best(FLAGS.eval_dir)
     results_path = os.path.join(FLAGS.eval_dir, RESULTS_FILENAME)
     # Evaluated, reported by an earlier run, damaged, or passed over after a deletion.
     done = {path for path in onu_checkpoint.list_checkpoints(checkpoint_dir)
@@ -470,7 +507,14 @@ def evaluate_checkpoints(writer, precision):
             print(f'skipping {e}', flush=True)
             continue
         done.add(path)
-        report(result, result_record(result, run_config, eval_data), writer, FLAGS.eval_dir)
+        record = result_record(result, run_config, eval_data)
+        best_before = best
+        best = keep_best(FLAGS.eval_dir, path, record, checkpoint_dir, best)
+        best_seen = record if onu_best.beats(record, best_before) else best_before  # kept, or deleted first
+        report(result, record, writer, FLAGS.eval_dir, best_seen['precision_at_1'])
+        if FLAGS.export_best and best is not best_before:
+            onu_serving.export_saved_model(os.path.join(onu_best.best_dir(FLAGS.eval_dir), best['checkpoint']),
+                                           run_config, export_best_dir(), FLAGS.allow_raw_weights)
         if FLAGS.run_once:
             return
         last_step = final_step(checkpoint_dir)
@@ -497,6 +541,11 @@ def define_flags():
                          'val is read in class order, so a few give a quick check, not a fair sample.',
                          lower_bound=1)
     flags.DEFINE_boolean('run_once', False, 'Evaluate the latest checkpoint once, then exit.')
+    flags.DEFINE_boolean('export_best', False,
+                         'Export each new best checkpoint (the one eval_dir/best/ keeps) as a SavedModel version '
+                         'folder <global_step>/ in --export_dir, the layout TF Serving watches.')
+    flags.DEFINE_string('export_dir', None,
+                        'Where --export_best puts its version folders; default: <eval_dir>/export.')
     flags.DEFINE_integer('max_mistakes', DEFAULT_MAX_MISTAKES,
                          'Misclassified photos shown in TensorBoard (eval/mistakes), the most confident '
                          'mistakes first; results.jsonl lists them all (0: no grid).', lower_bound=0)

@@ -107,6 +107,8 @@ def test_list_split_images_sniffs_content_and_reports_each_skip(messy_data_dir, 
             image_format, mode, orientation, kept), name
         assert (info.width, info.height) == (48, 32), name  # upright size, also for the rotated file
     assert [i.path for i in images] == sorted(i.path for i in images)
+    info = onu_dataset.describe(messy_data_dir).split('train', 'images')  # the description keeps what was skipped
+    assert set(info.skipped) == set(skipped) and set(info.files) == {i.path for i in images}
 
 
 def test_upright_rgb_matches_pillow_exif_transpose(tmp_path, pattern_image):
@@ -236,6 +238,8 @@ def test_bare_class_folders_split_into_disjoint_sets_and_added_photos_move_no_ol
             photos_dir, split, ['F603', 'F663N'], percent)[0]} for split in onu_dataset.SPLITS}
     before = listed(30.0)
     assert before['train'] and before['val'] and not before['train'] & before['val']
+    for split, paths in before.items():  # each photo where split_of puts it, by its name under the folder
+        assert {onu_dataset.split_of(os.path.relpath(path, photos_dir), 30.0) for path in paths} == {split}
     assert len(before['train'] | before['val']) == 24
     for index in range(20):  # new photos, old ones stay where they were
         shutil.copy(os.path.join(photos_dir, 'F603', '00000.jpg'), os.path.join(photos_dir, 'F603', f'new_{index}.jpg'))

@@ -11,10 +11,11 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from conftest import (REPO_ROOT, TINY_IMAGE_SIZE, copy_train_dir, run_on_a_terminal, run_script, script_command,
-                      script_tested_models)
+from conftest import (REPO_ROOT, TINY_IMAGE_SIZE, TINY_RUN_STEPS, copy_train_dir, run_on_a_terminal, run_script,
+                      script_command, script_tested_models)
 
 from onu_lib import onu_sample_data
+from onu_lib import onu_best
 from onu_lib import onu_checkpoint
 from onu_lib import onu_dataset
 import onu_eval
@@ -22,6 +23,7 @@ from onu_lib import onu_eval_summaries
 import onu_input
 import onu_model
 from onu_lib import onu_run_config
+from onu_lib import onu_serving
 
 TIMEOUT_SECS = 180
 IMAGE_SIZE = 32
@@ -140,7 +142,7 @@ def assert_matches(result, reference):
 
 @pytest.fixture(scope='module')
 def polled_run(tmp_path_factory):
-    """The evaluator started on an empty train_dir, then a 6-step training run beside it.
+    """The evaluator started on an empty train_dir (exporting each new best), then a 6-step training run beside it.
 
     Returns (data_dir, train_dir, eval_dir, the evaluator's CompletedProcess-like result).
     """
@@ -149,7 +151,7 @@ def polled_run(tmp_path_factory):
     onu_sample_data.generate_dataset(data_dir, 8, VAL_PER_CLASS, (96, 72), seed=0, processes=1)
     evaluator = subprocess.Popen(
         script_command('onu_eval.py', f'--checkpoint_dir={train_dir}', f'--eval_dir={eval_dir}', '--batch_size=4',
-                       '--eval_interval_secs=0.2', '--timeout_secs=120'),
+                       '--eval_interval_secs=0.2', '--timeout_secs=120', '--export_best'),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
     try:
         trainer = run_script('onu_train.py', f'--data_dir={data_dir}', f'--train_dir={train_dir}',
@@ -292,7 +294,8 @@ def test_polling_evaluates_each_checkpoint_once_and_stops_at_the_final_step(poll
     assert f"Step {MAX_STEPS} is the training run's final step" in evaluator.stdout
     steps = [entry['step'] for entry in read_results(eval_dir)]
     assert steps == checkpoint_steps(train_dir) == [0, 2, 4, 6]
-    printed = [line for line in evaluator.stdout.splitlines() if ', precision @ 1 = ' in line]
+    printed = [line for line in evaluator.stdout.splitlines()
+               if ', precision @ 1 = ' in line and not line.startswith('New best: ')]
     assert [int(line.split('step ')[1].split(',')[0]) for line in printed] == steps
 
 
@@ -330,6 +333,8 @@ def test_summaries_are_written_at_each_checkpoints_global_step(polled_run):
     for entry in read_results(eval_dir):
         step = entry['step']
         assert summaries[onu_eval.PRECISION_TAG, step] == pytest.approx(entry['precision_at_1'])
+        best_so_far = max(earlier['precision_at_1'] for earlier in read_results(eval_dir) if earlier['step'] <= step)
+        assert summaries[onu_eval.BEST_PRECISION_TAG, step] == pytest.approx(best_so_far)
         assert summaries[onu_eval.LOSS_TAG, step] == pytest.approx(entry['loss'])
         for name, recall in entry['per_class_recall'].items():
             assert summaries[onu_eval.RECALL_TAG_PREFIX + name, step] == pytest.approx(recall)
@@ -338,6 +343,56 @@ def test_summaries_are_written_at_each_checkpoints_global_step(polled_run):
             assert f'| **{name}** | {row[0]} | {row[1]} |' in table
         assert summaries['eval/confusion_matrix_image', step] == 'image'
         assert (summaries.get(('eval/mistakes', step)) == 'image') == bool(entry['misclassified'])
+
+
+def best_of(records):
+    """The results.jsonl record the evaluator keeps: the highest precision, then the lowest loss, then the earliest."""
+    return min(records, key=lambda record: (-record['precision_at_1'], record['loss'], record['step']))
+
+
+def test_the_best_checkpoint_is_kept_and_evaluates_and_exports_without_the_training_run(polled_run, tmp_path):
+    _, train_dir, eval_dir, evaluator = polled_run
+    records = read_results(eval_dir)
+    best = best_of(records)
+    kept = json.load(open(os.path.join(eval_dir, 'best', 'best.json')))
+    assert (kept['step'], kept['precision_at_1'], kept['loss'], kept['source']) == (
+        best['step'], best['precision_at_1'], best['loss'], best['checkpoint'])
+    news = [line for line in evaluator.stdout.splitlines() if line.startswith('New best: ')]
+    bests = sorted({best_of(records[:count + 1])['step'] for count in range(len(records))})
+    assert len(news) == len(bests)
+    assert news[-1].startswith(f'New best: step {best["step"]}, precision @ 1 = {best["precision_at_1"]:.3f} (')
+    # --export_best: a SavedModel version per new best, the newest version the best (what TF Serving serves).
+    assert [step for step, _ in onu_serving.version_dirs(os.path.join(eval_dir, 'export'))] == bests
+    exported = onu_run_config.RunConfig.load(os.path.join(eval_dir, 'export', str(best['step']),
+                                                          onu_serving.METADATA_SUBDIR))
+    assert exported.export['checkpoint_path'] == os.path.join(eval_dir, 'best', f'model.ckpt-{best["step"]}')
+    # The best folder alone, its training run gone (as --keep_checkpoint_max deletes checkpoints).
+    best_dir = str(tmp_path / 'best')
+    shutil.copytree(os.path.join(eval_dir, 'best'), best_dir)
+    again = run_script('onu_eval.py', f'--checkpoint_dir={best_dir}', '--run_once', f'--eval_dir={tmp_path / "e"}',
+                       '--batch_size=4', timeout=TIMEOUT_SECS)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f'step {best["step"]}, precision @ 1 = {best["precision_at_1"]:.3f} ' in again.stdout
+    exported = run_script('onu_export.py', f'--checkpoint_dir={best_dir}', f'--export_dir={tmp_path / "export"}',
+                          timeout=TIMEOUT_SECS)
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    assert os.listdir(tmp_path / 'export') == [str(best['step'])]  # TF Serving's version: the best's step
+    assert os.path.isfile(tmp_path / 'export' / str(best['step']) / 'saved_model.pb')
+
+
+def test_a_restarted_evaluator_keeps_the_best_an_earlier_run_kept(tiny_run, tmp_path):
+    copy_dir, eval_dir = copy_train_dir(tiny_run, tmp_path), str(tmp_path / 'eval')
+    # An earlier evaluator's best: step 2 at precision 1 and loss 0, which no later result can beat.
+    earlier = {'step': 2, 'precision_at_1': 1.0, 'loss': 0.0, 'eval_data': 'val',
+               'num_examples': onu_dataset.describe(tiny_run.data_dir).split('val', 'images').num_examples}
+    onu_best.keep(eval_dir, os.path.join(copy_dir, 'model.ckpt-2'), earlier, copy_dir)
+    again = run_script('onu_eval.py', f'--checkpoint_dir={copy_dir}', f'--eval_dir={eval_dir}', '--run_once',
+                       timeout=TIMEOUT_SECS)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f'step {TINY_RUN_STEPS}, precision @ 1 = ' in again.stdout and 'New best' not in again.stdout
+    assert onu_best.read_best(eval_dir)['step'] == 2
+    summaries, _ = event_summaries(eval_dir)
+    assert summaries[onu_eval.BEST_PRECISION_TAG, TINY_RUN_STEPS] == 1.0
 
 
 def test_checkpoint_deleted_while_read_is_skipped_for_the_newest(tiny_run, tmp_path):
@@ -427,7 +482,7 @@ def test_mistakes_name_exactly_the_files_the_model_gets_wrong(handmade_checkpoin
         assert mistake.image.shape == (IMAGE_SIZE, IMAGE_SIZE, 3) and mistake.image.dtype == np.uint8
     record = onu_eval.result_record(result, handmade_run_config(tiny_data_dir, data_format), 'val')
     assert record['misclassified'] == [names[index] for index in wrong]
-    tags = {value.tag: value for value in onu_eval.result_summary(result).value}
+    tags = {value.tag: value for value in onu_eval.result_summary(result, result.precision_at_1).value}
     assert tags['eval/mistakes'].image.width > 0 and tags['eval/confusion_matrix_image'].image.height > 0
     assert {'pr_curves/F603', 'pr_curves/F663N'} <= set(tags)
 
@@ -470,7 +525,7 @@ def test_max_mistakes_zero_writes_no_grid_but_still_lists_the_mistakes(handmade_
     result = onu_eval.evaluate(handmade_checkpoints['averaged'], handmade_run_config(tiny_data_dir), onu_eval.eval_data_info(handmade_run_config(tiny_data_dir), 'val'),
                                batch_size=3, max_mistakes=0)
     assert result.predictions.mistakes == [] and result.predictions.misclassified()
-    tags = {value.tag for value in onu_eval.result_summary(result).value}
+    tags = {value.tag for value in onu_eval.result_summary(result, result.precision_at_1).value}
     assert 'eval/mistakes' not in tags and 'eval/confusion_matrix_image' in tags
 
 

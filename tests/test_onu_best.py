@@ -1,0 +1,110 @@
+"""Tests of onu_lib/onu_best.py: the best checkpoint kept in EVAL_DIR/best/ (real checkpoint files in a tmp dir);
+the evaluator keeping it is tested in test_onu_eval.py."""
+import json
+import os
+
+import pytest
+import tensorflow as tf
+
+from test_onu_run_folder import _checkpoint
+
+from onu_lib import onu_best
+from onu_lib import onu_checkpoint
+from onu_lib import onu_run_config
+
+
+def _record(step, precision, loss, eval_data='val', num_examples=4):
+    """A results.jsonl record with the fields the best is decided and kept by."""
+    return {'step': step, 'precision_at_1': precision, 'loss': loss, 'eval_data': eval_data,
+            'num_examples': num_examples}
+
+
+@pytest.mark.parametrize('record, best, beats', [
+    (_record(4, 0.75, 0.5), None, True),  # the first result
+    (_record(4, 0.75, 0.5), _record(2, 0.50, 0.1), True),  # higher precision, whatever the loss
+    (_record(4, 0.50, 0.1), _record(2, 0.75, 0.5), False),
+    (_record(4, 0.75, 0.4), _record(2, 0.75, 0.5), True),  # tie: the lower loss
+    (_record(4, 0.75, 0.6), _record(2, 0.75, 0.5), False),
+    (_record(4, 0.75, 0.5), _record(2, 0.75, 0.5), False),  # tie on both: the earlier step stays
+    (_record(2, 0.75, 0.5), _record(4, 0.75, 0.5), True),
+    (_record(4, 0.25, 0.9, eval_data='train'), _record(2, 0.75, 0.5), True),  # other eval data: not comparable
+    (_record(4, 0.25, 0.9, num_examples=2), _record(2, 0.75, 0.5), True),
+])
+def test_a_result_beats_the_best_by_precision_then_loss_then_the_earlier_step(record, best, beats):
+    assert onu_best.beats(record, best) is beats
+
+
+def _train_dir(tmp_path, steps=(2, 4)):
+    """A folder of real checkpoints at steps, with a run_config.json; returns (folder, {step: prefix})."""
+    train_dir = str(tmp_path / 'train')
+    paths = {step: _checkpoint(train_dir, step) for step in steps}
+    with open(onu_run_config.path_in(train_dir), 'w', encoding='utf-8') as f:
+        json.dump({'model': 'small', 'image_size': 32}, f)
+    return train_dir, paths
+
+
+def test_the_best_is_a_checkpoint_folder_of_its_own_that_outlives_the_source(tmp_path):
+    train_dir, paths = _train_dir(tmp_path)
+    eval_dir = str(tmp_path / 'eval')
+    os.makedirs(eval_dir)
+    assert onu_best.read_best(eval_dir) is None
+    kept = onu_best.keep(eval_dir, paths[2], _record(2, 0.75, 0.5), train_dir)
+    best_dir = onu_best.best_dir(eval_dir)
+    assert sorted(os.listdir(best_dir)) == sorted(['checkpoint', 'best.json', 'run_config.json'] + [
+        os.path.basename(name) for name in tf.io.gfile.glob(paths[2] + '.*')])
+    assert onu_best.read_best(eval_dir) == kept
+    assert (kept['step'], kept['precision_at_1'], kept['loss'], kept['eval_data'], kept['num_examples']) == (
+        2, 0.75, 0.5, 'val', 4)
+    assert kept['source'] == os.path.abspath(paths[2]) and kept['checkpoint'] == 'model.ckpt-2'
+    for name in tf.io.gfile.glob(paths[2] + '.*'):  # the source deleted, as --keep_checkpoint_max does
+        os.remove(name)
+    # Read as any --checkpoint_dir is: its state file names the copy, which reads back in full.
+    assert tf.train.latest_checkpoint(best_dir) == os.path.join(best_dir, 'model.ckpt-2')
+    assert onu_checkpoint.list_checkpoints(best_dir) == [os.path.join(best_dir, 'model.ckpt-2')]
+    onu_checkpoint.check_readable(os.path.join(best_dir, 'model.ckpt-2'))
+    assert onu_run_config.RunConfig.load(best_dir).model == 'small'
+    # A new best replaces it whole: no file of step 2 is left.
+    onu_best.keep(eval_dir, paths[4], _record(4, 1.0, 0.1), train_dir)
+    assert tf.train.latest_checkpoint(best_dir) == os.path.join(best_dir, 'model.ckpt-4')
+    assert not any(name.startswith('model.ckpt-2') for name in os.listdir(best_dir))
+    assert sorted(os.listdir(eval_dir)) == ['best']
+
+
+def test_a_deleted_checkpoint_leaves_the_previous_best_and_no_partial_copy(tmp_path):
+    train_dir, paths = _train_dir(tmp_path)
+    eval_dir = str(tmp_path / 'eval')
+    onu_best.keep(eval_dir, paths[2], _record(2, 0.5, 0.5), train_dir)
+    os.remove(paths[4] + '.index')  # deleted by the trainer after it was evaluated
+    with pytest.raises(onu_checkpoint.CheckpointGone):
+        onu_best.keep(eval_dir, paths[4], _record(4, 0.75, 0.5), train_dir)
+    assert onu_best.read_best(eval_dir)['step'] == 2
+    assert sorted(os.listdir(eval_dir)) == ['best']
+
+
+@pytest.mark.parametrize('stopped', ['while copying', 'between the renames', 'before removing the old one'])
+def test_an_interrupted_keep_leaves_a_whole_best(tmp_path, stopped):
+    train_dir, paths = _train_dir(tmp_path)
+    eval_dir = str(tmp_path / 'eval')
+    onu_best.keep(eval_dir, paths[2], _record(2, 0.5, 0.5), train_dir)
+    best_dir, old_dir = onu_best.best_dir(eval_dir), os.path.join(eval_dir, 'best.old')
+    # The folders an evaluator killed at that moment leaves (a copy of step 4 being made or swapped in).
+    onu_best.keep(str(tmp_path / 'other'), paths[4], _record(4, 0.75, 0.5), train_dir)
+    new_best = str(tmp_path / 'other' / 'best')
+    if stopped == 'while copying':
+        partial = os.path.join(eval_dir, 'best.new-4242')
+        os.makedirs(partial)
+        with open(os.path.join(partial, 'model.ckpt-4.index'), 'wb') as f:
+            f.write(b'cut')
+        expected = 2
+    elif stopped == 'between the renames':
+        os.rename(best_dir, old_dir)
+        os.rename(new_best, os.path.join(eval_dir, 'best.new-4242'))
+        expected = 2
+    else:
+        os.rename(best_dir, old_dir)
+        os.rename(new_best, best_dir)
+        expected = 4
+    assert onu_best.read_best(eval_dir)['step'] == expected
+    assert sorted(os.listdir(eval_dir)) == ['best']
+    assert tf.train.latest_checkpoint(best_dir) == os.path.join(best_dir, f'model.ckpt-{expected}')
+    onu_checkpoint.check_readable(os.path.join(best_dir, f'model.ckpt-{expected}'))
