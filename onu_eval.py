@@ -429,13 +429,12 @@ def export_best_dir():
 
 
 def keep_best(eval_dir, checkpoint_path, record, checkpoint_dir, best):
-    """Keeps checkpoint_path in eval_dir/best/ when record beats best, saying so in one line; returns the record of
-    what best/ holds after it."""
-    if not onu_best.beats(record, best):
-        return best
+    """Keeps checkpoint_path, whose record beats best, in eval_dir/best/, saying so in one line; returns the record
+    of what best/ holds after it."""
     where = onu_best.best_dir(eval_dir)
-    was = (f'before: step {best["step"]}, {best["precision_at_1"]:.3f}' if best and onu_best.same_eval_data(record, best)
-           else 'the first')
+    was = 'the first'
+    if best and onu_best.same_eval_data(record, best):
+        was = f'before: step {best["step"]}, {best["precision_at_1"]:.3f}'
     try:
         kept = onu_best.keep(eval_dir, checkpoint_path, record, checkpoint_dir)
     except onu_checkpoint.CheckpointGone:
@@ -508,13 +507,15 @@ def evaluate_checkpoints(writer, precision):
             continue
         done.add(path)
         record = result_record(result, run_config, eval_data)
-        best_before = best
-        best = keep_best(FLAGS.eval_dir, path, record, checkpoint_dir, best)
-        best_seen = record if onu_best.beats(record, best_before) else best_before  # kept, or deleted first
-        report(result, record, writer, FLAGS.eval_dir, best_seen['precision_at_1'])
-        if FLAGS.export_best and best is not best_before:
-            onu_serving.export_saved_model(os.path.join(onu_best.best_dir(FLAGS.eval_dir), best['checkpoint']),
-                                           run_config, export_best_dir(), FLAGS.allow_raw_weights)
+        is_best = onu_best.beats(record, best)
+        # The best precision seen, even when the trainer deletes that checkpoint before it can be kept.
+        report(result, record, writer, FLAGS.eval_dir, (record if is_best else best)['precision_at_1'])
+        if is_best:
+            kept = keep_best(FLAGS.eval_dir, path, record, checkpoint_dir, best)
+            if FLAGS.export_best and kept is not best:
+                onu_serving.export_saved_model(os.path.join(onu_best.best_dir(FLAGS.eval_dir), kept['checkpoint']),
+                                               run_config, export_best_dir(), FLAGS.allow_raw_weights)
+            best = kept
         if FLAGS.run_once:
             return
         last_step = final_step(checkpoint_dir)

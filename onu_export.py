@@ -1,9 +1,12 @@
-"""Exports a trained ONU classifier as a SavedModel that TF Serving, saved_model_cli and TF2 load.
+"""Exports a trained ONU classifier as a SavedModel that TF Serving, saved_model_cli and TF2 load, and as TensorFlow Lite.
 
     python onu_export.py --checkpoint_dir=/tmp/onu_train                # latest checkpoint
     python onu_export.py --checkpoint_path=/tmp/onu_train/model.ckpt-2000 --export_dir=/srv/onu
+    python onu_export.py --checkpoint_dir=/tmp/onu_eval/best --tflite=int8   # the best, for phones
 
-The layout, signatures and metadata of what is written: see onu_serving.py.
+The layout, signatures and metadata of what is written: see onu_serving.py. --tflite also writes
+model_<format>.tflite and labels.txt into the version folder (onu_tflite.py: uint8 pixels in, probabilities
+out); a version folder that exists already gets the .tflite it lacks.
 """
 import os
 
@@ -13,8 +16,11 @@ from absl import app
 from absl import flags
 
 from onu_lib import onu_checkpoint
+from onu_lib import onu_dataset
 from onu_lib import onu_flags
+from onu_lib import onu_run_folder
 from onu_lib import onu_serving
+from onu_lib import onu_tflite
 
 FLAGS = flags.FLAGS
 
@@ -29,21 +35,53 @@ def define_flags():
                         'Where version folders <global_step>/ go; default: <checkpoint_dir>/export.')
     onu_flags.define_allow_raw_weights_flag(
         'Export the raw weights when the checkpoint has no moving averages.')
+    flags.DEFINE_enum('tflite', None, onu_tflite.TFLITE_FORMAT_NAMES,
+                      'Also write a TensorFlow Lite model of this format into the version folder (uint8 pixels in, '
+                      'probabilities out): float32, float16 (half the size) or int8 (full-integer, calibrated).')
+    flags.DEFINE_integer('calibration_examples', onu_tflite.DEFAULT_CALIBRATION_EXAMPLES,
+                         '--tflite=int8: photos of the train split (spread over it, eval preprocessing) that '
+                         'calibrate the int8 ranges.', lower_bound=1)
+    onu_flags.define_data_dir_flag()  # default here: the training run's, for --tflite=int8's calibration photos
+
+
+def calibration(run_config):
+    """The uint8 pixels of --calibration_examples train photos of the run's data; DataError when there are none."""
+    data_dir = onu_flags.value_or_saved('data_dir', run_config)
+    try:
+        data = onu_dataset.describe(data_dir, run_config.validation_percent, run_config.labels_offset)
+        info = data.split('train', run_config.data_format)
+        pixels, _ = onu_tflite.eval_pixels(info, run_config.image_size, FLAGS.calibration_examples)
+        return pixels
+    except onu_dataset.DataError as e:
+        raise onu_dataset.DataError(
+            f'--tflite={FLAGS.tflite} calibrates on photos of the train split, and there are none at hand '
+            f'({str(e).split("; ")[0]}): pass --data_dir=<the training data>, or choose --tflite=float16 (no '
+            f'calibration)') from None
 
 
 def export():
-    """Exports the checkpoint the flags name (export_saved_model prints where to)."""
+    """Exports the checkpoint the flags name (export_saved_model and write_tflite print where to)."""
     checkpoint_dir = FLAGS.checkpoint_dir
     if FLAGS.checkpoint_path and not FLAGS['checkpoint_dir'].present:
         checkpoint_dir = os.path.dirname(FLAGS.checkpoint_path) or '.'
     run_config = onu_serving.load_training_config(checkpoint_dir)
     checkpoint_path = onu_checkpoint.find_checkpoint(checkpoint_dir, FLAGS.checkpoint_path)
     export_dir = FLAGS.export_dir or onu_serving.default_export_dir(checkpoint_dir)
-    onu_serving.export_saved_model(checkpoint_path, run_config, export_dir, FLAGS.allow_raw_weights)
+    pixels = calibration(run_config) if FLAGS.tflite and onu_tflite.tflite_format(FLAGS.tflite).calibrated else None
+    try:
+        version_dir = onu_serving.export_saved_model(checkpoint_path, run_config, export_dir, FLAGS.allow_raw_weights)
+        if FLAGS.tflite:
+            with onu_cli.converter_lines_dropped():
+                onu_tflite.write_tflite(version_dir, FLAGS.tflite, run_config, pixels)
+    except Exception as e:  # pylint: disable=broad-except  (OSError, or TensorFlow's own error for the same cause)
+        reason = onu_run_folder.write_failure(e, export_dir)
+        if reason is None:
+            raise
+        raise onu_run_folder.write_failed(export_dir, reason, 'exporting') from None
 
 
 def main(argv):
-    return onu_cli.run_script(export, argv)
+    return onu_cli.run_script(export, argv, failures=(onu_run_folder.WriteFailed,))
 
 
 if __name__ == '__main__':

@@ -215,6 +215,16 @@ def to_model_range(image):
     return image * 2.0 - 1.0
 
 
+def pixels_to_model_range(pixels):
+    """Returns uint8 pixels already at the model's size as float32 in the model's range [-1, 1]."""
+    return to_model_range(tf.cast(pixels, tf.float32) * (1.0 / 255.0))
+
+
+def to_pixels(image):
+    """Returns an image in the model's range [-1, 1] as the uint8 pixels it stands for (rounded)."""
+    return tf.cast(tf.round(tf.clip_by_value((image + 1.0) * 127.5, 0.0, 255.0)), tf.uint8)
+
+
 def preprocess_for_eval(image, image_size):
     """Returns the uint8 [h, w, 3] image as the model sees it: [size, size, 3] float32 in [-1, 1]."""
     return to_model_range(to_unit_range(image, image_size))

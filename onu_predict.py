@@ -4,8 +4,10 @@
     python onu_predict.py DATA/val --model_dir=/tmp/onu_train --json
 
 --model_dir is an exported SavedModel version folder, an export folder of versions (the newest is
-used), or a training run's train_dir (its latest checkpoint, with the moving averages of the weights,
-built in-process with onu_serving's graph). Folders are searched recursively; hidden files are
+used), a training run's train_dir (its latest checkpoint, with the moving averages of the weights,
+built in-process with onu_serving's graph), or a .tflite file of onu_export.py --tflite (run by LiteRT on
+the pixels eval's resize gives, rounded to uint8 as an app would feed them; class names from the labels.txt
+beside it). Folders are searched recursively; hidden files are
 ignored. Each image is sent to the serving signature as the bytes an encoded TFRecord of it would
 hold: the file itself for an upright JPEG, else the upright image re-encoded (EXIF orientation
 applied, as convert_to_tfrecord.py does), so predictions equal evaluation on encoded records.
@@ -25,6 +27,8 @@ from onu_lib import onu_cli  # first: quiet start
 onu_cli.import_tensorflow()  # noqa: E402  (TensorFlow's start-up lines dropped)
 from absl import app
 from absl import flags
+from ai_edge_litert.interpreter import Interpreter
+import numpy as np
 import tensorflow as tf
 
 from onu_lib import onu_checkpoint
@@ -34,6 +38,8 @@ from onu_lib import onu_flags
 from onu_lib import onu_photos
 from onu_lib import onu_run_config
 from onu_lib import onu_serving
+from onu_lib import onu_tflite
+import onu_input
 
 
 class Classifier:
@@ -49,6 +55,44 @@ class Classifier:
     def classify(self, encoded_images):
         """Returns {probabilities, classes, class_names} as numpy arrays for a list of encoded images."""
         return self.session.run(self.outputs, {self.image_bytes: encoded_images})
+
+    def close(self):
+        """Releases the session."""
+        self.session.close()
+
+
+class TFLiteClassifier:
+    """A TensorFlow Lite model run by LiteRT, one image at a time, on the pixels eval's resize gives them."""
+
+    def __init__(self, model_path):
+        self.interpreter = Interpreter(model_path=model_path)
+        self.interpreter.allocate_tensors()
+        self.input = self.interpreter.get_input_details()[0]
+        self.output = self.interpreter.get_output_details()[0]
+        size = int(self.input['shape'][1])
+        num_classes = int(self.output['shape'][-1])
+        self.class_names = onu_tflite.read_labels(model_path) or [str(index) for index in range(num_classes)]
+        if len(self.class_names) != num_classes:
+            raise onu_dataset.DataError(
+                f'{model_path}: {num_classes} outputs but {len(self.class_names)} classes in the '
+                f'{onu_tflite.LABELS_FILENAME} beside it; export it again with python onu_export.py --tflite=...')
+        graph = tf.Graph()
+        with graph.as_default():
+            self.image_bytes = tf.compat.v1.placeholder(tf.string, [])
+            self.pixels = onu_input.to_pixels(
+                onu_input.preprocess_for_eval(onu_input.decode_image_bytes(self.image_bytes), size))
+        self.session = tf.compat.v1.Session(graph=graph)
+        self.source = f'TensorFlow Lite model {model_path} (LiteRT)'
+
+    def classify(self, encoded_images):
+        """Returns {probabilities} as a numpy array for a list of encoded images."""
+        rows = []
+        for encoded in encoded_images:
+            pixels = self.session.run(self.pixels, {self.image_bytes: encoded})
+            self.interpreter.set_tensor(self.input['index'], pixels[np.newaxis])
+            self.interpreter.invoke()
+            rows.append(self.interpreter.get_tensor(self.output['index'])[0])
+        return {onu_serving.OUTPUT_PROBABILITIES: np.array(rows)}
 
     def close(self):
         """Releases the session."""
@@ -103,19 +147,21 @@ def load_classifier(model_dir, allow_raw_weights=False):
     """Returns the Classifier of a SavedModel, the newest version in an export folder, or a train_dir."""
     versions = onu_serving.version_dirs(model_dir)
     try:
+        if model_dir.endswith('.tflite') and os.path.isfile(model_dir):
+            return TFLiteClassifier(model_dir)
         if onu_serving.is_saved_model(model_dir):
             return _saved_model_classifier(model_dir)
         if versions:
             return _saved_model_classifier(versions[-1][1])
         if onu_run_config.RunConfig.load(model_dir):
             return _checkpoint_classifier(model_dir, allow_raw_weights)
-    except (tf.errors.OpError, OSError, RuntimeError) as e:
+    except (tf.errors.OpError, OSError, RuntimeError, ValueError) as e:  # ValueError: LiteRT's, for a damaged file
         raise onu_dataset.DataError(
             f'{model_dir}: cannot load the model ({onu_checkpoint.one_line(e)}); export it again with '
             f'python onu_export.py, or pass another --model_dir') from None
     raise onu_dataset.DataError(
-        f'{model_dir}: neither a SavedModel, nor a folder of exported versions, nor a training run; '
-        f'pass --model_dir=<train_dir>/export (after python onu_export.py) or the --train_dir of '
+        f'{model_dir}: neither a SavedModel, nor a folder of exported versions, nor a training run, nor a .tflite '
+        f'file; pass --model_dir=<train_dir>/export (after python onu_export.py) or the --train_dir of '
         f'onu_train.py')
 
 
@@ -240,8 +286,8 @@ def define_flags():
     """Declares this script's flags."""
     onu_flags.define_batch_size_flag()
     flags.DEFINE_string('model_dir', onu_flags.DEFAULT_TRAIN_DIR,
-                        'SavedModel version folder, export folder (newest version), or train_dir '
-                        '(latest checkpoint).')
+                        'SavedModel version folder, export folder (newest version), train_dir '
+                        '(latest checkpoint), or a .tflite file of onu_export.py --tflite.')
     flags.DEFINE_boolean('json', False, 'Print one JSON object per image instead of text lines.')
     onu_flags.define_allow_raw_weights_flag(
         'With a train_dir whose checkpoint has no moving averages: use the raw weights.')

@@ -40,6 +40,8 @@ NATIVE_START_UP_LINE = re.compile(r'([IW]\d{4} [\d:.]+ +\d+ \S+:\d+\] |'
                                   r'E\d{4} .*\] failed call to cuInit: |'
                                   r'E\d{4} .*\] oneDNN supports DT_UINT8 only |'
                                   r'To enable the following instructions: .* rebuild TensorFlow with)')
+# The TensorFlow Lite converter's summary of each conversion, printed whatever the log level.
+CONVERTER_LINE = re.compile(r'fully_quantize: \d+, inference_type: ')
 
 
 def verbose_requested(argv=None):
@@ -68,8 +70,9 @@ quiet_start(verbose_requested())
 
 
 @contextlib.contextmanager
-def native_start_up_lines_dropped():
-    """Within it, what native code writes to stderr (fd 2) is kept back; after it, all but the start-up lines print."""
+def native_lines_dropped(pattern):
+    """Within it, what native code writes to stderr (fd 2) is kept back; after it, all but the lines pattern matches
+    print."""
     sys.stderr.flush()
     saved_fd = os.dup(2)
     with tempfile.TemporaryFile() as captured:
@@ -82,7 +85,7 @@ def native_start_up_lines_dropped():
             os.close(saved_fd)
             captured.seek(0)
             kept = [line for line in captured.read().decode(errors='replace').splitlines(keepends=True)
-                    if not NATIVE_START_UP_LINE.match(line)]
+                    if not pattern.match(line)]
             sys.stderr.write(''.join(kept))
             sys.stderr.flush()
 
@@ -94,7 +97,7 @@ def import_tensorflow():
     if verbose_requested():
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
         return tf
-    with native_start_up_lines_dropped():
+    with native_lines_dropped(NATIVE_START_UP_LINE):
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
         tf.config.list_physical_devices('GPU')
         # oneDNN says once per process, at its first uint8 transpose, that it leaves uint8 to Eigen: an error-level
@@ -105,6 +108,11 @@ def import_tensorflow():
             with tf.compat.v1.Session(config=tf.compat.v1.ConfigProto(device_count={'GPU': 0})) as session:
                 session.run(tf.transpose(tf.zeros([1, 2, 1], tf.uint8), [1, 0, 2]))
     return tf
+
+def converter_lines_dropped():
+    """Within it, the TensorFlow Lite converter's summary lines are dropped, unless --verbose."""
+    return contextlib.nullcontext() if verbose_requested() else native_lines_dropped(CONVERTER_LINE)
+
 
 flags.DEFINE_boolean(VERBOSE_FLAG, False, 'Show everything: TensorFlow\'s C++ log, its INFO lines and '
                      'the deprecation warnings a normal run hides.')

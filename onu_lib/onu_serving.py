@@ -11,6 +11,8 @@ class_names [batch] string, the name of each image's most probable class):
                    preprocessed exactly as evaluation does (onu_input.preprocess_for_eval).
   predict_images   images: float32 [batch, size, size, 3], RGB already resized to the model's size
                    and scaled to the model's range [-1, 1] (0 -> -1, 255 -> 1).
+  predict_pixels   pixels: uint8 [batch, size, size, 3], RGB resized to the model's size, as a camera
+                   gives them; scaled inside. onu_tflite converts this one (camera pixels in).
 The graph does not apply EXIF orientation: send upright images (onu_predict.py turns them upright).
 The version folder also holds assets.extra/run_config.json (the training run's RunConfig with an
 `export` entry: global step, checkpoint, weights) and assets.extra/labels.txt (id:name lines).
@@ -37,8 +39,10 @@ from onu_lib import onu_run_folder
 EXPORT_SUBDIR = 'export'  # default export_dir: train_dir/export
 SERVING_SIGNATURE = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY  # 'serving_default'
 IMAGES_SIGNATURE = 'predict_images'
+PIXELS_SIGNATURE = 'predict_pixels'
 BYTES_INPUT = 'image_bytes'
 IMAGES_INPUT = 'images'
+PIXELS_INPUT = 'pixels'
 OUTPUT_PROBABILITIES = 'probabilities'
 OUTPUT_CLASSES = 'classes'
 OUTPUT_CLASS_NAMES = 'class_names'
@@ -87,8 +91,12 @@ def build_serving_graph(run_config):
     with tf.compat.v1.name_scope('from_images'):
         images = tf.compat.v1.placeholder(tf.float32, [None, size, size, 3], name=IMAGES_INPUT)
         images_outputs = _classifier_outputs(images, run_config, reuse=True)
+    with tf.compat.v1.name_scope('from_pixels'):
+        pixels = tf.compat.v1.placeholder(tf.uint8, [None, size, size, 3], name=PIXELS_INPUT)
+        pixels_outputs = _classifier_outputs(onu_input.pixels_to_model_range(pixels), run_config, reuse=True)
     return {SERVING_SIGNATURE: ({BYTES_INPUT: image_bytes}, bytes_outputs),
-            IMAGES_SIGNATURE: ({IMAGES_INPUT: images}, images_outputs)}
+            IMAGES_SIGNATURE: ({IMAGES_INPUT: images}, images_outputs),
+            PIXELS_SIGNATURE: ({PIXELS_INPUT: pixels}, pixels_outputs)}
 
 
 def _write_saved_model(directory, checkpoint_path, run_config, allow_raw_weights):
@@ -152,8 +160,8 @@ def export_saved_model(checkpoint_path, run_config, export_dir, allow_raw_weight
     step = onu_checkpoint.checkpoint_step(checkpoint_path)
     version_dir = os.path.join(export_dir, str(step))
     if os.path.exists(version_dir):
-        print(f'{version_dir} already exists: left unchanged (nothing exported); delete it to '
-              f'export step {step} again, or choose another --export_dir', flush=True)
+        print(f'{version_dir} already exists: its SavedModel is left unchanged; delete it to export step {step} '
+              f'again, or choose another --export_dir', flush=True)
         return version_dir
     os.makedirs(export_dir, exist_ok=True)
     _remove_stale_temp_dirs(export_dir)

@@ -34,12 +34,14 @@ onu_sample_data with make_sample_data, onu_serving with onu_export, run_local_cl
   mid_colour_image() and colour_effect(name, before, after): the parameter of a colour augmentation, measured per image.
 """
 
+import contextlib
 import io
 import math
 import os
 import shutil
 import subprocess
 import sys
+import threading
 import types
 
 import numpy as np
@@ -263,6 +265,26 @@ def run_script(script, *args, timeout=SCRIPT_TIMEOUT_SECS, env=None):
                           env=env, cwd=REPO_ROOT)
 
 
+def finish(process, timeout_secs=SCRIPT_TIMEOUT_SECS):
+    """Waits for a process whose stdout a test read line by line; returns (the rest of stdout, all of stderr).
+
+    Not Popen.communicate: it reads the pipe itself, so the lines the text wrapper had already buffered past the
+    last line the test read would be lost. The process is killed after timeout_secs.
+    """
+    stderr = []
+    reader = threading.Thread(target=lambda: stderr.append(process.stderr.read()), daemon=True)
+    reader.start()
+    killer = threading.Timer(timeout_secs, process.kill)
+    killer.start()
+    try:
+        rest = process.stdout.read()
+        process.wait()
+    finally:
+        killer.cancel()
+    reader.join()
+    return rest, stderr[0]
+
+
 def run_on_a_terminal(command):
     """Runs command with stdout and stderr on a pseudo-terminal; returns (exit code, everything it printed)."""
     import fcntl, pty, struct, termios  # pylint: disable=import-outside-toplevel,multiple-imports  (POSIX only)
@@ -293,6 +315,23 @@ def script_tested_models():
     """Returns the registered models the script tests run for real: every one but HEAVY_MODELS, in registry order."""
     import onu_model  # pylint: disable=import-outside-toplevel  (TensorFlow: only in the test files that use it)
     return [name for name in onu_model.MODEL_NAMES if name not in HEAVY_MODELS]
+
+
+@contextlib.contextmanager
+def read_only_bind_mount(source, target):
+    """Within it, source is mounted read-only at target (needs root); skips the test where this machine does not allow
+    it."""
+    os.makedirs(target, exist_ok=True)
+    done = subprocess.run(['mount', '--bind', source, target], capture_output=True, text=True)
+    if done.returncode:
+        pytest.skip(f'cannot bind-mount here: {done.stderr.strip()}')
+    try:
+        subprocess.run(['mount', '-o', 'remount,ro,bind', target], check=True)
+        with pytest.raises(OSError):
+            open(os.path.join(target, 'probe'), 'w').close()
+        yield target
+    finally:
+        subprocess.run(['umount', target], check=True)
 
 
 def copy_train_dir(tiny_run, tmp_path, name='train', exports=True):
@@ -353,6 +392,27 @@ def tiny_run_of(tiny_run, tmp_path_factory):
                 export_dir=onu_serving.default_export_dir(train_dir), config=onu_run_config.RunConfig.load(train_dir))
         return runs[model_name]
     return run_of
+
+
+@pytest.fixture(scope='session')
+def tiny_tflite_of(tiny_run_of, tmp_path_factory):
+    """Factory: tiny_tflite_of(model_name) -> a copy of that model's newest export (step TINY_RUN_STEPS) holding the
+    .tflite of every onu_tflite format, converted in this process (int8 calibrated on 8 of the run's train photos)."""
+    from onu_lib import onu_tflite  # pylint: disable=import-outside-toplevel  (TensorFlow: only where it is used)
+    versions = {}
+
+    def version_of(model_name):
+        if model_name not in versions:
+            run = tiny_run_of(model_name)
+            version_dir = str(tmp_path_factory.mktemp(f'tflite_{model_name}') / str(TINY_RUN_STEPS))
+            shutil.copytree(os.path.join(run.export_dir, str(TINY_RUN_STEPS)), version_dir)
+            info = onu_dataset.describe(run.data_dir).split('train', run.config.data_format)
+            calibration, _ = onu_tflite.eval_pixels(info, run.config.image_size, 8)
+            for entry in onu_tflite.TFLITE_FORMATS:
+                onu_tflite.write_tflite(version_dir, entry.name, run.config, calibration)
+            versions[model_name] = version_dir
+        return versions[model_name]
+    return version_of
 
 
 # ----------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import time
 import pytest
 import tensorflow as tf
 
-from conftest import REPO_ROOT, copy_train_dir, file_states, run_script, script_command
+from conftest import REPO_ROOT, copy_train_dir, file_states, finish, run_script, script_command
 from test_onu_train import TIMEOUT_SECS, TINY_FLAGS, checkpoint_step, logged_steps, run_train
 
 from onu_lib import onu_checkpoint
@@ -207,7 +207,7 @@ def test_sigterm_saves_a_checkpoint_at_the_current_step(tiny_run, tmp_path):
         if len(logged_steps(''.join(lines))) >= 3 or time.monotonic() > deadline:
             break
     process.send_signal(signal.SIGTERM)
-    rest, errors = process.communicate(timeout=TIMEOUT_SECS)
+    rest, errors = finish(process, TIMEOUT_SECS)
     stdout = ''.join(lines) + rest
     assert process.returncode == 128 + signal.SIGTERM, errors[-3000:]
     last_logged = logged_steps(stdout)[-1]

@@ -24,7 +24,7 @@ KEPT_LINES = ['warning: /data/train/F603/x.jpg skipped: truncated\n',
 
 
 def test_native_start_up_lines_are_dropped_and_everything_else_kept(capfd):
-    with onu_cli.native_start_up_lines_dropped():
+    with onu_cli.native_lines_dropped(onu_cli.NATIVE_START_UP_LINE):
         for line in START_UP_LINES[:3] + KEPT_LINES[:1] + START_UP_LINES[3:] + KEPT_LINES[1:]:
             os.write(2, line.encode())
     assert capfd.readouterr().err == ''.join(KEPT_LINES)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import layout_photos, run_script, script_command, REPO_ROOT
+from conftest import finish, layout_photos, run_script, script_command, REPO_ROOT
 from test_onu_input import _write_jpeg_with_bad_scan
 
 from onu_lib import onu_data_service
@@ -210,7 +210,7 @@ def test_a_killed_worker_leaves_training_going_with_one_warning(service, tmp_pat
             break
     name, pid = sorted(service.worker_pids().items())[0]
     os.kill(pid, signal.SIGKILL)
-    stdout, stderr = trainer.communicate(timeout=300)
+    stdout, stderr = finish(trainer, 300)
     stdout = ''.join(stdout_lines) + stdout
     assert trainer.returncode == 0, stderr[-3000:]
     assert 'Training stopped at step 150' in stdout

@@ -361,6 +361,11 @@ def test_the_best_checkpoint_is_kept_and_evaluates_and_exports_without_the_train
     bests = sorted({best_of(records[:count + 1])['step'] for count in range(len(records))})
     assert len(news) == len(bests)
     assert news[-1].startswith(f'New best: step {best["step"]}, precision @ 1 = {best["precision_at_1"]:.3f} (')
+    lines = evaluator.stdout.splitlines()
+    for index, line in enumerate(lines):  # each right after its step's result line
+        if line.startswith('New best: step '):
+            step = line.split()[3].rstrip(',')
+            assert f': step {step}, precision @ 1 = ' in lines[index - 1], lines[index - 1:index + 1]
     # --export_best: a SavedModel version per new best, the newest version the best (what TF Serving serves).
     assert [step for step, _ in onu_serving.version_dirs(os.path.join(eval_dir, 'export'))] == bests
     exported = onu_run_config.RunConfig.load(os.path.join(eval_dir, 'export', str(best['step']),

@@ -143,7 +143,7 @@ def test_existing_version_is_left_unchanged(tiny_run, tmp_path, capsys):
 
     assert (os.stat(model_file).st_mtime_ns, listing(version_dir)) == before
     assert listing(export_dir) == ['4']
-    assert 'already exists: left unchanged' in capsys.readouterr().out
+    assert 'already exists: its SavedModel is left unchanged' in capsys.readouterr().out
 
 
 @pytest.mark.parametrize('stage, finishes, error', [

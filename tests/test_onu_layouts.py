@@ -9,7 +9,6 @@ import importlib.util
 import json
 import os
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -24,8 +23,8 @@ from onu_lib import onu_layouts
 from onu_lib import onu_run_config
 from onu_lib import onu_converter
 from onu_lib import onu_tfrecord
-from conftest import (LAYOUT_CLASSES, file_states, layout_class_names, layout_photos, run_script, write_layout,
-                      write_tfrecord, _example)
+from conftest import (LAYOUT_CLASSES, file_states, layout_class_names, layout_photos, read_only_bind_mount, run_script,
+                      write_layout, write_tfrecord, _example)
 
 IMAGE_SIZE = 32
 
@@ -321,24 +320,12 @@ def test_each_layout_trains_and_evaluates_every_val_example_once(layout, tmp_pat
     assert result.confusion.sum(axis=1).tolist() == [2, 2, 2]  # every val example, its class
 
 
-def _read_only_bind_mount(source, target):
-    """Mounts source read-only at target (needs root); skips the test where this machine does not allow it."""
-    os.makedirs(target)
-    done = subprocess.run(['mount', '--bind', source, target], capture_output=True, text=True)
-    if done.returncode:
-        pytest.skip(f'cannot bind-mount here: {done.stderr.strip()}')
-    subprocess.run(['mount', '-o', 'remount,ro,bind', target], check=True)
-    with pytest.raises(OSError):
-        open(os.path.join(target, 'probe'), 'w').close()
-
-
 @pytest.mark.script
 def test_a_read_only_data_folder_trains_with_records_made_in_the_cache(tmp_path):
     photos = layout_photos()
     source = write_layout('inception', str(tmp_path / 'source'), photos)
     mounted = str(tmp_path / 'mounted')
-    _read_only_bind_mount(source, mounted)
-    try:
+    with read_only_bind_mount(source, mounted):
         before = file_states(source)
         trained = run_script('onu_train.py', f'--data_dir={mounted}', '--data_format=raw', '--max_steps=2',
                              f'--train_dir={tmp_path / "train"}', f'--image_size={IMAGE_SIZE}', '--batch_size=4',
@@ -352,8 +339,6 @@ def test_a_read_only_data_folder_trains_with_records_made_in_the_cache(tmp_path)
         assert evaluated.returncode == 0, evaluated.stderr[-3000:]
         assert '6 val examples' in evaluated.stdout
         assert file_states(source) == before
-    finally:
-        subprocess.run(['umount', mounted], check=True)
 
 
 def test_labels_files_are_placed_by_id_and_read_with_a_byte_order_mark(tmp_path):

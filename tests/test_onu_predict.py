@@ -17,9 +17,9 @@ from test_onu_export import eval_graph_softmax
 
 from onu_lib import onu_converter
 from onu_lib import onu_dataset
-import onu_input
 import onu_predict
 from onu_lib import onu_serving
+from onu_lib import onu_tflite
 
 CLASS_NAMES = ['F603', 'F663N']
 
@@ -71,9 +71,17 @@ def photo_folder(messy_data_dir, tmp_path):
     return folder
 
 
-def test_bad_files_get_one_error_line_each_and_the_rest_are_classified(model, photo_folder, messy_files):
+def tflite_model(tiny_tflite_of, format_name):
+    """The .tflite of format_name converted from the shared run's newest export (a copy of version 12)."""
+    return onu_tflite.tflite_path(tiny_tflite_of('small'), format_name)
+
+
+@pytest.mark.parametrize('kind', ['saved_model', 'int8'])
+def test_bad_files_get_one_error_line_each_and_the_rest_are_classified(model, tiny_tflite_of, kind, photo_folder,
+                                                                       messy_files):
     missing = os.path.join(photo_folder, 'not_there.jpg')
-    code, lines, errors = predict([photo_folder, missing], version(model, 12), batch_size=3)
+    model_dir = version(model, 12) if kind == 'saved_model' else tflite_model(tiny_tflite_of, kind)
+    code, lines, errors = predict([photo_folder, missing], model_dir, batch_size=3)
 
     assert code == 0
     usable = sorted(os.path.join(photo_folder, name) for name, reason in messy_files.items()
@@ -132,9 +140,40 @@ def test_nothing_classified_exits_1_and_a_bad_model_dir_exits_2(model, photo_fol
     code, _, errors = predict([photo_folder], str(tmp_path))
     assert code == 2
     assert errors == [f'error: {tmp_path}: neither a SavedModel, nor a folder of exported versions, nor a '
-                      f'training run; pass --model_dir=<train_dir>/export (after python onu_export.py) or '
-                      f'the --train_dir of onu_train.py']
+                      f'training run, nor a .tflite file; pass --model_dir=<train_dir>/export (after python '
+                      f'onu_export.py) or the --train_dir of onu_train.py']
     assert predict([], version(model, 12))[0] == 2
+
+
+@pytest.mark.parametrize('format_name, atol', [('float32', 0.01), ('int8', 0.08)])
+def test_a_tflite_model_classifies_upright_photos_as_its_saved_model_does(model, tiny_tflite_of, messy_data_dir,
+                                                                         format_name, atol):
+    folder = os.path.join(messy_data_dir, 'train')
+    expected = predicted_probabilities([folder], version(model, 12))
+    assert os.path.join(folder, 'F603', 'exif_rotated.jpg') in expected  # turned upright by both
+
+    code, lines, errors = predict([folder], tflite_model(tiny_tflite_of, format_name))
+    assert code == 0 and errors[0] == f'Classifying with the TensorFlow Lite model ' \
+                                      f'{tflite_model(tiny_tflite_of, format_name)} (LiteRT)'
+    rows = {path: (name, float(probability)) for path, name, probability in (line.split('\t') for line in lines)}
+    assert rows.keys() == expected.keys()
+    for path, (name, probability) in rows.items():
+        # Rounded to uint8 pixels first, as an app feeds them: close to the SavedModel's float pixels, not equal.
+        assert abs(probability - max(expected[path])) <= atol, path
+        if abs(expected[path][0] - expected[path][1]) > 2 * atol:
+            assert name == CLASS_NAMES[int(np.argmax(expected[path]))], path
+
+
+def test_a_damaged_tflite_file_is_one_line(tiny_tflite_of, photo_folder, tmp_path):
+    damaged = str(tmp_path / 'model_int8.tflite')
+    with open(tflite_model(tiny_tflite_of, 'int8'), 'rb') as f:
+        data = f.read()
+    with open(damaged, 'wb') as f:
+        f.write(data[:len(data) // 3])  # a copy cut short
+    code, lines, errors = predict([photo_folder], damaged)
+    assert (code, lines) == (2, [])
+    assert len(errors) == 1 and errors[0].startswith(f'error: {damaged}: cannot load the model (')
+    assert errors[0].endswith('); export it again with python onu_export.py, or pass another --model_dir')
 
 
 def test_script_prints_json_lines_and_errors(model, photo_folder):

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import REPO_ROOT, file_states, run_script, script_command
+from conftest import REPO_ROOT, file_states, finish, read_only_bind_mount, run_script, script_command
 from test_onu_checkpoint import copy_run
 from test_onu_train import TIMEOUT_SECS, TINY_FLAGS, checkpoint_step, logged_steps, run_train
 
@@ -58,7 +58,7 @@ def test_a_second_trainer_on_a_folder_in_use_is_refused_and_the_first_goes_on(ti
     assert 'for training: stop it, or give another --train_dir' in line
     assert first.poll() is None  # still training, as if alone
     first.send_signal(signal.SIGTERM)
-    rest, errors = first.communicate(timeout=TIMEOUT_SECS)
+    rest, errors = finish(first, TIMEOUT_SECS)
     assert first.returncode == 128 + signal.SIGTERM, errors[-3000:]
     steps = logged_steps(''.join(lines) + rest)
     assert steps == list(range(14, steps[-1] + 1)) and checkpoint_step(train_dir) >= steps[-1]  # every step once
@@ -72,7 +72,7 @@ def test_a_clean_end_leaves_nothing_to_take_over_and_a_killed_trainers_lock_is_t
     train_dir = copy_run(tiny_run, tmp_path)  # with the lock file the shared run left when it ended normally
     stopped, lines = start_training(tiny_run, train_dir, '--max_steps=100000')
     stopped.send_signal(signal.SIGTERM)  # a clean stop too
-    rest, errors = stopped.communicate(timeout=TIMEOUT_SECS)
+    rest, errors = finish(stopped, TIMEOUT_SECS)
     assert stopped.returncode == 128 + signal.SIGTERM, errors[-3000:]
     killed, started = start_training(tiny_run, train_dir, '--max_steps=100000', '--save_checkpoint_steps=2')
     os.killpg(killed.pid, signal.SIGKILL)
@@ -276,9 +276,7 @@ def test_a_full_disk_stops_training_with_one_line_and_the_run_resumes_elsewhere(
 def test_a_read_only_train_dir_is_one_line(tiny_run, tmp_path):
     train_dir = copy_run(tiny_run, tmp_path)
     mounted = str(tmp_path / 'read_only')
-    _mount(mounted, '--bind', train_dir)
-    try:
-        subprocess.run(['mount', '-o', 'remount,ro,bind', mounted], check=True)
+    with read_only_bind_mount(train_dir, mounted):
         before = file_states(train_dir)
         refused = run_train(f'--data_dir={tiny_run.data_dir}', f'--train_dir={mounted}', '--max_steps=20')
         assert refused.returncode == 1
@@ -286,5 +284,3 @@ def test_a_read_only_train_dir_is_one_line(tiny_run, tmp_path):
             f'error: {mounted}: the file system is read-only (training could not start); make {mounted} writable, '
             f'or use another folder, then run the same command again')
         assert file_states(train_dir) == before
-    finally:
-        subprocess.run(['umount', mounted], check=True)

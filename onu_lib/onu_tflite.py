@@ -1,0 +1,177 @@
+"""TensorFlow Lite models of an exported ONU classifier, for phones and small boxes (the TFLite part of onu_export.py).
+
+    path = write_tflite(version_dir, 'int8', calibration)   # version_dir/model_int8.tflite, beside labels.txt
+
+Every format takes the same input and gives the same output, so an app swaps one for another unchanged:
+  input   uint8 [1, size, size, 3]: RGB resized to the model's size, as a camera gives them. The scaling to the
+          model's range is inside the model: it is the SavedModel's predict_pixels signature, converted.
+  output  float32 [1, num_classes]: the probabilities, in the order of labels.txt (one class name per line).
+The formats are TFLITE_FORMATS: one entry each, with what the converter is told. int8 is full-integer
+post-training quantization, calibrated on photos of the train split as eval preprocesses them
+(eval_pixels). A model file is written beside the SavedModel it was converted from, under a temporary name
+renamed when complete, so a .tflite in a version folder is always whole.
+
+A library module: explicit arguments only, no flags.
+"""
+import dataclasses
+import os
+import time
+from typing import Callable
+
+import numpy as np
+import tensorflow as tf
+
+from onu_lib import onu_checkpoint
+from onu_lib import onu_dataset
+from onu_lib import onu_serving
+import onu_input
+
+LABELS_FILENAME = 'labels.txt'  # one class name per line, line i = output i: the form TFLite image-classifier apps read
+DEFAULT_CALIBRATION_EXAMPLES = 300
+
+
+def _float32(converter, calibration):
+    """The weights as trained."""
+    del converter, calibration
+
+
+def _float16(converter, calibration):
+    """Weights stored as float16: half the size; computed in float32 on a CPU."""
+    del calibration
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    converter.target_spec.supported_types = [tf.float16]
+
+
+def _int8(converter, calibration):
+    """Weights and activations int8, their ranges calibrated on the pixels given; input uint8, output float32."""
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    converter.representative_dataset = lambda: ([pixels[np.newaxis]] for pixels in calibration)
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+
+
+@dataclasses.dataclass(frozen=True)
+class TFLiteFormat:
+    """One kind of .tflite file: its name (--tflite=NAME) and what the converter is told for it."""
+    name: str
+    configure: Callable  # (converter, calibration pixels or None)
+    calibrated: bool = False  # needs calibration pixels
+
+    @property
+    def filename(self):
+        return f'model_{self.name}.tflite'
+
+
+TFLITE_FORMATS = (
+    TFLiteFormat('float32', _float32),
+    TFLiteFormat('float16', _float16),
+    TFLiteFormat('int8', _int8, calibrated=True),
+)
+TFLITE_FORMAT_NAMES = tuple(entry.name for entry in TFLITE_FORMATS)
+
+
+def tflite_format(name):
+    """The TFLITE_FORMATS entry called name; ValueError for another name."""
+    for entry in TFLITE_FORMATS:
+        if entry.name == name:
+            return entry
+    raise ValueError(f'unknown TensorFlow Lite format {name!r}; choose one of {", ".join(TFLITE_FORMAT_NAMES)}')
+
+
+def tflite_path(version_dir, format_name):
+    """Where the .tflite of format_name converted from the SavedModel in version_dir goes."""
+    return os.path.join(version_dir, tflite_format(format_name).filename)
+
+
+def eval_pixels(info, image_size, num_examples):
+    """Returns (uint8 pixels [n, size, size, 3], labels [n]): up to num_examples examples spread evenly over a split, as
+    eval preprocesses them, rounded to pixels (what the model's input takes); DataError when the split has none."""
+    if not info.num_examples:
+        raise onu_dataset.DataError(f'{info.data_dir}: no {info.split} examples')
+    every = max(1, info.num_examples // num_examples)  # across the split, so every class is among them
+    with tf.Graph().as_default():
+        examples = onu_input.make_dataset(info, 32, image_size, training=False).unbatch()
+        examples = examples.shard(every, 0).take(num_examples).map(
+            lambda image, label: (onu_input.to_pixels(image), label)).batch(32)
+        batch = tf.compat.v1.data.make_one_shot_iterator(examples).get_next()
+        batches = []
+        with tf.compat.v1.Session() as session:
+            try:
+                while True:
+                    batches.append(session.run(batch))
+            except tf.errors.OutOfRangeError:
+                pass
+    return np.concatenate([pixels for pixels, _ in batches]), np.concatenate([labels for _, labels in batches])
+
+
+def _probabilities_function(version_dir, image_size):
+    """Returns (the SavedModel loaded, a concrete function: uint8 pixels [1, size, size, 3] -> probabilities)."""
+    loaded = tf.saved_model.load(version_dir, tags=onu_serving.SAVED_MODEL_TAGS)
+    signature = loaded.signatures.get(onu_serving.PIXELS_SIGNATURE)
+    if signature is None:
+        raise onu_dataset.DataError(
+            f'{version_dir}: no {onu_serving.PIXELS_SIGNATURE} signature (exported before it existed); export the '
+            f'checkpoint again into another --export_dir')
+
+    @tf.function(input_signature=[tf.TensorSpec([1, image_size, image_size, 3], tf.uint8,
+                                                name=onu_serving.PIXELS_INPUT)])
+    def probabilities(pixels):
+        outputs = signature(**{onu_serving.PIXELS_INPUT: pixels})
+        return {onu_serving.OUTPUT_PROBABILITIES: outputs[onu_serving.OUTPUT_PROBABILITIES]}
+    return loaded, probabilities.get_concrete_function()
+
+
+def convert(version_dir, format_name, image_size, calibration=None):
+    """Returns the bytes of the .tflite of the SavedModel in version_dir; DataError if the converter refuses it."""
+    entry = tflite_format(format_name)
+    if entry.calibrated and (calibration is None or not len(calibration)):
+        raise ValueError(f'--tflite={format_name} needs calibration pixels')
+    loaded, function = _probabilities_function(version_dir, image_size)
+    converter = tf.lite.TFLiteConverter.from_concrete_functions([function], loaded)
+    entry.configure(converter, calibration)
+    try:
+        return converter.convert()
+    except Exception as e:  # pylint: disable=broad-except  (the converter raises many kinds, all for the user)
+        raise onu_dataset.DataError(
+            f'{version_dir}: the TensorFlow Lite converter refused the model as {format_name} '
+            f'({onu_checkpoint.one_line(e)}); try another --tflite format') from None
+
+
+def _write_atomically(path, data):
+    """Writes data to path under a temporary name, renamed when complete."""
+    temp = f'{path}.tmp-{os.getpid()}'
+    try:
+        with open(temp, 'wb') as f:
+            f.write(data)
+        os.replace(temp, path)
+    except BaseException:
+        if os.path.exists(temp):
+            os.remove(temp)
+        raise
+
+
+def write_tflite(version_dir, format_name, run_config, calibration=None):
+    """Writes the .tflite of format_name and labels.txt into version_dir; returns its path. One existing is kept."""
+    path = tflite_path(version_dir, format_name)
+    if os.path.exists(path):
+        print(f'{path} already exists: left unchanged; delete it to convert again', flush=True)
+        return path
+    started = time.time()
+    model = convert(version_dir, format_name, run_config.image_size, calibration)
+    if read_labels(path) != list(run_config.class_names):  # the other formats' labels are the same file
+        labels = ''.join(f'{name}\n' for name in run_config.class_names)
+        _write_atomically(os.path.join(version_dir, LABELS_FILENAME), labels.encode('utf-8'))
+    _write_atomically(path, model)
+    calibrated = f', calibrated on {len(calibration)} train photos' if tflite_format(format_name).calibrated else ''
+    print(f'Wrote {path} ({format_name}{calibrated}, {len(model) / 2**20:.2f} MB, uint8 pixels '
+          f'{run_config.image_size}x{run_config.image_size} in, probabilities out) in {time.time() - started:.1f} s',
+          flush=True)
+    return path
+
+
+def read_labels(model_path):
+    """The class names in the labels.txt beside a .tflite, or None when there is none."""
+    try:
+        with open(os.path.join(os.path.dirname(model_path), LABELS_FILENAME), encoding='utf-8') as f:
+            return [line.rstrip('\n') for line in f if line.strip()]
+    except OSError:
+        return None

@@ -1,0 +1,193 @@
+"""Tests of onu_tflite and onu_export.py --tflite: the real converter and the LiteRT interpreter on conftest's tiny runs.
+
+tiny_tflite_of(model) is a copy of the model's newest export with a .tflite of every format, converted once per
+session; the script tests convert again only where the script's own path (calibration photos, errors) is the point.
+"""
+import os
+import shutil
+
+from ai_edge_litert.interpreter import Interpreter
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import TINY_RUN_STEPS, file_states, read_only_bind_mount, run_script, script_tested_models
+from test_onu_export import serve
+
+from onu_lib import onu_dataset
+from onu_lib import onu_serving
+from onu_lib import onu_tflite
+import onu_input
+
+FORMATS = onu_tflite.TFLITE_FORMAT_NAMES
+# How far each format's probabilities may be from the SavedModel's on the same pixels: float16 rounds the weights
+# (about 3 significant digits), int8 the weights and every activation (256 levels each).
+TOLERANCE = {'float32': 1e-5, 'float16': 5e-3, 'int8': 0.06}
+
+
+def interpreter(path):
+    """A LiteRT interpreter of the .tflite at path, tensors allocated, on one thread."""
+    model = Interpreter(model_path=path, num_threads=1)
+    model.allocate_tensors()
+    return model
+
+
+def run_tflite(path, pixels):
+    """Returns the probabilities [n, classes] of the .tflite at path for uint8 pixels [n, size, size, 3], one at a time."""
+    model = interpreter(path)
+    rows = []
+    for image in pixels:
+        model.set_tensor(model.get_input_details()[0]['index'], image[np.newaxis])
+        model.invoke()
+        rows.append(model.get_tensor(model.get_output_details()[0]['index'])[0])
+    return np.array(rows)
+
+
+def split_pixels(run, split):
+    """uint8 pixels of every example of a split of the run's data, as eval preprocesses them, in eval's order."""
+    info = onu_dataset.describe(run.data_dir).split(split, run.config.data_format)
+    return onu_tflite.eval_pixels(info, run.config.image_size, info.num_examples)[0]
+
+
+@pytest.mark.parametrize('model_name', script_tested_models())
+@pytest.mark.parametrize('format_name', FORMATS)
+def test_every_format_takes_uint8_pixels_and_gives_the_saved_models_probabilities(tiny_run_of, tiny_tflite_of,
+                                                                                 model_name, format_name):
+    run = tiny_run_of(model_name)
+    version_dir = tiny_tflite_of(model_name)
+    path = onu_tflite.tflite_path(version_dir, format_name)
+    model = interpreter(path)
+    size = run.config.image_size
+    (given,), (output,) = model.get_input_details(), model.get_output_details()
+    assert (given['dtype'], list(given['shape'])) == (np.uint8, [1, size, size, 3])
+    assert (output['dtype'], list(output['shape'])) == (np.float32, [1, 2])
+
+    pixels = split_pixels(run, 'val')
+    expected = serve(version_dir, onu_serving.PIXELS_SIGNATURE, pixels=pixels)['probabilities']
+    got = run_tflite(path, pixels)
+    np.testing.assert_allclose(got.sum(axis=1), 1, atol=1e-2)  # probabilities, not logits
+    np.testing.assert_allclose(got, expected, atol=TOLERANCE[format_name])
+    with open(os.path.join(version_dir, onu_tflite.LABELS_FILENAME), encoding='utf-8') as f:
+        assert f.read() == 'F603\nF663N\n'  # output i is line i
+
+
+@pytest.mark.parametrize('model_name', script_tested_models())
+def test_the_pixels_signature_scales_inside_as_eval_does(tiny_run_of, model_name):
+    run = tiny_run_of(model_name)
+    version_dir = os.path.join(run.export_dir, str(TINY_RUN_STEPS))
+    pixels = split_pixels(run, 'val')
+    from_pixels = serve(version_dir, onu_serving.PIXELS_SIGNATURE, pixels=pixels)
+    from_images = serve(version_dir, onu_serving.IMAGES_SIGNATURE,
+                        images=(pixels.astype(np.float32) / 255 * 2 - 1))  # README: 0 -> -1, 255 -> 1
+    np.testing.assert_allclose(from_pixels['probabilities'], from_images['probabilities'], atol=1e-5)
+    np.testing.assert_array_equal(from_pixels['class_names'], from_images['class_names'])
+
+
+@pytest.mark.parametrize('model_name', script_tested_models())
+def test_smaller_formats_are_smaller_and_int8_computes_in_integers(tiny_tflite_of, model_name):
+    version_dir = tiny_tflite_of(model_name)
+    sizes = {name: os.path.getsize(onu_tflite.tflite_path(version_dir, name)) for name in FORMATS}
+    assert sizes['float16'] <= 0.55 * sizes['float32']
+    assert sizes['int8'] <= 0.35 * sizes['float32']  # the issue's target for the weights' size
+    tensors = interpreter(onu_tflite.tflite_path(version_dir, 'int8')).get_tensor_details()
+    kinds = [tensor['dtype'] for tensor in tensors]
+    assert kinds.count(np.int8) >= 0.7 * len(kinds) and kinds.count(np.float32) <= 3  # pixels in, probabilities out
+
+
+def test_eval_pixels_are_eval_preprocessed_photos_spread_over_the_split(tiny_run):
+    info = onu_dataset.describe(tiny_run.data_dir).split('train', 'images')
+    size = tiny_run.config.image_size
+    pixels, labels = onu_tflite.eval_pixels(info, size, 8)  # 8 of 16 photos: every other one, both classes
+
+    assert pixels.shape == (8, size, size, 3) and pixels.dtype == np.uint8
+    decoded = [onu_input.to_pixels(onu_input.preprocess_for_eval(
+        onu_input.decode_image_bytes(tf.io.read_file(path)), size)).numpy() for path in info.files[::2]]
+    np.testing.assert_array_equal(pixels, decoded)
+    assert labels.tolist() == list(info.labels[::2]) and set(labels.tolist()) == {0, 1}
+
+
+def test_to_pixels_inverts_the_model_range():
+    pixels = np.arange(256, dtype=np.uint8).reshape(1, 16, 16, 1)
+    scaled = onu_input.pixels_to_model_range(pixels)
+    assert float(tf.reduce_min(scaled)) == -1.0 and float(tf.reduce_max(scaled)) == 1.0
+    np.testing.assert_array_equal(onu_input.to_pixels(scaled), pixels)
+
+
+@pytest.fixture
+def export_copy(tiny_run, tmp_path):
+    """A copy of the shared run's train_dir without its exports, whose export_dir is tmp_path/export."""
+    train_dir = str(tmp_path / 'train')
+    shutil.copytree(tiny_run.train_dir, train_dir, ignore=shutil.ignore_patterns('export'))
+    return train_dir
+
+
+@pytest.mark.script
+def test_export_script_writes_a_calibrated_int8_model_beside_the_saved_model(tiny_run, export_copy, tmp_path):
+    export_dir = str(tmp_path / 'export')
+    result = run_script('onu_export.py', f'--checkpoint_dir={export_copy}', f'--export_dir={export_dir}',
+                        '--tflite=int8', '--calibration_examples=4')
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr == ''  # the converter's own lines are dropped
+    version_dir = os.path.join(export_dir, str(TINY_RUN_STEPS))
+    path = os.path.join(version_dir, 'model_int8.tflite')
+    assert sorted(os.listdir(version_dir)) == ['assets.extra', 'labels.txt', 'model_int8.tflite', 'saved_model.pb',
+                                               'variables']
+    assert f'Wrote {path} (int8, calibrated on 4 train photos, ' in result.stdout
+    assert 'uint8 pixels 32x32 in, probabilities out' in result.stdout
+
+    # Another format for the same version: the SavedModel is kept, the new .tflite added.
+    before = file_states(version_dir)
+    again = run_script('onu_export.py', f'--checkpoint_dir={export_copy}', f'--export_dir={export_dir}',
+                       '--tflite=float16')
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert 'its SavedModel is left unchanged' in again.stdout
+    assert {name: state for name, state in file_states(version_dir).items() if name in before} == before
+    assert os.path.isfile(os.path.join(version_dir, 'model_float16.tflite'))
+
+
+@pytest.mark.script
+def test_int8_without_train_photos_is_one_line_and_writes_nothing(export_copy, tmp_path):
+    export_dir = str(tmp_path / 'export')
+    missing = str(tmp_path / 'moved_away')
+    result = run_script('onu_export.py', f'--checkpoint_dir={export_copy}', f'--export_dir={export_dir}',
+                        '--tflite=int8', f'--data_dir={missing}')
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        f'error: --tflite=int8 calibrates on photos of the train split, and there are none at hand ({missing}: data '
+        f'dir not found): pass --data_dir=<the training data>, or choose --tflite=float16 (no calibration)']
+    assert not os.path.exists(export_dir)
+
+
+@pytest.mark.script
+def test_a_read_only_export_folder_is_one_line(tiny_run, tmp_path):
+    version_dir = str(tmp_path / 'export' / str(TINY_RUN_STEPS))
+    shutil.copytree(os.path.join(tiny_run.export_dir, str(TINY_RUN_STEPS)), version_dir)
+    mounted = str(tmp_path / 'mounted')
+    with read_only_bind_mount(str(tmp_path / 'export'), mounted):
+        before = file_states(version_dir)
+        result = run_script('onu_export.py', f'--checkpoint_dir={tiny_run.train_dir}', f'--export_dir={mounted}',
+                            '--tflite=float32')
+        assert result.returncode == 1
+        assert result.stderr.splitlines() == [
+            f'error: {mounted}: the file system is read-only (exporting); make {mounted} writable, or use another '
+            f'folder, then run the same command again']
+        assert file_states(version_dir) == before
+
+
+def test_an_export_without_the_pixels_signature_is_one_line(tmp_path):
+    class Doubler(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.float32)])
+        def double(self, x):
+            return {'y': 2 * x}
+    module = Doubler()
+    old = str(tmp_path / 'old')
+    tf.saved_model.save(module, old, signatures={'serving_default': module.double})
+    with pytest.raises(onu_dataset.DataError) as error:
+        onu_tflite.convert(old, 'float32', 32)
+    assert str(error.value) == (f'{old}: no predict_pixels signature (exported before it existed); export the '
+                                f'checkpoint again into another --export_dir')
+
+
+def test_unknown_format_names_the_choices():
+    with pytest.raises(ValueError, match="unknown TensorFlow Lite format 'int4'; choose one of float32, float16, int8"):
+        onu_tflite.tflite_format('int4')
