@@ -145,7 +145,7 @@ def train():
     precision, role = onu_training.training_role(options)
     if role.is_ps:
         return role.serve()
-    run_config, train_data, resume_from = onu_training.begin_training_run(options, precision, role)
+    run_config, train_data, resume_from = onu_training.begin_training_run(options, precision, role, FLAGS.num_gpus)
     devices = tower_devices(FLAGS.num_gpus, len(tf.config.list_physical_devices('GPU')))
     if devices[0] == VARIABLE_DEVICE:
         print(f'{len(devices)} towers on the CPU (TensorFlow sees no GPU): this exercises the tower '

@@ -20,6 +20,7 @@ from onu_lib import onu_cluster
 from onu_lib import onu_data_service
 from onu_lib import onu_converter
 from onu_lib import onu_dataset
+from onu_lib import onu_hparams
 import onu_input
 import onu_model
 from onu_lib import onu_precision
@@ -435,8 +436,9 @@ class NanLossHook(tf.compat.v1.train.SessionRunHook):
     It raises instead of requesting a stop: a requested stop would save the broken weights.
     """
 
-    def __init__(self, loss, global_step, learning_rate):
+    def __init__(self, loss, global_step, learning_rate, session_dir=None):
         self._fetches = {'loss': loss, 'step': global_step, 'lr': learning_rate}
+        self._session_dir = session_dir  # the chief's train_dir: its HParams session ends as a failure
 
     def before_run(self, run_context):
         return tf.compat.v1.train.SessionRunArgs(self._fetches)
@@ -444,6 +446,8 @@ class NanLossHook(tf.compat.v1.train.SessionRunHook):
     def after_run(self, run_context, run_values):
         loss = float(run_values.results['loss'])
         if not math.isfinite(loss):
+            if self._session_dir:
+                onu_hparams.write_session_end(self._session_dir, 'failure')
             raise NanLossError(
                 f'loss is {loss} at step {int(run_values.results["step"]) + 1} with learning rate '
                 f'{float(run_values.results["lr"]):.3g}; the last finite checkpoint is kept; '
@@ -520,7 +524,7 @@ def training_hooks(options, run_config, role, scaffold, total_loss, global_step,
     """
     train_dir = options.train_dir
     hooks = [tf.compat.v1.train.StopAtStepHook(last_step=options.max_steps),
-             NanLossHook(total_loss, global_step, learning_rate)] + role.hooks()
+             NanLossHook(total_loss, global_step, learning_rate, train_dir if role.is_chief else None)] + role.hooks()
     if role.task is not None:
         hooks.append(RunCompleteHook(global_step, options.max_steps))
     if role.is_chief:
@@ -574,6 +578,8 @@ def finish(options, hooks, role):
         print(_complete_message(train_dir, complete, max_steps), flush=True)
     elif stop.received is None:
         print(f'Training stopped at step {max_steps}; checkpoints in {train_dir}', flush=True)
+        if role.is_chief:
+            onu_hparams.write_session_end(train_dir, 'success')
     elif role.is_chief:
         saved = onu_checkpoint.list_checkpoints(train_dir)[-1]
         print(f'Stopped by {signal.Signals(stop.received).name} at step {onu_checkpoint.listed_step(saved)}: '
@@ -631,7 +637,7 @@ def check_data_service(address):
         'no worker registered yet: training starts when one does') + '.', flush=True)
 
 
-def begin_training_run(options, precision, role):
+def begin_training_run(options, precision, role, towers=1):
     """Takes the train_dir (the chief), makes the data ready, checks and saves the run configuration.
 
     RunComplete when the run has reached max_steps already.
@@ -648,7 +654,10 @@ def begin_training_run(options, precision, role):
     info = data.split('train', data_format)
     run_config = training_run_config(options, precision, data, info)
     start_run(options.train_dir, run_config, role.is_chief)
-    return run_config, info, resume_point(options.train_dir, role.is_chief)
+    resume_from = resume_point(options.train_dir, role.is_chief)
+    if role.is_chief and resume_from is None:  # a resumed run keeps the session it started
+        onu_hparams.write_session_start(options.train_dir, options, run_config, towers * role.num_replicas)
+    return run_config, info, resume_from
 
 
 def learning_rate(options, global_step, run_config, examples_per_step):

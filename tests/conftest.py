@@ -483,6 +483,13 @@ class TensorBoardServer:
         """Returns the JSON answer of GET route?params."""
         return json.loads(self.get_bytes(route, **params))
 
+    def post_json(self, route, body):
+        """Returns the JSON answer of POST route with a JSON body (the HParams plugin's requests)."""
+        request = urllib.request.Request(self.url + route, data=json.dumps(body).encode(),
+                                         headers={'Content-Type': 'application/json'})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read())
+
     def wait_for_tags(self, plugin, run, tags, timeout=TENSORBOARD_TIMEOUT_SECS):
         """Returns {tag: metadata} of the run's plugin tags once it lists every one of tags."""
         deadline = time.monotonic() + timeout

@@ -22,6 +22,7 @@ from test_onu_train import checkpoint_step
 
 from onu_lib import onu_sample_data
 from onu_lib import onu_cluster
+from onu_lib import onu_hparams
 from onu_lib import onu_launch
 from onu_lib import onu_precision
 from onu_lib import onu_run_config
@@ -188,8 +189,10 @@ def test_launcher_trains_asynchronously_and_the_chief_checkpoint_evaluates(clust
     assert 'ps 0 stopped by itself (exit status 0).' in output
     assert_all_exited(int(pid) for pid in re.findall(r'started \w+ \d+ \(pid (\d+)\)', output))
     assert checkpoint_step(train_dir) >= 30
-    # The chief alone writes summaries and the run configuration.
-    assert len([name for name in os.listdir(train_dir) if name.startswith('events.out.tfevents')]) == 1
+    # The chief alone writes summaries, the HParams session and the run configuration.
+    assert len([name for name in os.listdir(train_dir)
+                if name.startswith('events.out.tfevents') and '.hparams-' not in name]) == 1
+    assert [kind for kind, _ in onu_hparams.session_events(train_dir)] == ['start', 'end']
     run_config = onu_run_config.RunConfig.load(train_dir)
     assert (run_config.flags['job_name'], run_config.flags['task_index']) == ('worker', 0)
 

@@ -1,0 +1,127 @@
+"""A training run's settings and results as a session of TensorBoard's HParams dashboard: one row per run.
+
+    write_session_start(train_dir, options, run_config, num_replicas)   # the chief, when a run starts afresh
+    write_session_end(train_dir, status)                                  # 'success' or 'failure'
+
+The settings are SETTINGS: one entry each, its name in the dashboard, its values (a fixed set where there is one, so
+the dashboard offers a filter) and how it is read from the run. The metrics are METRICS: ordinary scalars that the
+training run writes into its train_dir (group '') and that onu_eval.py writes into an eval_dir inside it
+(`RUN/eval`: group 'eval'); the plugin puts their latest values beside the settings. Every run writes the same
+experiment config (the declared settings and metrics), so runs of one --logdir share one table.
+
+A library module: explicit arguments only, no flags.
+"""
+import dataclasses
+import time
+from typing import Callable
+
+import tensorflow as tf
+from tensorboard.plugins.hparams import api_pb2
+from tensorboard.plugins.hparams import summary as hparams_summary
+from tensorboard.plugins.hparams import summary_v2 as hparams
+
+from onu_lib import onu_dataset
+import onu_input
+import onu_model
+
+EVAL_GROUP = 'eval'  # the metrics of an evaluator writing into RUN/eval
+STATUSES = {'success': api_pb2.STATUS_SUCCESS, 'failure': api_pb2.STATUS_FAILURE}
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One column of settings: its name, its values where they are a fixed set, and how a run gives its value."""
+    name: str
+    value: Callable  # (options, run_config, num_replicas) -> bool, number or string
+    choices: tuple = None
+
+
+SETTINGS = (
+    Setting('model', lambda o, r, n: r.model, tuple(onu_model.MODEL_NAMES)),
+    Setting('image_size', lambda o, r, n: r.image_size),
+    Setting('data_format', lambda o, r, n: r.data_format, tuple(onu_dataset.DATA_FORMATS)),
+    Setting('layout', lambda o, r, n: r.layout),
+    Setting('batch_size', lambda o, r, n: o.batch_size * n),  # examples per step, all towers or workers together
+    Setting('replicas', lambda o, r, n: n),  # towers or workers
+    Setting('learning_rate', lambda o, r, n: o.learning_rate or onu_model.model_spec(r.model).learning_rate),
+    Setting('learning_rate_schedule', lambda o, r, n: o.learning_rate_schedule),
+    Setting('optimizer', lambda o, r, n: o.optimizer),
+    Setting('precision', lambda o, r, n: r.compute_dtype),
+    Setting('xla', lambda o, r, n: bool(o.xla), (False, True)),
+    Setting('augmentations', lambda o, r, n: ','.join(name for name in onu_input.augmentation_names()
+                                                      if name in o.augmentations.names) or 'none'),
+    Setting('augment_on', lambda o, r, n: o.augment_on, tuple(onu_input.AUGMENT_PLACEMENTS)),
+    Setting('decoded_epoch_cache', lambda o, r, n: r.cache_decoded_epoch or 'off'),
+    Setting('data_service', lambda o, r, n: bool(o.data_service), (False, True)),
+    Setting('label_smoothing', lambda o, r, n: o.label_smoothing),
+    Setting('weight_decay', lambda o, r, n: o.weight_decay if o.weight_decay is not None
+            else onu_model.model_spec(r.model).weight_decay),
+    Setting('seed', lambda o, r, n: 'none' if o.seed is None else str(o.seed)),
+)
+
+# (group, tag, what it shows): the training run's own scalars, then the evaluator's in RUN/eval.
+METRICS = (
+    ('', 'examples/sec', 'training examples/sec'),
+    ('', 'input/wait_fraction', 'share of a step waiting for input'),
+    ('', 'input/work_ms_per_batch', 'input work, ms per batch'),
+    (EVAL_GROUP, 'Precision @ 1', 'eval precision @ 1'),
+    (EVAL_GROUP, 'Best precision @ 1', 'eval best precision @ 1 so far'),
+    (EVAL_GROUP, 'eval/loss', 'eval loss'),
+)
+
+
+def settings(options, run_config, num_replicas):
+    """{name: value} of a run's SETTINGS."""
+    return {setting.name: setting.value(options, run_config, num_replicas) for setting in SETTINGS}
+
+
+def experiment_config():
+    """The Summary declaring SETTINGS (with their fixed sets of values) and METRICS."""
+    return hparams.hparams_config_pb(
+        [hparams.HParam(setting.name, hparams.Discrete(list(setting.choices)) if setting.choices else None)
+         for setting in SETTINGS],
+        [hparams.Metric(tag, group=group, display_name=shown) for group, tag, shown in METRICS])
+
+
+def _write(train_dir, kind, *summaries):
+    """Writes summaries into an event file of their own in train_dir (TensorBoard reads every event file there).
+
+    kind names the file: a FileWriter's file name has the time in whole seconds, so two files written in the same
+    second under one name would be one, the second overwriting the first.
+    """
+    with tf.Graph().as_default():  # a v1 FileWriter needs graph mode; it writes no graph unless given one
+        writer = tf.compat.v1.summary.FileWriter(train_dir, filename_suffix=f'.hparams-{kind}')
+        for summary in summaries:  # TensorBoard builds its own copy of the Summary message: passed on as bytes
+            writer.add_summary(tf.compat.v1.Summary.FromString(summary.SerializeToString()))
+        writer.close()
+
+
+def write_session_start(train_dir, options, run_config, num_replicas):
+    """Writes the experiment config and this run's session start (its settings) into train_dir."""
+    _write(train_dir, 'start', experiment_config(),
+           hparams.hparams_pb(settings(options, run_config, num_replicas), start_time_secs=time.time()))
+
+
+def write_session_end(train_dir, status):
+    """Writes how the run's session ended: 'success' (at --max_steps) or 'failure' (NaN loss, a failed write)."""
+    _write(train_dir, 'end', hparams_summary.session_end_pb(STATUSES[status], end_time_secs=time.time()))
+
+
+def session_events(train_dir):
+    """[(kind, content)] of the HParams summaries in train_dir's event files, oldest file first: 'start' with the
+    settings {name: value}, 'end' with its status ('success' or 'failure')."""
+    from tensorboard.plugins.hparams import metadata  # pylint: disable=import-outside-toplevel
+    names = sorted(name for name in tf.io.gfile.listdir(train_dir) if '.hparams-' in name)
+    found = []
+    for name in names:
+        for event in tf.compat.v1.train.summary_iterator(f'{train_dir}/{name}'):
+            for value in event.summary.value:
+                content = value.metadata.plugin_data.content
+                if value.tag == metadata.SESSION_START_INFO_TAG:
+                    start = metadata.parse_session_start_info_plugin_data(content)
+                    found.append(('start', {key: getattr(hparam, hparam.WhichOneof('kind'))
+                                            for key, hparam in start.hparams.items()}))
+                elif value.tag == metadata.SESSION_END_INFO_TAG:
+                    status = metadata.parse_session_end_info_plugin_data(content).status
+                    found.append(('end', next(name for name, code in STATUSES.items() if code == status)))
+    return found

@@ -1,0 +1,89 @@
+"""Tests of onu_hparams: real training runs and evaluations under one logdir, read back through a real TensorBoard's
+HParams plugin (its HTTP API)."""
+import json
+import os
+import shutil
+
+import pytest
+
+from conftest import run_script
+
+from onu_lib import onu_hparams
+from onu_lib import onu_sample_data
+
+ALL_STATUSES = ['STATUS_UNKNOWN', 'STATUS_SUCCESS', 'STATUS_FAILURE', 'STATUS_RUNNING']
+TRAIN_FLAGS = ('--model=small', '--image_size=32', '--batch_size=4', '--seed=0', '--log_frequency=2')
+RUNS = {'images_input': ('--data_format=images', '--augment_on=input'),
+        'encoded_model': ('--data_format=encoded', '--augment_on=model')}
+
+
+@pytest.fixture(scope='module')
+def two_runs(tmp_path_factory):
+    """Two 4-step runs of the small model under one logdir, differing in --data_format and --augment_on, each evaluated
+    once into RUN/eval. Returns (logdir, {run name: results.jsonl record})."""
+    logdir = tmp_path_factory.mktemp('logdir')
+    data_dir = str(tmp_path_factory.mktemp('data'))
+    onu_sample_data.generate_dataset(data_dir, 8, 4, (96, 72), seed=0, processes=1)
+    results = {}
+    for name, flags in RUNS.items():
+        train_dir = str(logdir / name)
+        trained = run_script('onu_train.py', f'--data_dir={data_dir}', f'--train_dir={train_dir}', '--max_steps=4',
+                             *TRAIN_FLAGS, *flags)
+        assert trained.returncode == 0, trained.stderr[-3000:]
+        evaluated = run_script('onu_eval.py', f'--checkpoint_dir={train_dir}', f'--eval_dir={train_dir}/eval',
+                               '--run_once')
+        assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+        with open(os.path.join(train_dir, 'eval', 'results.jsonl'), encoding='utf-8') as f:
+            results[name] = json.loads(f.readline())
+        assert f'step 4, precision @ 1 = {results[name]["precision_at_1"]:.3f} ' in evaluated.stdout
+    return str(logdir), results
+
+
+def session_groups(server):
+    """The HParams plugin's rows: {run name: (hparams, {(group, tag): value}, status)}."""
+    answer = server.post_json('/data/plugin/hparams/session_groups', {
+        'experimentName': '', 'allowedStatuses': ALL_STATUSES, 'colParams': [], 'startIndex': 0, 'sliceSize': 100})
+    rows = {}
+    for group in answer['sessionGroups']:
+        (session,) = group['sessions']
+        metrics = {(value['name']['group'], value['name']['tag']): value['value'] for value in session['metricValues']}
+        rows[session['name']] = (group['hparams'], metrics, session['status'])
+    return rows
+
+
+@pytest.mark.script
+def test_two_runs_show_as_two_rows_with_their_settings_and_the_precision_eval_printed(two_runs, tensorboard_server):
+    logdir, results = two_runs
+    server = tensorboard_server(logdir=logdir)
+    server.wait_for_tags('scalars', 'encoded_model/eval', ['Precision @ 1'])
+    experiment = server.post_json('/data/plugin/hparams/experiment', {'experimentName': ''})
+    declared = {info['name']: info for info in experiment['hparamInfos']}
+    assert sorted(declared) == sorted(setting.name for setting in onu_hparams.SETTINGS)
+    assert sorted(declared['data_format']['domainDiscrete']) == ['encoded', 'images', 'raw']  # all, not those seen
+
+    rows = session_groups(server)
+    assert sorted(rows) == sorted(RUNS)
+    for name, (settings, metrics, status) in rows.items():
+        data_format, augment_on = (flag.split('=')[1] for flag in RUNS[name])
+        assert (settings['model'], settings['data_format'], settings['augment_on']) == ('small', data_format,
+                                                                                       augment_on)
+        assert (settings['image_size'], settings['batch_size'], settings['seed']) == (32, 4, '0')
+        assert metrics[('eval', 'Precision @ 1')] == pytest.approx(results[name]['precision_at_1'], abs=1e-6)
+        assert metrics[('eval', 'eval/loss')] == pytest.approx(results[name]['loss'], rel=1e-6)
+        assert metrics[('', 'examples/sec')] > 0
+        assert status == 'STATUS_SUCCESS'
+
+
+@pytest.mark.script
+def test_a_resumed_run_keeps_its_session_and_ends_it_once_more(two_runs, tmp_path):
+    logdir, _ = two_runs
+    train_dir = str(tmp_path / 'resumed')
+    shutil.copytree(os.path.join(logdir, 'images_input'), train_dir)
+    with open(os.path.join(train_dir, 'run_config.json'), encoding='utf-8') as f:
+        data_dir = json.load(f)['data_dir']
+    resumed = run_script('onu_train.py', f'--data_dir={data_dir}', f'--train_dir={train_dir}', '--max_steps=6',
+                         *TRAIN_FLAGS, *RUNS['images_input'])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    events = onu_hparams.session_events(train_dir)
+    assert [kind for kind, _ in events] == ['start', 'end', 'end'] and events[0][1]['data_format'] == 'images'
+    assert [status for kind, status in events if kind == 'end'] == ['success', 'success']
