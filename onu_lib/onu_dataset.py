@@ -322,10 +322,20 @@ def shard_filename(split, record_format, index, num_shards):
 
 def write_text_atomic(path, text):
     """Writes text to path through a temporary file and a rename, so readers never see half a file."""
+    write_bytes_atomic(path, text.encode('utf-8'))
+
+
+def write_bytes_atomic(path, data):
+    """Writes data to path through a temporary file and a rename; a failed write leaves no temporary file."""
     temp_path = f'{path}.tmp-{os.getpid()}'
-    with open(temp_path, 'w', encoding='utf-8') as f:
-        f.write(text)
-    os.replace(temp_path, path)
+    try:
+        with open(temp_path, 'wb') as f:
+            f.write(data)
+        os.replace(temp_path, path)
+    except BaseException:
+        if os.path.exists(temp_path):
+            os.remove(temp_path)
+        raise
 
 
 def write_labels(path, class_names):

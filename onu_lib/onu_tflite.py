@@ -136,19 +136,6 @@ def convert(version_dir, format_name, image_size, calibration=None):
             f'({onu_checkpoint.one_line(e)}); try another --tflite format') from None
 
 
-def _write_atomically(path, data):
-    """Writes data to path under a temporary name, renamed when complete."""
-    temp = f'{path}.tmp-{os.getpid()}'
-    try:
-        with open(temp, 'wb') as f:
-            f.write(data)
-        os.replace(temp, path)
-    except BaseException:
-        if os.path.exists(temp):
-            os.remove(temp)
-        raise
-
-
 def write_tflite(version_dir, format_name, run_config, calibration=None):
     """Writes the .tflite of format_name and labels.txt into version_dir; returns its path. One existing is kept."""
     path = tflite_path(version_dir, format_name)
@@ -159,8 +146,8 @@ def write_tflite(version_dir, format_name, run_config, calibration=None):
     model = convert(version_dir, format_name, run_config.image_size, calibration)
     if read_labels(path) != list(run_config.class_names):  # the other formats' labels are the same file
         labels = ''.join(f'{name}\n' for name in run_config.class_names)
-        _write_atomically(os.path.join(version_dir, LABELS_FILENAME), labels.encode('utf-8'))
-    _write_atomically(path, model)
+        onu_dataset.write_text_atomic(os.path.join(version_dir, LABELS_FILENAME), labels)
+    onu_dataset.write_bytes_atomic(path, model)
     calibrated = f', calibrated on {len(calibration)} train photos' if tflite_format(format_name).calibrated else ''
     print(f'Wrote {path} ({format_name}{calibrated}, {len(model) / 2**20:.2f} MB, uint8 pixels '
           f'{run_config.image_size}x{run_config.image_size} in, probabilities out) in {time.time() - started:.1f} s',
