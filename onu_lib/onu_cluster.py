@@ -436,4 +436,7 @@ class _ReleaseTokensAtEnd(tf.compat.v1.train.SessionRunHook):
         self._release_op = optimizer.get_init_tokens_op(num_tokens)
 
     def end(self, session):
-        session.run(self._release_op)
+        try:
+            session.run(self._release_op)
+        except tf.errors.CancelledError:  # the chief has stopped and closed the token queue: no one is waiting
+            pass
