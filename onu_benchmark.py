@@ -273,6 +273,8 @@ def run():
     print()
     print(benchmark_report.markdown_report(report))
     print(f'Wrote {paths["json"]}, {paths["md"]} and {paths["png"]}.')
+    print(f'The training rows as runs of TensorBoard\'s HParams tab, beside your own: '
+          f'tensorboard --logdir={paths["hparams"]}')
 
 
 def main(argv):

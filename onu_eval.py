@@ -42,6 +42,7 @@ from onu_lib import onu_checkpoint
 from onu_lib import onu_dataset
 from onu_lib import onu_eval_summaries
 from onu_lib import onu_flags
+from onu_lib import onu_hparams
 import onu_input
 import onu_model
 from onu_lib import onu_precision
@@ -51,9 +52,9 @@ from onu_lib import onu_serving
 
 DEFAULT_EVAL_DIR = '/tmp/onu_eval'
 RESULTS_FILENAME = 'results.jsonl'
-PRECISION_TAG = 'Precision @ 1'
-BEST_PRECISION_TAG = 'Best precision @ 1'  # the best so far on the same eval data, beside the current one
-LOSS_TAG = 'eval/loss'
+PRECISION_TAG = onu_hparams.PRECISION_TAG
+BEST_PRECISION_TAG = onu_hparams.BEST_PRECISION_TAG
+LOSS_TAG = onu_hparams.LOSS_TAG
 RECALL_TAG_PREFIX = 'eval/recall/'
 CONFUSION_MATRIX_TAG = 'eval/confusion_matrix'
 DEVICES = ('cpu', 'gpu')
@@ -365,7 +366,7 @@ def final_step(checkpoint_dir):
     return run_config and run_config.max_steps
 
 
-def describe(run_config, info, num_examples, eval_dir):
+def describe(run_config, info, num_examples, eval_dir, checkpoint_dir):
     """Prints what is evaluated, on which data (info: the eval split's), and where the results go."""
     eval_data = info.split
     count = f'all {info.num_examples}'
@@ -378,6 +379,10 @@ def describe(run_config, info, num_examples, eval_dir):
     print(f'Evaluating {run_config.model} at {size}x{size} on {count} {eval_data} examples '
           f'({run_config.data_format}) of {run_config.data_dir}; results in {eval_dir}',
           flush=True)
+    row_eval_dir = onu_hparams.row_eval_dir(checkpoint_dir)
+    if os.path.realpath(eval_dir) != os.path.realpath(row_eval_dir):
+        print(f'HParams tab: these figures join the row of {checkpoint_dir} only with --eval_dir={row_eval_dir}; '
+              f'from {eval_dir} they show as a run of their own.', flush=True)
 
 
 def wait_for_checkpoints(checkpoint_dir, done, interval_secs, timeout_secs):
@@ -490,7 +495,7 @@ def evaluate_checkpoints(writer, precision):
         if run_config is None:
             run_config, data = eval_run_config(checkpoint_dir)
             info = eval_data_info(run_config, eval_data, data)
-            describe(run_config, info, FLAGS.num_examples, FLAGS.eval_dir)
+            describe(run_config, info, FLAGS.num_examples, FLAGS.eval_dir, checkpoint_dir)
         path = pending[0]
         try:
             result = evaluate(path, run_config, info, FLAGS.batch_size, FLAGS.num_examples,

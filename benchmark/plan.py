@@ -30,6 +30,21 @@ LAYOUT_MODEL = 'small'
 # fraction does; and what tracing one step per log line (--log_frequency's default) costs the main job.
 WAIT_RANKED_WAYS = ('encoded', 'encoded_decoding', 'plain_tf_image')
 FEED_DICT_WAYS = ('serial_cv2', 'study_serial')  # fed before each step: no iterator wait to measure
+# Each training way as the HParams table's settings (onu_hparams.SETTINGS names) of a training run fed that way; the
+# baselines that are not onu_input pipelines say only what they read. The benchmark's photos fit in the decoded
+# epoch cache, so onu_input's default keeps it.
+TRAINING_WAY_SETTINGS = {
+    'images': {'data_format': 'images', 'augment_on': 'input', 'decoded_epoch_cache': 'on'},
+    'raw': {'data_format': 'raw', 'augment_on': 'input', 'decoded_epoch_cache': 'on'},
+    'encoded': {'data_format': 'encoded', 'augment_on': 'input', 'decoded_epoch_cache': 'on'},
+    'serial_cv2': {'data_format': 'images'},
+    'synthetic': {},
+    'encoded_decoding': {'data_format': 'encoded', 'augment_on': 'input', 'decoded_epoch_cache': 'off'},
+    'encoded_on_model': {'data_format': 'encoded', 'augment_on': 'model', 'decoded_epoch_cache': 'on'},
+    'plain_tf_image': {'data_format': 'images'},
+    'study_serial': {'data_format': 'images'},
+    'inception': {'data_format': 'encoded', 'layout': 'inception', 'augment_on': 'input', 'decoded_epoch_cache': 'on'},
+}
 WAIT_TRACE_EVERY = 10
 # Issue 24's: the main job's model trained, and the pipeline alone at the pipelines' size, with the pipeline here or
 # on one tf.data service worker (benchmark_measure.DATA_SERVICE_PLACEMENTS).

@@ -17,6 +17,7 @@ from benchmark import measure as benchmark_measure
 from benchmark import plan as benchmark_plan
 from benchmark import runner as benchmark_runner
 from onu_lib import onu_dataset
+from onu_lib import onu_hparams
 from onu_lib import onu_pool
 from onu_lib import onu_precision
 
@@ -730,16 +731,39 @@ def plot_report(report, path):
                               f'{", ".join(report["hardware"]["gpus"]) or "no GPU"}', path)
 
 
+# A training row's figures (benchmark_measure's names) -> the HParams table's training metrics.
+HPARAMS_METRICS = {'examples_per_sec': onu_hparams.EXAMPLES_PER_SEC_TAG, 'wait_fraction': onu_hparams.WAIT_FRACTION_TAG,
+                   'work_ms_per_batch': onu_hparams.WORK_TAG}
+
+
+def write_hparams_sessions(report, logdir):
+    """Writes each training row of the feeding-mode comparison as an HParams session, logdir/<way>-<model>; returns
+    how many."""
+    written = 0
+    for way, row in report.get('rows', {}).items():
+        for model_name, entry in row.get('training', {}).items():
+            settings = dict(benchmark_plan.TRAINING_WAY_SETTINGS[way], model=model_name,
+                            image_size=entry['image_size'], batch_size=entry['batch_size'], replicas=1,
+                            precision='float32')
+            metrics = {tag: entry[key] for key, tag in HPARAMS_METRICS.items() if key in entry}
+            onu_hparams.write_measured_session(os.path.join(logdir, f'{way}-{model_name}'), settings, metrics,
+                                               step=0)
+            written += 1
+    return written
+
+
 def write_outputs(report, output_dir):
-    """Writes <timestamp>.json, .md and .png to output_dir; returns their paths."""
+    """Writes <timestamp>.json, .md and .png to output_dir, and the training rows as HParams sessions under
+    <timestamp>-hparams/; returns their paths."""
     os.makedirs(output_dir, exist_ok=True)
     stem = os.path.join(output_dir, report['timestamp'])
-    paths = {'json': stem + '.json', 'md': stem + '.md', 'png': stem + '.png'}
+    paths = {'json': stem + '.json', 'md': stem + '.md', 'png': stem + '.png', 'hparams': stem + '-hparams'}
     with open(paths['json'], 'w', encoding='utf-8') as f:
         json.dump(report, f, indent=1)
         f.write('\n')
     with open(paths['md'], 'w', encoding='utf-8') as f:
         f.write(markdown_report(report))
     plot_report(report, paths['png'])
+    write_hparams_sessions(report, paths['hparams'])
     return paths
 

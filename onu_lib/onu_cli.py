@@ -10,7 +10,9 @@ process's stderr while TensorFlow loads and probes its devices. Real warnings (a
 damaged record, a precision fallback) are the scripts' own lines and always print. The data scripts
 never import TensorFlow, nor do their workers.
 """
+import atexit
 import contextlib
+import gc
 import os
 import re
 import sys
@@ -90,8 +92,18 @@ def native_lines_dropped(pattern):
             sys.stderr.flush()
 
 
+def skip_the_garbage_collection_at_exit():
+    """Skips Python's last garbage collection, which walks every TensorFlow object (a second a process).
+
+    What must be written is closed explicitly before a script ends; Python never promised to finalise the
+    objects that are still alive at exit.
+    """
+    atexit.register(gc.freeze)  # registered before TensorFlow's: runs after its exit handlers
+
+
 def import_tensorflow():
     """Imports TensorFlow and lets it probe its devices, its start-up lines dropped unless --verbose."""
+    skip_the_garbage_collection_at_exit()
     # Not skipped for a TF_CPP_MIN_LOG_LEVEL the user set: no level stops these lines (users set 2 to quiet
     # TensorFlow, and got the oneDNN, cudart and cuInit lines back). Their level governs what follows.
     if verbose_requested():

@@ -391,20 +391,21 @@ class SyncReplicas:
         if self._optimizer is None:
             raise ValueError('SyncReplicas.hooks() needs wrap() first')
         if self._task.is_chief:
-            return [_SyncChiefHook(self._optimizer, RELEASE_TOKENS_PER_WORKER * self.num_replicas)]
-        return [self._optimizer.make_session_run_hook(is_chief=False)]
+            start = _SyncChiefHook(self._optimizer)
+        else:
+            start = self._optimizer.make_session_run_hook(is_chief=False)
+        return [start, _ReleaseTokensAtEnd(self._optimizer, RELEASE_TOKENS_PER_WORKER * self.num_replicas)]
 
 
 class _SyncChiefHook(tf.compat.v1.train.SessionRunHook):
-    """The chief's side of SyncReplicasOptimizer, ending cleanly.
+    """The chief's side of SyncReplicasOptimizer, ending quietly.
 
     As SyncReplicasOptimizer's own chief hook, it initialises the step and the tokens and runs the
-    thread that applies each step's averaged gradients. At the end it hands out spare tokens so no
-    worker waits for a step that will not come, and its thread, cancelled while waiting for
-    gradients that will not come either, stops quietly instead of with a traceback.
+    thread that applies each step's averaged gradients; that thread, cancelled at the end while
+    waiting for gradients that will not come, stops quietly instead of with a traceback.
     """
 
-    def __init__(self, optimizer, num_release_tokens):
+    def __init__(self, optimizer):
         runner = optimizer.get_chief_queue_runner()
         self._runner = tf.compat.v1.train.QueueRunner(
             runner.queue, runner.enqueue_ops,
@@ -412,7 +413,6 @@ class _SyncChiefHook(tf.compat.v1.train.SessionRunHook):
         self._uninitialized = optimizer.ready_for_local_init_op  # the global variables not ready
         self._init_op = optimizer.chief_init_op
         self._init_tokens_op = optimizer.get_init_tokens_op()
-        self._release_op = optimizer.get_init_tokens_op(num_release_tokens)
 
     def after_create_session(self, session, coord):
         uninitialized = session.run(self._uninitialized)
@@ -423,5 +423,20 @@ class _SyncChiefHook(tf.compat.v1.train.SessionRunHook):
         session.run(self._init_tokens_op)
         self._runner.create_threads(session, coord=coord, daemon=True, start=True)
 
+
+class _ReleaseTokensAtEnd(tf.compat.v1.train.SessionRunHook):
+    """Hands out spare step tokens when this worker stops, chief or not.
+
+    A worker that stops leaves the others one gradient short for good: one of them may already
+    wait for the token of a step that will never be applied (a faster worker can run the last
+    steps alone, two batches a step, while the chief is busy between steps).
+    """
+
+    def __init__(self, optimizer, num_tokens):
+        self._release_op = optimizer.get_init_tokens_op(num_tokens)
+
     def end(self, session):
-        session.run(self._release_op)
+        try:
+            session.run(self._release_op)
+        except tf.errors.CancelledError:  # the chief has stopped and closed the token queue: no one is waiting
+            pass

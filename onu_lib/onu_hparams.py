@@ -2,6 +2,7 @@
 
     write_session_start(train_dir, options, run_config, num_replicas)   # the chief, when a run starts afresh
     write_session_end(train_dir, status)                                  # 'success' or 'failure'
+    write_measured_session(run_dir, settings, metrics, step)              # a benchmark row: settings and figures
 
 The settings are SETTINGS: one entry each, its name in the dashboard, its values (a fixed set where there is one, so
 the dashboard offers a filter) and how it is read from the run. The metrics are METRICS: ordinary scalars that the
@@ -12,6 +13,7 @@ experiment config (the declared settings and metrics), so runs of one --logdir s
 A library module: explicit arguments only, no flags.
 """
 import dataclasses
+import os
 import time
 from typing import Callable
 
@@ -59,15 +61,27 @@ SETTINGS = (
     Setting('seed', lambda o, r, n: 'none' if o.seed is None else str(o.seed)),
 )
 
+# The scalars of the table, written by onu_training (the trainer's log lines) and onu_eval.py.
+EXAMPLES_PER_SEC_TAG = 'examples/sec'
+WAIT_FRACTION_TAG = 'input/wait_fraction'
+WORK_TAG = 'input/work_ms_per_batch'
+PRECISION_TAG = 'Precision @ 1'
+BEST_PRECISION_TAG = 'Best precision @ 1'  # the best so far on the same eval data, beside the current one
+LOSS_TAG = 'eval/loss'
 # (group, tag, what it shows): the training run's own scalars, then the evaluator's in RUN/eval.
 METRICS = (
-    ('', 'examples/sec', 'training examples/sec'),
-    ('', 'input/wait_fraction', 'share of a step waiting for input'),
-    ('', 'input/work_ms_per_batch', 'input work, ms per batch'),
-    (EVAL_GROUP, 'Precision @ 1', 'eval precision @ 1'),
-    (EVAL_GROUP, 'Best precision @ 1', 'eval best precision @ 1 so far'),
-    (EVAL_GROUP, 'eval/loss', 'eval loss'),
+    ('', EXAMPLES_PER_SEC_TAG, 'training examples/sec'),
+    ('', WAIT_FRACTION_TAG, 'share of a step waiting for input'),
+    ('', WORK_TAG, 'input work, ms per batch'),
+    (EVAL_GROUP, PRECISION_TAG, 'eval precision @ 1'),
+    (EVAL_GROUP, BEST_PRECISION_TAG, 'eval best precision @ 1 so far'),
+    (EVAL_GROUP, LOSS_TAG, 'eval loss'),
 )
+
+
+def row_eval_dir(train_dir):
+    """The --eval_dir whose figures join train_dir's row (the METRICS of EVAL_GROUP): RUN/eval."""
+    return os.path.join(train_dir, EVAL_GROUP)
 
 
 def settings(options, run_config, num_replicas):
@@ -83,8 +97,9 @@ def experiment_config():
         [hparams.Metric(tag, group=group, display_name=shown) for group, tag, shown in METRICS])
 
 
-def _write(train_dir, kind, *summaries):
-    """Writes summaries into an event file of their own in train_dir (TensorBoard reads every event file there).
+def _write(train_dir, kind, *summaries, step=None):
+    """Writes summaries (at step, for scalars) into an event file of their own in train_dir (TensorBoard reads every
+    event file there).
 
     kind names the file: a FileWriter's file name has the time in whole seconds, so two files written in the same
     second under one name would be one, the second overwriting the first.
@@ -92,7 +107,7 @@ def _write(train_dir, kind, *summaries):
     with tf.Graph().as_default():  # a v1 FileWriter needs graph mode; it writes no graph unless given one
         writer = tf.compat.v1.summary.FileWriter(train_dir, filename_suffix=f'.hparams-{kind}')
         for summary in summaries:  # TensorBoard builds its own copy of the Summary message: passed on as bytes
-            writer.add_summary(tf.compat.v1.Summary.FromString(summary.SerializeToString()))
+            writer.add_summary(tf.compat.v1.Summary.FromString(summary.SerializeToString()), global_step=step)
         writer.close()
 
 
@@ -105,6 +120,19 @@ def write_session_start(train_dir, options, run_config, num_replicas):
 def write_session_end(train_dir, status):
     """Writes how the run's session ended: 'success' (at --max_steps) or 'failure' (NaN loss, a failed write)."""
     _write(train_dir, 'end', hparams_summary.session_end_pb(STATUSES[status], end_time_secs=time.time()))
+
+
+def write_measured_session(run_dir, settings, metrics, step):
+    """Writes a finished session into run_dir: settings {SETTINGS name: value} and the training metrics {tag: value}
+    measured at step (the benchmark's training rows, in the same table as the training runs)."""
+    unknown = ((set(settings) - {setting.name for setting in SETTINGS})
+               | (set(metrics) - {tag for group, tag, _ in METRICS if group == ''}))
+    if unknown:
+        raise ValueError(f'not a setting or training metric of the HParams table: {", ".join(sorted(unknown))}')
+    scalars = tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(tag=tag, simple_value=value)
+                                          for tag, value in metrics.items()])
+    _write(run_dir, 'measured', experiment_config(), hparams.hparams_pb(settings), scalars,
+           hparams_summary.session_end_pb(STATUSES['success']), step=step)
 
 
 def session_events(train_dir):
@@ -125,3 +153,4 @@ def session_events(train_dir):
                     status = metadata.parse_session_end_info_plugin_data(content).status
                     found.append(('end', next(name for name, code in STATUSES.items() if code == status)))
     return found
+

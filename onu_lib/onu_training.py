@@ -241,8 +241,8 @@ def add_training_summaries(logits, labels, end_points, total_loss, losses=None, 
 
 # The op a step waits in when its input pipeline has no batch ready (the iterator's get_next).
 INPUT_WAIT_OP = 'IteratorGetNext'
-WAIT_FRACTION_TAG = 'input/wait_fraction'
-WORK_TAG = 'input/work_ms_per_batch'
+WAIT_FRACTION_TAG = onu_hparams.WAIT_FRACTION_TAG
+WORK_TAG = onu_hparams.WORK_TAG
 
 
 def input_wait_seconds(run_metadata):
@@ -347,7 +347,7 @@ class LoggerHook(tf.compat.v1.train.SessionRunHook):
             return
         sec_per_batch = (now - self._last_time) / max(steps, 1)
         examples_per_sec = self._examples_per_step / sec_per_batch
-        input_text, scalars = '', {'examples/sec': examples_per_sec}
+        input_text, scalars = '', {onu_hparams.EXAMPLES_PER_SEC_TAG: examples_per_sec}
         if self._wait_fraction is not None:
             input_text = f'; {self._wait_fraction:.0%} waiting for input'
             scalars[WAIT_FRACTION_TAG] = self._wait_fraction

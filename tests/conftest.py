@@ -536,6 +536,164 @@ def tensorboard_server(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------
+# Headless Chromium
+#
+#   chromium_page(url) -> ChromiumPage (fixture factory; skips the test when chromium is not installed)
+#       a page of headless Chromium (`apt-get install chromium`; .ci/run installs it) driven through the DevTools
+#       protocol: page.text() is every text node, shadow roots included (Polymer dashboards keep their tables in
+#       them, which --dump-dom leaves out); page.wait_for_text(*words) polls until all show; page.screenshot(path).
+#   CHROMIUM_FLAGS  the flags of a quiet, offline headless Chromium.
+
+import base64  # noqa: E402
+import socket  # noqa: E402
+import struct  # noqa: E402
+
+CHROMIUM_FLAGS = ('--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+                  '--disable-background-networking', '--disable-component-update', '--disable-sync')
+DEVTOOLS_LINE = re.compile(r'DevTools listening on (ws://\S+)')
+# Every text node of the document, walking into shadow roots and same-origin frames.
+PAGE_TEXT_JS = """(() => { const out = []; const walk = (node) => {
+  if (node.nodeType === Node.TEXT_NODE) out.push(node.textContent);
+  if (node.shadowRoot) walk(node.shadowRoot);
+  if (node.tagName === 'IFRAME' && node.contentDocument) walk(node.contentDocument);
+  for (const child of node.childNodes) walk(child); };
+  walk(document); return out.join(' ').replace(/\\s+/g, ' '); })()"""
+
+
+class ChromiumPage:
+    """One headless Chromium showing url, driven through the DevTools protocol over a minimal WebSocket client."""
+
+    def __init__(self, chromium, url, user_data_dir, window_size=(1500, 900)):
+        self._process = subprocess.Popen(
+            [chromium, *CHROMIUM_FLAGS, '--remote-debugging-port=0', f'--user-data-dir={user_data_dir}',
+             f'--window-size={window_size[0]},{window_size[1]}', url],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        self._next_id = 0
+        browser_url = self._devtools_url()
+        port = urllib.parse.urlparse(browser_url).port
+        deadline = time.time() + TENSORBOARD_TIMEOUT_SECS
+        while True:
+            with urllib.request.urlopen(f'http://127.0.0.1:{port}/json/list', timeout=10) as response:
+                pages = [target for target in json.load(response) if target['type'] == 'page']
+            if pages or time.time() > deadline:
+                break
+            time.sleep(0.2)
+        self._socket = self._connect(pages[0]['webSocketDebuggerUrl'])
+
+    def _devtools_url(self):
+        """Returns the browser's DevTools address from the line Chromium prints on stderr."""
+        for line in self._process.stderr:
+            match = DEVTOOLS_LINE.search(line)
+            if match:
+                threading.Thread(target=self._process.stderr.read, daemon=True).start()  # keep the pipe drained
+                return match.group(1)
+        raise RuntimeError(f'chromium exited ({self._process.wait()}) without a DevTools address')
+
+    @staticmethod
+    def _connect(url):
+        """Opens a WebSocket (RFC 6455 handshake) to url; returns the socket."""
+        parts = urllib.parse.urlparse(url)
+        sock = socket.create_connection((parts.hostname, parts.port), timeout=60)
+        key = base64.b64encode(os.urandom(16)).decode()
+        sock.sendall(f'GET {parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\nUpgrade: websocket\r\n'
+                     f'Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n'
+                     .encode())
+        answer = b''
+        while b'\r\n\r\n' not in answer:
+            answer += sock.recv(4096)
+        if b' 101 ' not in answer.split(b'\r\n')[0]:
+            raise RuntimeError(f'DevTools refused the WebSocket: {answer[:200]!r}')
+        return sock
+
+    def _receive_exactly(self, count):
+        data = b''
+        while len(data) < count:
+            chunk = self._socket.recv(count - len(data))
+            if not chunk:
+                raise ConnectionError('DevTools closed the WebSocket')
+            data += chunk
+        return data
+
+    def _receive_message(self):
+        """Returns the next text message (its frames joined)."""
+        message = b''
+        while True:
+            first, second = self._receive_exactly(2)
+            length = second & 0x7F
+            if length == 126:
+                (length,) = struct.unpack('>H', self._receive_exactly(2))
+            elif length == 127:
+                (length,) = struct.unpack('>Q', self._receive_exactly(8))
+            message += self._receive_exactly(length)
+            if first & 0x80:  # FIN
+                return json.loads(message)
+
+    def call(self, method, **params):
+        """Sends a DevTools command and returns its result."""
+        self._next_id += 1
+        payload = json.dumps({'id': self._next_id, 'method': method, 'params': params}).encode()
+        mask = os.urandom(4)
+        length = len(payload)
+        header = bytes([0x81]) + (bytes([0x80 | length]) if length < 126 else
+                                  bytes([0x80 | 126]) + struct.pack('>H', length) if length < 65536 else
+                                  bytes([0x80 | 127]) + struct.pack('>Q', length))
+        self._socket.sendall(header + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload)))
+        while True:
+            message = self._receive_message()
+            if message.get('id') == self._next_id:
+                if 'error' in message:
+                    raise RuntimeError(f'{method}: {message["error"]}')
+                return message['result']
+
+    def text(self):
+        """Every text node of the page, shadow roots included, whitespace collapsed."""
+        return self.call('Runtime.evaluate', expression=PAGE_TEXT_JS, returnByValue=True)['result'].get('value', '')
+
+    def wait_for_text(self, *words, timeout=TENSORBOARD_TIMEOUT_SECS):
+        """Returns the page's text once every word shows in it; fails the test after timeout."""
+        deadline = time.time() + timeout
+        while True:
+            text = self.text()
+            if all(word in text for word in words) or time.time() > deadline:
+                break
+            time.sleep(0.5)
+        missing = [word for word in words if word not in text]
+        assert not missing, f'{missing} not on the page after {timeout} s: {text[-2000:]}'
+        return text
+
+    def screenshot(self, path):
+        """Writes what the page shows as a PNG."""
+        with open(path, 'wb') as f:
+            f.write(base64.b64decode(self.call('Page.captureScreenshot', format='png')['data']))
+
+    def close(self):
+        self._socket.close()
+        self._process.terminate()
+        try:
+            self._process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(self._process.pid, 9)
+            self._process.wait()
+
+
+@pytest.fixture
+def chromium_page(tmp_path):
+    """Factory: chromium_page(url) -> a ChromiumPage; every page is closed at teardown."""
+    chromium = shutil.which('chromium')
+    if chromium is None:
+        pytest.skip('chromium is not installed (apt-get install chromium; .ci/run installs it)')
+    pages = []
+
+    def open_page(url):
+        pages.append(ChromiumPage(chromium, url, str(tmp_path / f'chromium-{len(pages)}')))
+        return pages[-1]
+
+    yield open_page
+    for page in pages:
+        page.close()
+
+
+# ----------------------------------------------------------------------------------------------
 # Records as other tools write them, derived from each onu_layouts.RECORD_LAYOUTS entry (its file names, keys, label
 # base, names and counts files): a new layout is written, found and trained on by every test that takes `layout`.
 #

@@ -16,6 +16,7 @@ from benchmark import measure as benchmark_measure
 from benchmark import plan as benchmark_plan
 from benchmark import report as benchmark_report
 from onu_lib import onu_dataset
+from onu_lib import onu_hparams
 import onu_input
 
 PIPELINE_ROWS = ('images', 'raw', 'encoded', 'serial_cv2', 'keras_reader')
@@ -50,8 +51,9 @@ def run_quick_benchmark(data_dir, tmp_path):
                              f'--work_dir={tmp_path}', '--image_size=32', '--batch_size=4', '--model=small')
     done = subprocess.run(own_loopback(command), capture_output=True, text=True, timeout=600, cwd=REPO_ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
-    outputs = sorted(os.listdir(output_dir))
+    outputs = sorted(name for name in os.listdir(output_dir) if not name.endswith('-hparams'))
     assert [os.path.splitext(name)[1] for name in outputs] == ['.json', '.md', '.png']
+    assert os.path.isdir(output_dir / (os.path.splitext(outputs[0])[0] + '-hparams'))
     assert (output_dir / outputs[2]).read_bytes().startswith(b'\x89PNG')
     return (done, json.loads((output_dir / outputs[0]).read_text()), (output_dir / outputs[1]).read_text(),
             output_dir / outputs[2])
@@ -163,6 +165,31 @@ def test_quick_run_measures_every_row(make_tiny_dataset, tmp_path):
     assert 'serial cv2 loop + feed_dict' in markdown and '| issue | target | measured | verdict |' in markdown
     assert markdown in done.stdout  # the tables are also printed
     assert [name for name in os.listdir(tmp_path) if name.startswith('onu_benchmark-')] == []  # work folder removed
+
+    # Each training row as a finished HParams session, with its way's settings and the report's figures.
+    logdir = tmp_path / 'results' / f'{report["timestamp"]}-hparams'
+    assert f'tensorboard --logdir={logdir}' in done.stdout
+    assert sorted(os.listdir(logdir)) == sorted(f'{way}-small' for way, row in rows.items() if 'training' in row)
+    for way in ('encoded_on_model', 'serial_cv2'):
+        (start, settings), end = onu_hparams.session_events(str(logdir / f'{way}-small'))
+        assert (start, end) == ('start', ('end', 'success'))
+        assert settings == dict(benchmark_plan.TRAINING_WAY_SETTINGS[way], model='small', image_size=32, batch_size=4,
+                                replicas=1, precision='float32')
+        entry = rows[way]['training']['small']
+        scalars = {value.tag: value.simple_value for name in os.listdir(logdir / f'{way}-small')
+                   for event in tf.compat.v1.train.summary_iterator(str(logdir / f'{way}-small' / name))
+                   for value in event.summary.value if value.HasField('simple_value')}
+        assert scalars[onu_hparams.EXAMPLES_PER_SEC_TAG] == pytest.approx(entry['examples_per_sec'], rel=1e-6)
+        assert (onu_hparams.WAIT_FRACTION_TAG in scalars) == (way not in benchmark_plan.FEED_DICT_WAYS)
+
+
+def test_every_training_way_has_the_settings_of_a_training_run_fed_that_way():
+    ways = (benchmark_plan.TRAINING_WAYS + benchmark_plan.SMALL_MODEL_TRAINING_WAYS + benchmark_plan.LAYOUT_WAYS)
+    assert set(benchmark_plan.TRAINING_WAY_SETTINGS) == set(ways)
+    choices = {setting.name: setting.choices for setting in onu_hparams.SETTINGS}
+    for way, settings in benchmark_plan.TRAINING_WAY_SETTINGS.items():
+        for name, value in settings.items():
+            assert name in choices and (choices[name] is None or value in choices[name]), (way, name)
 
 
 def test_a_folder_of_records_is_measured_in_the_formats_it_holds(tmp_path):

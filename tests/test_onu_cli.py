@@ -55,8 +55,10 @@ def test_a_script_starts_quietly_whatever_the_users_log_level(tmp_path, level):
 
 
 # After start-up, TensorFlow's C++ WARNING that a dataset's cache was read in part: shown at levels 0 and 1 only.
+# Also: the garbage collection at exit is skipped (this handler, registered first, runs last).
 AFTER_START_UP = '''
-import sys
+import atexit, gc, sys
+atexit.register(lambda: print(f'frozen at exit: {gc.get_freeze_count() > 0}', file=sys.stderr, flush=True))
 from onu_lib import onu_cli
 tf = onu_cli.import_tensorflow()
 print('started', file=sys.stderr, flush=True)
@@ -73,6 +75,7 @@ def test_the_users_log_level_governs_what_tensorflow_logs_after_start_up(level, 
     start_up, after = result.stderr.split('started\n')
     assert start_up == ''
     assert (CACHE_WARNING in after) == shown
+    assert after.endswith('frozen at exit: True\n')
 
 
 @pytest.fixture

@@ -395,6 +395,9 @@ def test_a_restarted_evaluator_keeps_the_best_an_earlier_run_kept(tiny_run, tmp_
                        timeout=TIMEOUT_SECS)
     assert again.returncode == 0, again.stderr[-3000:]
     assert f'step {TINY_RUN_STEPS}, precision @ 1 = ' in again.stdout and 'New best' not in again.stdout
+    # An eval folder outside the run: its figures cannot reach the run's HParams row, and the evaluator says so.
+    assert (f'HParams tab: these figures join the row of {copy_dir} only with --eval_dir={copy_dir}/eval; from '
+            f'{eval_dir} they show as a run of their own.\n') in again.stdout
     assert onu_best.read_best(eval_dir)['step'] == 2
     summaries, _ = event_summaries(eval_dir)
     assert summaries[onu_eval.BEST_PRECISION_TAG, TINY_RUN_STEPS] == 1.0

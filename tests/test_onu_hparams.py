@@ -17,10 +17,17 @@ RUNS = {'images_input': ('--data_format=images', '--augment_on=input'),
         'encoded_model': ('--data_format=encoded', '--augment_on=model')}
 
 
+# A benchmark row (onu_benchmark.py writes one per training row), beside the runs.
+MEASURED_ROW = 'encoded_on_model-small'
+MEASURED_SETTINGS = {'model': 'small', 'image_size': 32, 'batch_size': 4, 'data_format': 'encoded',
+                     'augment_on': 'model'}
+MEASURED_METRICS = {onu_hparams.EXAMPLES_PER_SEC_TAG: 123.5, onu_hparams.WAIT_FRACTION_TAG: 0.25}
+
+
 @pytest.fixture(scope='module')
 def two_runs(tmp_path_factory):
     """Two 4-step runs of the small model under one logdir, differing in --data_format and --augment_on, each evaluated
-    once into RUN/eval. Returns (logdir, {run name: results.jsonl record})."""
+    once into RUN/eval, and a benchmark row (MEASURED_ROW). Returns (logdir, {run name: results.jsonl record})."""
     logdir = tmp_path_factory.mktemp('logdir')
     data_dir = str(tmp_path_factory.mktemp('data'))
     onu_sample_data.generate_dataset(data_dir, 8, 4, (96, 72), seed=0, processes=1)
@@ -36,6 +43,8 @@ def two_runs(tmp_path_factory):
         with open(os.path.join(train_dir, 'eval', 'results.jsonl'), encoding='utf-8') as f:
             results[name] = json.loads(f.readline())
         assert f'step 4, precision @ 1 = {results[name]["precision_at_1"]:.3f} ' in evaluated.stdout
+        assert 'HParams tab' not in evaluated.stdout  # RUN/eval: the figures join the run's row
+    onu_hparams.write_measured_session(str(logdir / MEASURED_ROW), MEASURED_SETTINGS, MEASURED_METRICS, step=0)
     return str(logdir), results
 
 
@@ -52,7 +61,8 @@ def session_groups(server):
 
 
 @pytest.mark.script
-def test_two_runs_show_as_two_rows_with_their_settings_and_the_precision_eval_printed(two_runs, tensorboard_server):
+def test_two_runs_show_as_two_rows_with_their_settings_and_the_precision_eval_printed(two_runs, tensorboard_server,
+                                                                                      chromium_page, tmp_path):
     logdir, results = two_runs
     server = tensorboard_server(logdir=logdir)
     server.wait_for_tags('scalars', 'encoded_model/eval', ['Precision @ 1'])
@@ -62,7 +72,12 @@ def test_two_runs_show_as_two_rows_with_their_settings_and_the_precision_eval_pr
     assert sorted(declared['data_format']['domainDiscrete']) == ['encoded', 'images', 'raw']  # all, not those seen
 
     rows = session_groups(server)
-    assert sorted(rows) == sorted(RUNS)
+    assert sorted(rows) == sorted([*RUNS, MEASURED_ROW])
+    # As the dashboard's table shows a number (JavaScript's toPrecision(5)): each row's training examples/sec.
+    shown_speeds = ['%#.5g' % metrics[('', onu_hparams.EXAMPLES_PER_SEC_TAG)] for _, metrics, _ in rows.values()]
+    settings, metrics, status = rows.pop(MEASURED_ROW)
+    assert (settings, metrics, status) == (MEASURED_SETTINGS, {('', tag): value for tag, value in
+                                                               MEASURED_METRICS.items()}, 'STATUS_SUCCESS')
     for name, (settings, metrics, status) in rows.items():
         data_format, augment_on = (flag.split('=')[1] for flag in RUNS[name])
         assert (settings['model'], settings['data_format'], settings['augment_on']) == ('small', data_format,
@@ -72,6 +87,14 @@ def test_two_runs_show_as_two_rows_with_their_settings_and_the_precision_eval_pr
         assert metrics[('eval', 'eval/loss')] == pytest.approx(results[name]['loss'], rel=1e-6)
         assert metrics[('', 'examples/sec')] > 0
         assert status == 'STATUS_SUCCESS'
+
+    # The dashboard itself, as a browser renders it: its table has a line for every row (named by a hash of its
+    # settings), with its settings and its speed.
+    page = chromium_page(f'{server.url}/#hparams')
+    text = page.wait_for_text('Trial ID', 'augment_on', 'data_format', 'training examples/sec', *shown_speeds)
+    assert ' input ' in text and ' model ' in text and ' images ' in text and ' encoded ' in text
+    page.screenshot(tmp_path / 'hparams.png')
+    assert (tmp_path / 'hparams.png').read_bytes().startswith(b'\x89PNG')
 
 
 @pytest.mark.script
@@ -87,3 +110,11 @@ def test_a_resumed_run_keeps_its_session_and_ends_it_once_more(two_runs, tmp_pat
     events = onu_hparams.session_events(train_dir)
     assert [kind for kind, _ in events] == ['start', 'end', 'end'] and events[0][1]['data_format'] == 'images'
     assert [status for kind, status in events if kind == 'end'] == ['success', 'success']
+
+
+def test_a_measured_session_takes_only_the_tables_settings_and_its_training_metrics(tmp_path):
+    with pytest.raises(ValueError, match='not a setting or training metric of the HParams table: Precision @ 1, '
+                                         'feeding'):
+        onu_hparams.write_measured_session(str(tmp_path), {'model': 'small', 'feeding': 'x'},
+                                           {onu_hparams.PRECISION_TAG: 1.0}, step=0)
+    assert os.listdir(tmp_path) == []
