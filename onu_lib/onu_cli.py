@@ -8,7 +8,9 @@ TensorFlow then calls import_tensorflow(): TensorFlow 2.21 writes its start-up l
 probing) through absl before any log level applies, so, whatever the level, they are dropped from the
 process's stderr while TensorFlow loads and probes its devices. Real warnings (a skipped photo, a
 damaged record, a precision fallback) are the scripts' own lines and always print. The data scripts
-never import TensorFlow, nor do their workers.
+never import TensorFlow, nor do their workers. import_tensorflow() also makes the start and the end quick: Keras's
+optional IPython and matplotlib imports are kept out while TensorFlow loads, and Python's last garbage collection
+is skipped at exit (together about 3 s of every script run).
 """
 import atexit
 import contextlib
@@ -37,6 +39,9 @@ HARMLESS_WARNING_MODULES = r'(tf_slim|tf_keras|tensorflow|keras)(\.|$)'
 HARMLESS_WARNING_MESSAGES = r'.*(deprecated|dtype argument)'
 # TensorFlow's C++ lines at start-up: INFO and WARNING lines, absl's note that logging is not
 # initialised yet, and the CUDA driver probe failing on a machine without a GPU.
+# Keras 3, which TensorFlow imports, imports these at start-up if it can, for notebook display and image galleries
+# that no script uses: 0.9 s of every script's start. Kept out while TensorFlow loads (Keras goes without them).
+KERAS_OPTIONAL_IMPORTS = ('IPython', 'matplotlib')
 NATIVE_START_UP_LINE = re.compile(r'([IW]\d{4} [\d:.]+ +\d+ \S+:\d+\] |'
                                   r'WARNING: All log messages before absl::InitializeLog\(\) |'
                                   r'E\d{4} .*\] failed call to cuInit: |'
@@ -92,6 +97,21 @@ def native_lines_dropped(pattern):
             sys.stderr.flush()
 
 
+@contextlib.contextmanager
+def keras_optional_imports_skipped():
+    """Within it, the packages of KERAS_OPTIONAL_IMPORTS not loaded yet cannot be imported; afterwards they import
+    as usual."""
+    skipped = [name for name in KERAS_OPTIONAL_IMPORTS if name not in sys.modules]
+    for name in skipped:
+        sys.modules[name] = None  # an import of it raises ImportError, which Keras catches
+    try:
+        yield
+    finally:
+        for name in skipped:
+            if sys.modules.get(name, 0) is None:
+                del sys.modules[name]
+
+
 def skip_the_garbage_collection_at_exit():
     """Skips Python's last garbage collection, which walks every TensorFlow object (a second a process).
 
@@ -107,9 +127,10 @@ def import_tensorflow():
     # Not skipped for a TF_CPP_MIN_LOG_LEVEL the user set: no level stops these lines (users set 2 to quiet
     # TensorFlow, and got the oneDNN, cudart and cuInit lines back). Their level governs what follows.
     if verbose_requested():
-        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+        with keras_optional_imports_skipped():
+            import tensorflow as tf  # pylint: disable=import-outside-toplevel
         return tf
-    with native_lines_dropped(NATIVE_START_UP_LINE):
+    with native_lines_dropped(NATIVE_START_UP_LINE), keras_optional_imports_skipped():
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
         tf.config.list_physical_devices('GPU')
         # oneDNN says once per process, at its first uint8 transpose, that it leaves uint8 to Eigen: an error-level
