@@ -32,7 +32,8 @@ import importlib, json, os, sys
 cpu = json.loads(sys.argv[2])
 if cpu is not None:
     os.sched_setaffinity(0, {{cpu}})  # before any thread starts, so that every thread inherits it
-from onu_lib import onu_cli  # first, as in every script: a quiet start
+from onu_lib import onu_cli  # first, as in every script: a quiet and quick start
+onu_cli.import_tensorflow()
 module = importlib.import_module(sys.argv[1])
 for line in sys.stdin:
     name, kwargs = json.loads(line)
