@@ -140,15 +140,6 @@ def check_same_split(checkpoint_dir):
             f'photos it trained on; leave --validation_percent out')
 
 
-def eval_data_info(run_config, eval_data, data=None):
-    """Returns the DatasetInfo of split eval_data read as the training run read its data (format, split, labels).
-
-    data: the run's onu_dataset.DataDir, if described already.
-    """
-    data = data or onu_dataset.describe(run_config.data_dir, run_config.validation_percent, run_config.labels_offset)
-    return data.split(eval_data, run_config.data_format)
-
-
 def check_class_names(run_config, info):
     """Returns the class names the model was trained on; DataError if the data labels others."""
     trained = run_config.class_names or tuple(info.class_names)
@@ -232,7 +223,7 @@ def evaluate(checkpoint_path, run_config, info, batch_size=32, num_examples=None
              allow_raw_weights=False, device='cpu', compute_dtype='float32', max_mistakes=DEFAULT_MAX_MISTAKES):
     """Evaluates one checkpoint on the examples of info, the eval split (each once); returns its EvalResult.
 
-    run_config: model, image_size, class_names, moving_average_decay; info: eval_data_info's.
+    run_config: model, image_size, class_names, moving_average_decay; info: run_config.split_info's.
     compute_dtype: a Precision's (bfloat16 or float16 rewrite the graph; variables stay float32).
     Raises onu_checkpoint.CheckpointGone when the checkpoint is deleted while it is read.
     """
@@ -494,7 +485,7 @@ def evaluate_checkpoints(writer, precision):
             return
         if run_config is None:
             run_config, data = eval_run_config(checkpoint_dir)
-            info = eval_data_info(run_config, eval_data, data)
+            info = run_config.split_info(eval_data, data=data)
             describe(run_config, info, FLAGS.num_examples, FLAGS.eval_dir, checkpoint_dir)
         path = pending[0]
         try:

@@ -48,8 +48,7 @@ def calibration(run_config):
     """The uint8 pixels of --calibration_examples train photos of the run's data; DataError when there are none."""
     data_dir = onu_flags.value_or_saved('data_dir', run_config)
     try:
-        data = onu_dataset.describe(data_dir, run_config.validation_percent, run_config.labels_offset)
-        info = data.split('train', run_config.data_format)
+        info = run_config.split_info('train', data_dir)
         pixels, _ = onu_tflite.eval_pixels(info, run_config.image_size, FLAGS.calibration_examples)
         return pixels
     except onu_dataset.DataError as e:

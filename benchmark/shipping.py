@@ -30,7 +30,6 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from benchmark import runner  # noqa: E402
-from onu_lib import onu_dataset  # noqa: E402
 from onu_lib import onu_run_config  # noqa: E402
 from onu_lib import onu_serving  # noqa: E402
 from onu_lib import onu_tflite  # noqa: E402
@@ -83,8 +82,7 @@ def exported(train_dir):
 
 def val_pixels(run_config):
     """(uint8 pixels [n, size, size, 3], labels [n]) of the whole val split as eval preprocesses it, rounded to pixels."""
-    info = onu_dataset.describe(run_config.data_dir, run_config.validation_percent,
-                                run_config.labels_offset).split('val', run_config.data_format)
+    info = run_config.split_info('val')
     return onu_tflite.eval_pixels(info, run_config.image_size, info.num_examples)
 
 

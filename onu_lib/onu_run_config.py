@@ -49,6 +49,12 @@ class RunConfig:
         """Returns the number of classes the model predicts."""
         return len(self.class_names)
 
+    def split_info(self, split, data_dir=None, data=None):
+        """Returns the onu_dataset.DatasetInfo of split read as this run reads its data (format, validation percent,
+        labels offset): of data_dir (default: the run's), or of data, its DataDir if described already."""
+        data = data or onu_dataset.describe(data_dir or self.data_dir, self.validation_percent, self.labels_offset)
+        return data.split(split, self.data_format)
+
     def replace(self, **changes):
         """Returns a copy with the named fields changed."""
         return dataclasses.replace(self, **changes)

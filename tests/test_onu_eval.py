@@ -212,7 +212,7 @@ def handmade_run_config(data_dir, data_format='encoded'):
 
 def test_eval_uses_the_moving_averages_not_the_raw_weights(handmade_checkpoints, tiny_data_dir):
     path = handmade_checkpoints['averaged']
-    result = onu_eval.evaluate(path, handmade_run_config(tiny_data_dir), onu_eval.eval_data_info(handmade_run_config(tiny_data_dir), 'val'), batch_size=3)
+    result = onu_eval.evaluate(path, handmade_run_config(tiny_data_dir), handmade_run_config(tiny_data_dir).split_info('val'), batch_size=3)
     with_shadows = reference_metrics(*reference_logits(path, tiny_data_dir, IMAGE_SIZE, shadows=True))
     with_raw = reference_metrics(*reference_logits(path, tiny_data_dir, IMAGE_SIZE, shadows=False))
     assert abs(with_raw[1] - with_shadows[1]) > 0.05  # the two weight sets really give different losses
@@ -226,11 +226,11 @@ def test_checkpoint_without_moving_averages_is_a_clear_error_unless_raw_weights_
     path = handmade_checkpoints['raw_only']
     config = handmade_run_config(tiny_data_dir)
     with pytest.raises(onu_dataset.DataError) as error:
-        onu_eval.evaluate(path, config, onu_eval.eval_data_info(config, 'val'), batch_size=3)
+        onu_eval.evaluate(path, config, config.split_info('val'), batch_size=3)
     message = str(error.value)
     assert path in message and '--allow_raw_weights' in message
     assert 'not found in checkpoint' not in message and '\n' not in message
-    result = onu_eval.evaluate(path, config, onu_eval.eval_data_info(config, 'val'), batch_size=3, allow_raw_weights=True)
+    result = onu_eval.evaluate(path, config, config.split_info('val'), batch_size=3, allow_raw_weights=True)
     assert result.weights == onu_checkpoint.WEIGHTS_RAW
     assert_matches(result, reference_metrics(*reference_logits(path, tiny_data_dir, IMAGE_SIZE, shadows=False)))
 
@@ -243,16 +243,16 @@ def test_every_example_is_counted_once_including_the_partial_final_batch(
     assert info.num_examples == sum(per_class) and info.num_examples % 3  # 3 does not divide it
     config = handmade_run_config(tiny_data_dir, data_format)
     path = handmade_checkpoints['averaged']
-    result = onu_eval.evaluate(path, config, onu_eval.eval_data_info(config, 'val'), batch_size=3)
+    result = onu_eval.evaluate(path, config, config.split_info('val'), batch_size=3)
     assert result.confusion.sum(axis=1).tolist() == per_class
 
 
 def test_num_examples_evaluates_the_first_examples_and_at_most_the_split(handmade_checkpoints, tiny_data_dir):
     config = handmade_run_config(tiny_data_dir)
     path = handmade_checkpoints['averaged']
-    first_two = onu_eval.evaluate(path, config, onu_eval.eval_data_info(config, 'val'), batch_size=3, num_examples=2)
+    first_two = onu_eval.evaluate(path, config, config.split_info('val'), batch_size=3, num_examples=2)
     assert first_two.confusion.sum(axis=1).tolist() == [2, 0]  # val is read in class order
-    everything = onu_eval.evaluate(path, config, onu_eval.eval_data_info(config, 'val'), batch_size=3, num_examples=99)
+    everything = onu_eval.evaluate(path, config, config.split_info('val'), batch_size=3, num_examples=99)
     assert everything.num_examples == onu_dataset.describe(tiny_data_dir).split('val', 'encoded').num_examples
 
 
@@ -262,7 +262,7 @@ def test_num_examples_that_cut_a_batch_average_the_loss_over_those_examples_only
     labels, logits = reference_logits(path, data_dir, IMAGE_SIZE, shadows=True)
     run_config = onu_run_config.RunConfig.load(train_dir)
     for num_examples in (3, 6):  # batches of 4: the first one cut, then the second
-        result = onu_eval.evaluate(path, run_config, onu_eval.eval_data_info(run_config, 'val'), batch_size=4, num_examples=num_examples)
+        result = onu_eval.evaluate(path, run_config, run_config.split_info('val'), batch_size=4, num_examples=num_examples)
         assert result.num_examples == num_examples
         assert_matches(result, reference_metrics(labels[:num_examples], logits[:num_examples]))
 
@@ -271,7 +271,7 @@ def test_num_examples_that_cut_a_batch_average_the_loss_over_those_examples_only
 def test_every_model_evaluates_as_a_numpy_computation_with_its_moving_averages(tiny_run_of, model_name):
     run = tiny_run_of(model_name)
     path = onu_checkpoint.list_checkpoints(run.train_dir)[-1]
-    result = onu_eval.evaluate(path, run.config, onu_eval.eval_data_info(run.config, 'val'), batch_size=3)
+    result = onu_eval.evaluate(path, run.config, run.config.split_info('val'), batch_size=3)
     assert result.weights == onu_checkpoint.WEIGHTS_AVERAGED
     assert result.num_examples == len(CLASS_NAMES) * 4  # tiny_run's 4 val photos per class
     assert_matches(result, reference_metrics(*reference_logits(path, run.data_dir, run.config.image_size,
@@ -281,7 +281,7 @@ def test_every_model_evaluates_as_a_numpy_computation_with_its_moving_averages(t
 def test_data_with_other_classes_than_the_training_run_is_a_clear_error(handmade_checkpoints, tiny_data_dir):
     config = handmade_run_config(tiny_data_dir).replace(class_names=['F603', 'F670L'])
     with pytest.raises(onu_dataset.DataError, match='trained on F603, F670L'):
-        onu_eval.evaluate(handmade_checkpoints['averaged'], config, onu_eval.eval_data_info(config, 'val'))
+        onu_eval.evaluate(handmade_checkpoints['averaged'], config, config.split_info('val'))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -477,7 +477,7 @@ def test_mistakes_name_exactly_the_files_the_model_gets_wrong(handmade_checkpoin
     assert 0 < len(wrong) < len(names)  # the handmade model gets some right and some wrong
     most_confident = sorted(wrong, key=lambda index: -probabilities[index, predicted[index]])
 
-    result = onu_eval.evaluate(path, handmade_run_config(tiny_data_dir, data_format), onu_eval.eval_data_info(handmade_run_config(tiny_data_dir, data_format), 'val'), batch_size=3,
+    result = onu_eval.evaluate(path, handmade_run_config(tiny_data_dir, data_format), handmade_run_config(tiny_data_dir, data_format).split_info('val'), batch_size=3,
                                max_mistakes=len(wrong) - 1 or 1)
     assert result.predictions.filenames == names
     assert result.predictions.misclassified() == [names[index] for index in wrong]
@@ -500,10 +500,10 @@ def test_mistakes_kept_batch_by_batch_are_those_of_one_batch(handmade_checkpoint
     data_dir = str(tmp_path / 'data')
     onu_sample_data.generate_dataset(data_dir, 1, 12, TINY_IMAGE_SIZE, seed=3, processes=1)
     path, run_config = handmade_checkpoints['averaged'], handmade_run_config(data_dir, 'images')
-    whole = onu_eval.evaluate(path, run_config, onu_eval.eval_data_info(run_config, 'val'), batch_size=64, max_mistakes=100).predictions.mistakes
+    whole = onu_eval.evaluate(path, run_config, run_config.split_info('val'), batch_size=64, max_mistakes=100).predictions.mistakes
     assert len(whole) >= 3
     for batch_size, max_mistakes in ((1, 2), (2, len(whole) - 1), (3, 100)):
-        kept = onu_eval.evaluate(path, run_config, onu_eval.eval_data_info(run_config, 'val'), batch_size=batch_size,
+        kept = onu_eval.evaluate(path, run_config, run_config.split_info('val'), batch_size=batch_size,
                                  max_mistakes=max_mistakes).predictions.mistakes
         assert [mistake.filename for mistake in kept] == [mistake.filename for mistake in whole][:max_mistakes]
         for mine, reference in zip(kept, whole):
@@ -530,7 +530,7 @@ def test_worst_mistakes_of_a_stream_rank_as_all_at_once():
 
 
 def test_max_mistakes_zero_writes_no_grid_but_still_lists_the_mistakes(handmade_checkpoints, tiny_data_dir):
-    result = onu_eval.evaluate(handmade_checkpoints['averaged'], handmade_run_config(tiny_data_dir), onu_eval.eval_data_info(handmade_run_config(tiny_data_dir), 'val'),
+    result = onu_eval.evaluate(handmade_checkpoints['averaged'], handmade_run_config(tiny_data_dir), handmade_run_config(tiny_data_dir).split_info('val'),
                                batch_size=3, max_mistakes=0)
     assert result.predictions.mistakes == [] and result.predictions.misclassified()
     tags = {value.tag for value in onu_eval.result_summary(result, result.precision_at_1).value}

@@ -315,7 +315,7 @@ def test_each_layout_trains_and_evaluates_every_val_example_once(layout, tmp_pat
     # Evaluated as onu_eval.py does, from the run's configuration alone (the script's own run: test_onu_eval.py).
     run_config = onu_run_config.RunConfig.load(train_dir)
     result = onu_eval.evaluate(onu_checkpoint.list_checkpoints(train_dir)[-1], run_config,
-                               onu_eval.eval_data_info(run_config, 'val'), batch_size=4)
+                               run_config.split_info('val'), batch_size=4)
     assert result.num_examples == 6 and tuple(result.class_names) == layout_class_names(layout)
     assert result.confusion.sum(axis=1).tolist() == [2, 2, 2]  # every val example, its class
 
