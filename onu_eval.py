@@ -52,9 +52,6 @@ from onu_lib import onu_serving
 
 DEFAULT_EVAL_DIR = '/tmp/onu_eval'
 RESULTS_FILENAME = 'results.jsonl'
-PRECISION_TAG = onu_hparams.PRECISION_TAG
-BEST_PRECISION_TAG = onu_hparams.BEST_PRECISION_TAG
-LOSS_TAG = onu_hparams.LOSS_TAG
 RECALL_TAG_PREFIX = 'eval/recall/'
 CONFUSION_MATRIX_TAG = 'eval/confusion_matrix'
 DEVICES = ('cpu', 'gpu')
@@ -266,9 +263,9 @@ def result_summary(result, best_precision):
     """Returns the Summary proto of an EvalResult: precision (and the best so far), loss, recall per class,
     confusion matrix."""
     value = tf.compat.v1.Summary.Value
-    values = [value(tag=PRECISION_TAG, simple_value=result.precision_at_1),
-              value(tag=BEST_PRECISION_TAG, simple_value=best_precision),
-              value(tag=LOSS_TAG, simple_value=result.loss)]
+    values = [value(tag=onu_hparams.PRECISION_TAG, simple_value=result.precision_at_1),
+              value(tag=onu_hparams.BEST_PRECISION_TAG, simple_value=best_precision),
+              value(tag=onu_hparams.LOSS_TAG, simple_value=result.loss)]
     values += [value(tag=RECALL_TAG_PREFIX + name, simple_value=recall)
                for name, recall in result.recall().items() if recall is not None]
     text_plugin = tf.compat.v1.SummaryMetadata(

@@ -737,19 +737,14 @@ HPARAMS_METRICS = {'examples_per_sec': onu_hparams.EXAMPLES_PER_SEC_TAG, 'wait_f
 
 
 def write_hparams_sessions(report, logdir):
-    """Writes each training row of the feeding-mode comparison as an HParams session, logdir/<way>-<model>; returns
-    how many."""
-    written = 0
+    """Writes each training row of the feeding-mode comparison as an HParams session, logdir/<way>-<model>."""
     for way, row in report.get('rows', {}).items():
         for model_name, entry in row.get('training', {}).items():
             settings = dict(benchmark_plan.TRAINING_WAY_SETTINGS[way], model=model_name,
                             image_size=entry['image_size'], batch_size=entry['batch_size'], replicas=1,
                             precision='float32')
             metrics = {tag: entry[key] for key, tag in HPARAMS_METRICS.items() if key in entry}
-            onu_hparams.write_measured_session(os.path.join(logdir, f'{way}-{model_name}'), settings, metrics,
-                                               step=0)
-            written += 1
-    return written
+            onu_hparams.write_measured_session(os.path.join(logdir, f'{way}-{model_name}'), settings, metrics)
 
 
 def write_outputs(report, output_dir):

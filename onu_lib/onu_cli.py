@@ -37,11 +37,11 @@ USER_SET_TF_LOG_LEVEL = TF_LOG_LEVEL_ENV in os.environ and SET_BY_ONU_ENV not in
 # TensorFlow's own logger is set to errors in run_script).
 HARMLESS_WARNING_MODULES = r'(tf_slim|tf_keras|tensorflow|keras)(\.|$)'
 HARMLESS_WARNING_MESSAGES = r'.*(deprecated|dtype argument)'
-# TensorFlow's C++ lines at start-up: INFO and WARNING lines, absl's note that logging is not
-# initialised yet, and the CUDA driver probe failing on a machine without a GPU.
 # Keras 3, which TensorFlow imports, imports these at start-up if it can, for notebook display and image galleries
 # that no script uses: 0.9 s of every script's start. Kept out while TensorFlow loads (Keras goes without them).
 KERAS_OPTIONAL_IMPORTS = ('IPython', 'matplotlib')
+# TensorFlow's C++ lines at start-up: INFO and WARNING lines, absl's note that logging is not
+# initialised yet, and the CUDA driver probe failing on a machine without a GPU.
 NATIVE_START_UP_LINE = re.compile(r'([IW]\d{4} [\d:.]+ +\d+ \S+:\d+\] |'
                                   r'WARNING: All log messages before absl::InitializeLog\(\) |'
                                   r'E\d{4} .*\] failed call to cuInit: |'

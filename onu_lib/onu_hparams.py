@@ -2,7 +2,7 @@
 
     write_session_start(train_dir, options, run_config, num_replicas)   # the chief, when a run starts afresh
     write_session_end(train_dir, status)                                  # 'success' or 'failure'
-    write_measured_session(run_dir, settings, metrics, step)              # a benchmark row: settings and figures
+    write_measured_session(run_dir, settings, metrics)                    # a benchmark row: settings and figures
 
 The settings are SETTINGS: one entry each, its name in the dashboard, its values (a fixed set where there is one, so
 the dashboard offers a filter) and how it is read from the run. The metrics are METRICS: ordinary scalars that the
@@ -19,6 +19,7 @@ from typing import Callable
 
 import tensorflow as tf
 from tensorboard.plugins.hparams import api_pb2
+from tensorboard.plugins.hparams import metadata
 from tensorboard.plugins.hparams import summary as hparams_summary
 from tensorboard.plugins.hparams import summary_v2 as hparams
 
@@ -97,9 +98,8 @@ def experiment_config():
         [hparams.Metric(tag, group=group, display_name=shown) for group, tag, shown in METRICS])
 
 
-def _write(train_dir, kind, *summaries, step=None):
-    """Writes summaries (at step, for scalars) into an event file of their own in train_dir (TensorBoard reads every
-    event file there).
+def _write(train_dir, kind, *summaries):
+    """Writes summaries into an event file of their own in train_dir (TensorBoard reads every event file there).
 
     kind names the file: a FileWriter's file name has the time in whole seconds, so two files written in the same
     second under one name would be one, the second overwriting the first.
@@ -107,7 +107,7 @@ def _write(train_dir, kind, *summaries, step=None):
     with tf.Graph().as_default():  # a v1 FileWriter needs graph mode; it writes no graph unless given one
         writer = tf.compat.v1.summary.FileWriter(train_dir, filename_suffix=f'.hparams-{kind}')
         for summary in summaries:  # TensorBoard builds its own copy of the Summary message: passed on as bytes
-            writer.add_summary(tf.compat.v1.Summary.FromString(summary.SerializeToString()), global_step=step)
+            writer.add_summary(tf.compat.v1.Summary.FromString(summary.SerializeToString()))
         writer.close()
 
 
@@ -122,9 +122,9 @@ def write_session_end(train_dir, status):
     _write(train_dir, 'end', hparams_summary.session_end_pb(STATUSES[status], end_time_secs=time.time()))
 
 
-def write_measured_session(run_dir, settings, metrics, step):
+def write_measured_session(run_dir, settings, metrics):
     """Writes a finished session into run_dir: settings {SETTINGS name: value} and the training metrics {tag: value}
-    measured at step (the benchmark's training rows, in the same table as the training runs)."""
+    measured (the benchmark's training rows, in the same table as the training runs)."""
     unknown = ((set(settings) - {setting.name for setting in SETTINGS})
                | (set(metrics) - {tag for group, tag, _ in METRICS if group == ''}))
     if unknown:
@@ -132,13 +132,12 @@ def write_measured_session(run_dir, settings, metrics, step):
     scalars = tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(tag=tag, simple_value=value)
                                           for tag, value in metrics.items()])
     _write(run_dir, 'measured', experiment_config(), hparams.hparams_pb(settings), scalars,
-           hparams_summary.session_end_pb(STATUSES['success']), step=step)
+           hparams_summary.session_end_pb(STATUSES['success']))
 
 
 def session_events(train_dir):
     """[(kind, content)] of the HParams summaries in train_dir's event files, oldest file first: 'start' with the
     settings {name: value}, 'end' with its status ('success' or 'failure')."""
-    from tensorboard.plugins.hparams import metadata  # pylint: disable=import-outside-toplevel
     names = sorted(name for name in tf.io.gfile.listdir(train_dir) if '.hparams-' in name)
     found = []
     for name in names:

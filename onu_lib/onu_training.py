@@ -241,8 +241,6 @@ def add_training_summaries(logits, labels, end_points, total_loss, losses=None, 
 
 # The op a step waits in when its input pipeline has no batch ready (the iterator's get_next).
 INPUT_WAIT_OP = 'IteratorGetNext'
-WAIT_FRACTION_TAG = onu_hparams.WAIT_FRACTION_TAG
-WORK_TAG = onu_hparams.WORK_TAG
 
 
 def input_wait_seconds(run_metadata):
@@ -350,12 +348,12 @@ class LoggerHook(tf.compat.v1.train.SessionRunHook):
         input_text, scalars = '', {onu_hparams.EXAMPLES_PER_SEC_TAG: examples_per_sec}
         if self._wait_fraction is not None:
             input_text = f'; {self._wait_fraction:.0%} waiting for input'
-            scalars[WAIT_FRACTION_TAG] = self._wait_fraction
+            scalars[onu_hparams.WAIT_FRACTION_TAG] = self._wait_fraction
             self._wait_fraction = None
         if self._work_per_batch is not None:
             self.work_per_batch.append(self._work_per_batch)
             input_text += f'; input work {1000 * self._work_per_batch:.0f} ms per batch'
-            scalars[WORK_TAG] = 1000 * self._work_per_batch
+            scalars[onu_hparams.WORK_TAG] = 1000 * self._work_per_batch
             self._work_per_batch = None
         print(f'{datetime.now()}: step {step}, loss = {loss:.4f} '
               f'({examples_per_sec:.1f} examples/sec; {sec_per_batch:.3f} sec/batch{input_text})', flush=True)

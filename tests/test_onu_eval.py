@@ -20,6 +20,7 @@ from onu_lib import onu_checkpoint
 from onu_lib import onu_dataset
 import onu_eval
 from onu_lib import onu_eval_summaries
+from onu_lib import onu_hparams
 import onu_input
 import onu_model
 from onu_lib import onu_run_config
@@ -332,10 +333,10 @@ def test_summaries_are_written_at_each_checkpoints_global_step(polled_run):
     assert plugins['pr_curves/F603'] == plugins['pr_curves/F663N'] == 'pr_curves'
     for entry in read_results(eval_dir):
         step = entry['step']
-        assert summaries[onu_eval.PRECISION_TAG, step] == pytest.approx(entry['precision_at_1'])
+        assert summaries[onu_hparams.PRECISION_TAG, step] == pytest.approx(entry['precision_at_1'])
         best_so_far = max(earlier['precision_at_1'] for earlier in read_results(eval_dir) if earlier['step'] <= step)
-        assert summaries[onu_eval.BEST_PRECISION_TAG, step] == pytest.approx(best_so_far)
-        assert summaries[onu_eval.LOSS_TAG, step] == pytest.approx(entry['loss'])
+        assert summaries[onu_hparams.BEST_PRECISION_TAG, step] == pytest.approx(best_so_far)
+        assert summaries[onu_hparams.LOSS_TAG, step] == pytest.approx(entry['loss'])
         for name, recall in entry['per_class_recall'].items():
             assert summaries[onu_eval.RECALL_TAG_PREFIX + name, step] == pytest.approx(recall)
         table = summaries[onu_eval.CONFUSION_MATRIX_TAG, step]
@@ -400,7 +401,7 @@ def test_a_restarted_evaluator_keeps_the_best_an_earlier_run_kept(tiny_run, tmp_
             f'{eval_dir} they show as a run of their own.\n') in again.stdout
     assert onu_best.read_best(eval_dir)['step'] == 2
     summaries, _ = event_summaries(eval_dir)
-    assert summaries[onu_eval.BEST_PRECISION_TAG, TINY_RUN_STEPS] == 1.0
+    assert summaries[onu_hparams.BEST_PRECISION_TAG, TINY_RUN_STEPS] == 1.0
 
 
 def test_checkpoint_deleted_while_read_is_skipped_for_the_newest(tiny_run, tmp_path):

@@ -44,7 +44,7 @@ def two_runs(tmp_path_factory):
             results[name] = json.loads(f.readline())
         assert f'step 4, precision @ 1 = {results[name]["precision_at_1"]:.3f} ' in evaluated.stdout
         assert 'HParams tab' not in evaluated.stdout  # RUN/eval: the figures join the run's row
-    onu_hparams.write_measured_session(str(logdir / MEASURED_ROW), MEASURED_SETTINGS, MEASURED_METRICS, step=0)
+    onu_hparams.write_measured_session(str(logdir / MEASURED_ROW), MEASURED_SETTINGS, MEASURED_METRICS)
     return str(logdir), results
 
 
@@ -116,5 +116,5 @@ def test_a_measured_session_takes_only_the_tables_settings_and_its_training_metr
     with pytest.raises(ValueError, match='not a setting or training metric of the HParams table: Precision @ 1, '
                                          'feeding'):
         onu_hparams.write_measured_session(str(tmp_path), {'model': 'small', 'feeding': 'x'},
-                                           {onu_hparams.PRECISION_TAG: 1.0}, step=0)
+                                           {onu_hparams.PRECISION_TAG: 1.0})
     assert os.listdir(tmp_path) == []

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import (REPO_ROOT, TINY_RUN_NOTES, TINY_RUN_STEPS, copy_train_dir, run_on_a_terminal, run_script,
-                      script_command, script_tested_models)
+from conftest import (CHROMIUM_FLAGS, REPO_ROOT, TINY_RUN_NOTES, TINY_RUN_STEPS, copy_train_dir, run_on_a_terminal,
+                      run_script, script_command, script_tested_models)
 
 from onu_lib import onu_dataset
 from onu_lib import onu_flags
@@ -536,9 +536,8 @@ def test_the_input_pipeline_analyzer_renders_in_a_headless_browser(starved_and_c
     run = server.get_json('/data/plugin/profile/runs')[0]
     page = (f'{server.url}/data/plugin/profile/index.html?tool=input_pipeline_analyzer&run={run}&host='
             f'{server.get_json("/data/plugin/profile/hosts", run=run, tag="input_pipeline_analyzer")[0]["hostname"]}')
-    dom = subprocess.run([chromium, '--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-                          '--disable-background-networking', '--disable-component-update', '--disable-sync',
-                          f'--user-data-dir={tmp_path / "chromium"}', '--virtual-time-budget=25000', '--dump-dom', page],
+    dom = subprocess.run([chromium, *CHROMIUM_FLAGS, f'--user-data-dir={tmp_path / "chromium"}',
+                          '--virtual-time-budget=25000', '--dump-dom', page],
                          capture_output=True, text=True, timeout=120)
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert 'Summary of input-pipeline analysis' in dom.stdout
