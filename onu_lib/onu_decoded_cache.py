@@ -27,6 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from onu_lib import onu_dataset
+from onu_lib import onu_run_folder
 from onu_lib import onu_tfrecord
 import onu_input
 
@@ -107,24 +108,13 @@ def cache_folder(root, info, image_size, reduced_decode):
     return os.path.join(root, f'{name}-{info.split}-{image_size}-{key}')
 
 
-def _is_running(pid):
-    """True if a process with this pid runs on this machine."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def remove_abandoned(folder):
     """Removes what killed processes left of folder's cache (NAME.partial-PID of a PID no longer running)."""
     parent, name = os.path.split(folder)
     for entry in os.listdir(parent) if os.path.isdir(parent) else ():
         if entry.startswith(name + PARTIAL):
             pid = entry[len(name + PARTIAL):]
-            if not pid.isdigit() or not _is_running(int(pid)):
+            if not pid.isdigit() or not onu_run_folder.process_alive(int(pid)):
                 shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
 
 
