@@ -46,7 +46,6 @@ from benchmark import runner as benchmark_runner
 from onu_lib import onu_dataset
 from onu_lib import onu_flags
 from onu_lib import onu_pool
-import onu_input
 import onu_model
 
 FLAGS = flags.FLAGS
@@ -242,7 +241,7 @@ def benchmark(settings, work_dir):
             benchmark_plan.conversion_tasks(data_dir, work_dir, paths, settings.repeats, converter)
             + benchmark_plan.counting_tasks(settings, work_dir)
             + benchmark_plan.pipeline_tasks(settings, data_dir, info_of, one_core)
-            + benchmark_plan.augmentation_tasks(settings, data_dir, info_of)
+            + benchmark_plan.augmentation_tasks(settings, data_dir, info_of, work_dir)
             + benchmark_plan.training_tasks(settings, info_of)
             + benchmark_plan.step_profile_tasks(settings, info_of)
             + benchmark_plan.data_service_tasks(settings, info_of, work_dir))

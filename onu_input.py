@@ -602,9 +602,9 @@ def decoded_epoch_bytes(num_examples, image_size):
     return num_examples * image_size * image_size * 3
 
 
-def uses_decoded_cache(info, image_size, cache=None):
-    """Returns whether training keeps the decoded epoch in memory: cache, or (None) when it fits DECODED_CACHE_BYTES."""
-    return decoded_epoch_bytes(info.num_examples, image_size) <= DECODED_CACHE_BYTES if cache is None else bool(cache)
+def uses_decoded_cache(info, image_size):
+    """Returns whether training keeps the decoded epoch in memory when not told: when it fits DECODED_CACHE_BYTES."""
+    return decoded_epoch_bytes(info.num_examples, image_size) <= DECODED_CACHE_BYTES
 
 
 def _cache_fill_progress(num_examples):
@@ -623,22 +623,33 @@ def _cache_fill_progress(num_examples):
     return tick
 
 
-def _training_examples(info, image_size, seed, deterministic, cache, reduced_decode, cache_progress=False):
-    """Returns an endless shuffled dataset of (uint8 [size, size, 3] image, label) for training.
-
-    cache: decode one epoch, keep it in memory and reshuffle it every epoch, instead of reading and
-    decoding every epoch (the epoch is the shuffle buffer, so the first batch waits for all of it;
-    cache_progress: show that on a progress bar). reduced_decode: decode JPEGs at a reduced DCT scale
-    (decode_image_bytes).
-    """
-    repeat = not cache
+def _decoded_examples(info, image_size, seed, deterministic, reduced_decode, repeat):
+    """Returns shuffled (uint8 [size, size, 3] image, label) training examples decoded from info: one epoch, or
+    endless (repeat)."""
     at_least = image_size if reduced_decode else None
     if info.data_format == 'images':
         examples = _decoded_files(info, True, seed, at_least=at_least, repeat=repeat)
     else:
         examples = _decoded_records(info, True, seed, deterministic, at_least=at_least, repeat=repeat)
-    examples = examples.map(lambda image, label, name: (resize_for_training(image, image_size), label),
-                            num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+    return examples.map(lambda image, label, name: (resize_for_training(image, image_size), label),
+                        num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+
+
+def _training_examples(info, image_size, seed, deterministic, cache, reduced_decode, cache_progress=False):
+    """Returns an endless shuffled dataset of (uint8 [size, size, 3] image, label) for training.
+
+    cache: True decodes one epoch, keeps it in memory and reshuffles it every epoch, instead of reading and
+    decoding every epoch (the epoch is the shuffle buffer, so the first batch waits for all of it;
+    cache_progress: show that on a progress bar); an onu_decoded_cache.DiskCache writes the first epoch to local
+    disk while training on it and reads the later ones back. reduced_decode: decode JPEGs at a reduced DCT scale
+    (decode_image_bytes).
+    """
+    if cache is not True and cache:  # on disk: the first epoch written, later ones read back (decoded if it fails)
+        later_seed = None if seed is None else seed + 1  # a failed cache's next epochs: not the first one's order
+        return cache.training_examples(
+            _decoded_examples(info, image_size, seed, deterministic, reduced_decode, repeat=False),
+            _decoded_examples(info, image_size, later_seed, deterministic, reduced_decode, repeat=True))
+    examples = _decoded_examples(info, image_size, seed, deterministic, reduced_decode, repeat=not cache)
     if cache:
         if cache_progress:  # before the cache: each example passes here once, while the first epoch is decoded
             tick = _cache_fill_progress(info.num_examples)
@@ -663,14 +674,14 @@ def make_dataset(info, batch_size, image_size, training, augment=True, seed=None
     training: shuffle, repeat forever, drop the final partial batch, and give each image its
     augmentation draws. With augment_on='input' the batches are augmented here: (images, labels);
     with 'model' they are (uint8 images, labels, draws) for augment_batch on the model's device.
-    cache: keep the decoded epoch in memory (None: uses_decoded_cache decides; cache_progress: a progress
-    bar while the first epoch is decoded). reduced_decode: decode JPEGs
-    at a reduced DCT scale: cheaper, but the pixels differ from eval's (see README).
+    cache: keep the decoded epoch in memory (True; None: uses_decoded_cache decides; cache_progress: a progress
+    bar while the first epoch is decoded), or on disk (an onu_decoded_cache.DiskCache), or not (False).
+    reduced_decode: decode JPEGs at a reduced DCT scale: cheaper, but the pixels differ from eval's (see README).
     Otherwise read each example once in order, eval preprocessing, keep the partial batch;
     with_filenames: (images, labels, file names relative to the data dir).
     seed: makes the order and the augmentations reproducible. data_service: grpc://HOST:PORT of a tf.data service
     whose workers make the training batches (_service_batches; service_job: its job's name, None for this
-    trainer's own); cache must not be True then. num_epochs: the service's epochs (None: endless, as training).
+    trainer's own); no cache then. num_epochs: the service's epochs (None: endless, as training).
     """
     if batch_size < 1 or image_size < 1:
         raise ValueError(f'batch_size={batch_size} and image_size={image_size} must be positive')
@@ -692,7 +703,8 @@ def make_dataset(info, batch_size, image_size, training, augment=True, seed=None
             raise ValueError('the decoded-epoch cache is local: not with a tf.data service')
         return _service_batches(info, batch_size, image_size, seed, reduced_decode, AugmentOptions.of(augment),
                                 augment_on, data_service, service_job, num_epochs)
-    cache = uses_decoded_cache(info, image_size, cache)
+    if cache is None:
+        cache = uses_decoded_cache(info, image_size)
     batches = _training_examples(info, image_size, seed, deterministic, cache, reduced_decode,
                                  cache_progress).batch(batch_size, drop_remainder=True)
     options = AugmentOptions.of(augment)

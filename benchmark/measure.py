@@ -28,6 +28,7 @@ import tensorflow as tf
 from benchmark import baselines as benchmark_baselines
 from onu_lib import onu_data_service
 from onu_lib import onu_dataset
+from onu_lib import onu_decoded_cache
 from onu_lib import onu_pool
 import onu_input
 from onu_lib import onu_launch
@@ -219,6 +220,27 @@ def measure_pipeline(info, batch_size, image_size, augment, warmup, batches, cac
             fetch = fetch + tf.cast(tf.reduce_max(augmented) > 1.0, tf.int32)  # never true: adds 0
         with _session() as sess:
             return _time_runs(sess, fetch, warmup, batches)
+
+
+def measure_cache_mode(data_dir, data_format, batch_size, image_size, mode, cache_root, batches):
+    """The training pipeline of data_dir's train split with the decoded epoch kept as mode says (memory, disk under
+    cache_root, or off), in a fresh process: its first epoch's seconds, then images/sec and CPU after a second epoch
+    (the disk cache's first read) and a few batches more, and the process's peak resident memory."""
+    info = onu_dataset.describe(data_dir).split('train', data_format)
+    cache = {'memory': True, 'off': False}.get(mode)
+    if mode == 'disk':
+        cache = onu_decoded_cache.DiskCache.open(cache_root, info, image_size, False, seed=0)
+    with tf.Graph().as_default():
+        with tf.device(onu_input.PIPELINE_DEVICE):
+            dataset = onu_input.make_dataset(info, batch_size, image_size, training=True, cache=cache, seed=0)
+            fetch = _consumed(*tf.compat.v1.data.make_one_shot_iterator(dataset).get_next())
+        with _session() as sess:
+            epoch_batches = info.num_examples // batch_size
+            first = _time_runs(sess, fetch, 0, epoch_batches)
+            result = _time_runs(sess, fetch, epoch_batches + 5, batches)
+    return dict(result, cpu_ms_per_image=cpu_ms_per_image(result), first_epoch_seconds=first['seconds'],
+                peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                epoch_mb=onu_input.decoded_epoch_bytes(info.num_examples, image_size) / 2**20)
 
 
 def measure_plain_tf_image(info, batch_size, image_size, warmup, batches):

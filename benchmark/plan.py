@@ -11,6 +11,7 @@ import shutil
 from benchmark import measure as benchmark_measure
 from benchmark.runner import Task
 from onu_lib import onu_dataset
+from onu_lib import onu_decoded_cache
 from onu_lib import onu_pool
 import onu_model
 
@@ -34,16 +35,16 @@ FEED_DICT_WAYS = ('serial_cv2', 'study_serial')  # fed before each step: no iter
 # baselines that are not onu_input pipelines say only what they read. The benchmark's photos fit in the decoded
 # epoch cache, so onu_input's default keeps it.
 TRAINING_WAY_SETTINGS = {
-    'images': {'data_format': 'images', 'augment_on': 'input', 'decoded_epoch_cache': 'on'},
-    'raw': {'data_format': 'raw', 'augment_on': 'input', 'decoded_epoch_cache': 'on'},
-    'encoded': {'data_format': 'encoded', 'augment_on': 'input', 'decoded_epoch_cache': 'on'},
+    'images': {'data_format': 'images', 'augment_on': 'input', 'decoded_epoch_cache': 'memory'},
+    'raw': {'data_format': 'raw', 'augment_on': 'input', 'decoded_epoch_cache': 'memory'},
+    'encoded': {'data_format': 'encoded', 'augment_on': 'input', 'decoded_epoch_cache': 'memory'},
     'serial_cv2': {'data_format': 'images'},
     'synthetic': {},
     'encoded_decoding': {'data_format': 'encoded', 'augment_on': 'input', 'decoded_epoch_cache': 'off'},
-    'encoded_on_model': {'data_format': 'encoded', 'augment_on': 'model', 'decoded_epoch_cache': 'on'},
+    'encoded_on_model': {'data_format': 'encoded', 'augment_on': 'model', 'decoded_epoch_cache': 'memory'},
     'plain_tf_image': {'data_format': 'images'},
     'study_serial': {'data_format': 'images'},
-    'inception': {'data_format': 'encoded', 'layout': 'inception', 'augment_on': 'input', 'decoded_epoch_cache': 'on'},
+    'inception': {'data_format': 'encoded', 'layout': 'inception', 'augment_on': 'input', 'decoded_epoch_cache': 'memory'},
 }
 WAIT_TRACE_EVERY = 10
 # Issue 24's: the main job's model trained, and the pipeline alone at the pipelines' size, with the pipeline here or
@@ -54,10 +55,10 @@ DATA_SERVICE_MODEL = 'small'
 GPU_IMAGES_PER_SEC = 800
 DATA_SERVICE_MIN_WARMUP = 10   # steps or batches
 DATA_SERVICE_MIN_WINDOW = 20
-# variant -> what feeds: onu_input's default (decoded epoch cached), onu_input decoding every image
-# exactly or at a reduced DCT scale, onu_input with augmentation placed on the model, and the plain
-# tf.image pipeline.
-AUGMENTATION_VARIANTS = ('cached', 'decoding', 'reduced_decode', 'on_model', 'plain_tf_image')
+# variant -> what feeds: onu_input's default (decoded epoch cached in memory), the decoded epoch cached on local
+# disk, onu_input decoding every image exactly or at a reduced DCT scale, onu_input with augmentation placed on the
+# model, and the plain tf.image pipeline.
+AUGMENTATION_VARIANTS = ('cached', 'disk', 'decoding', 'reduced_decode', 'on_model', 'plain_tf_image')
 KERAS_WAYS = ('keras_layers', 'keras_reader')
 KERAS_AUGMENTATION = {'keras_layers': ' by Keras layers', 'keras_reader': ' by onu_input'}
 PIPELINE_WAYS = ('encoded', 'raw', 'images', 'serial_cv2') + KERAS_WAYS  # in table and plot order
@@ -214,10 +215,23 @@ def pipeline_tasks(settings, data_dir, info_of, one_core):
     return tasks
 
 
-def _augmentation_run(info_of, way, variant, batch, size, warmup, batches):
-    """Returns the () -> result of one training preprocessing measurement: way read as variant says."""
+def _disk_cache(info, size, cache_root):
+    """Returns the onu_decoded_cache.DiskCache of info at size under cache_root: written by the first measurement's
+    first epoch, read by the others."""
+    cache = onu_decoded_cache.DiskCache.open(cache_root, info, size, False, seed=0)
+    if cache is None:
+        raise RuntimeError(f'{cache_root}: no room for the decoded epoch of {info.data_dir} at {size} (--work_dir)')
+    return cache
+
+
+def _augmentation_run(info_of, way, variant, batch, size, warmup, batches, cache_root):
+    """Returns the () -> result of one training preprocessing measurement: way read as variant says (the disk cache
+    under cache_root)."""
     if variant == 'plain_tf_image':
         return lambda: benchmark_measure.measure_plain_tf_image(info_of(way), batch, size, warmup, batches)
+    if variant == 'disk':
+        return lambda: benchmark_measure.measure_pipeline(info_of(way), batch, size, True, warmup, batches,
+                                                          cache=_disk_cache(info_of(way), size, cache_root))
     return lambda: benchmark_measure.measure_pipeline(
         info_of(way), batch, size, True, warmup, batches,
         cache=False if variant in ('decoding', 'reduced_decode') else None,
@@ -225,11 +239,11 @@ def _augmentation_run(info_of, way, variant, batch, size, warmup, batches):
         reduced_decode=variant == 'reduced_decode')
 
 
-def augmentation_tasks(settings, data_dir, info_of):
+def augmentation_tasks(settings, data_dir, info_of, work_dir):
     """Tasks measuring training preprocessing per mode and variant at each of augmentation_sizes.
 
-    Each measurement warms up for one epoch more than --warmup_batches, so that the cached variant
-    is timed at its steady state; the others are timed at the same point.
+    Each measurement warms up for one epoch more than --warmup_batches, so that the cached variants
+    are timed at their steady state (the disk cache in work_dir/decoded); the others at the same point.
     """
     batch, batches = settings.batch_size, settings.batches
     warmup = settings.warmup_batches + _epoch_batches(info_of('images'), batch)
@@ -245,7 +259,8 @@ def augmentation_tasks(settings, data_dir, info_of):
                         continue
                     tasks.append(Task(('augment', way, size, variant),
                                       f'{way} training preprocessing at {size}, {variant}{suffix}',
-                                      _augmentation_run(info_of, way, variant, batch, size, warmup, batches),
+                                      _augmentation_run(info_of, way, variant, batch, size, warmup, batches,
+                                                        os.path.join(work_dir, 'decoded')),
                                       _cpu_ms_text, estimate))
             tasks.append(Task(('augment', 'study_serial', size, 'serial'),
                               f'the study\'s serial loop as written at {size}{suffix}',

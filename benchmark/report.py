@@ -16,7 +16,6 @@ import numpy as np
 from benchmark import measure as benchmark_measure
 from benchmark import plan as benchmark_plan
 from benchmark import runner as benchmark_runner
-from onu_lib import onu_dataset
 from onu_lib import onu_hparams
 from onu_lib import onu_pool
 from onu_lib import onu_precision
@@ -452,8 +451,8 @@ def data_service_section(report):
     part, settings = report['data_service'], report['settings']
     first = part['training']['local']
     size = settings['image_size']
-    return [f'### tf.data service: the pipeline here or on one local service worker (encoded records, no decoded-epoch '
-            f'cache)', '', f'Training {part["model"]}, batch {first["batch_size"]}, {first["image_size"]}x'
+    return ['### tf.data service: the pipeline here or on one local service worker (encoded records, no decoded-epoch '
+            'cache)', '', f'Training {part["model"]}, batch {first["batch_size"]}, {first["image_size"]}x'
             f'{first["image_size"]}, {part["repeats"]} window(s) of {part["steps"]} steps after {part["warmup_steps"]}:',
             '', data_service_table(part['training'], 'examples_per_sec'), '',
             f'The pipeline alone, batch {settings["batch_size"]}, {size}x{size}, {part["batches"]} batches after '
@@ -614,7 +613,8 @@ def augmentation_table(report):
     """Returns the Markdown table of training preprocessing: a row per mode and variant, a column per size."""
     augmentation = report['augmentation']
     sizes = benchmark_plan.augmentation_sizes(report['settings']['image_size'])
-    titles = {'cached': 'onu_input (default: decoded epoch cached, steady state)',
+    titles = {'cached': 'onu_input (default: decoded epoch cached in memory, steady state)',
+              'disk': 'onu_input, decoded epoch cached on local disk (--cache_decoded_epoch=disk, steady state)',
               'decoding': 'onu_input, no cache (reads and decodes every image)',
               'reduced_decode': 'onu_input, no cache, JPEGs decoded at a reduced DCT scale (--reduced_decode)',
               'on_model': 'onu_input, augmentation on the model (--augment_on=model, here the CPU)',

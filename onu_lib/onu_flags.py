@@ -15,7 +15,7 @@ from onu_lib import onu_cli
 from onu_lib import onu_dataset
 
 DEFAULT_TRAIN_DIR = '/tmp/onu_train'
-CACHE_CHOICES = ('auto', 'on', 'off')  # --cache_decoded_epoch
+DEPRECATED_CACHE_CHOICES = {'on': 'memory'}  # --cache_decoded_epoch: the old spelling and its new one
 
 FLAGS = flags.FLAGS
 
@@ -114,6 +114,7 @@ def define_training_flags():
     # pylint: disable=import-outside-toplevel  (TensorFlow: not for the data scripts)
     from onu_lib import onu_cluster
     from onu_lib import onu_data_service
+    from onu_lib import onu_decoded_cache
     import onu_input
     import onu_model
     define_model_flags()
@@ -162,11 +163,16 @@ def define_training_flags():
     flags.register_validator(
         'augmentations', lambda names: set(names) <= set(onu_input.augmentation_names()),
         message='--augmentations takes a comma-separated subset of ' + ','.join(onu_input.augmentation_names()))
-    flags.DEFINE_enum('cache_decoded_epoch', 'auto', CACHE_CHOICES,
-                      'Keep one epoch of decoded, resized training images in memory and train every later epoch '
-                      'from it (on), or read and decode every step (off); auto: on when the epoch fits '
-                      f'{onu_input.DECODED_CACHE_BYTES // 2**30} GiB. With it on, the first epoch is decoded before '
-                      'step 1.')
+    flags.DEFINE_enum('cache_decoded_epoch', 'auto', onu_decoded_cache.MODES + tuple(DEPRECATED_CACHE_CHOICES),
+                      'Where one epoch of decoded, resized training images is kept, so that later epochs train from '
+                      'it instead of decoding again: memory (the first epoch is decoded before step 1), disk (in '
+                      '--cache_dir, written while the first epoch trains), or off (every epoch decoded); auto: memory '
+                      f'when the epoch fits {onu_input.DECODED_CACHE_BYTES // 2**30} GiB, else disk when --cache_dir\'s '
+                      'disk has room, else off. on: the old spelling of memory.')
+    flags.DEFINE_string('cache_dir', None,
+                        'Where --cache_decoded_epoch=disk keeps decoded epochs, one folder per data, image size and '
+                        'decode options (reused by later runs); default: $ONU_CACHE_DIR/decoded, else '
+                        '~/.cache/onu-classifier/decoded. A local disk: it is read every epoch.')
     flags.DEFINE_string('profile_steps', None,
                         'START,STOP: write a TensorBoard profile of global steps START to STOP into --train_dir, '
                         'with step markers, for the Profile tab (overview, input pipeline analyzer, trace viewer); '
@@ -191,9 +197,9 @@ def define_training_flags():
                                      f'e.g. --data_service=grpc://localhost:{onu_data_service.DEFAULT_PORT}')
     flags.register_multi_flags_validator(
         ['data_service', 'cache_decoded_epoch'],
-        lambda values: not (values['data_service'] and values['cache_decoded_epoch'] == 'on'),
-        message='--cache_decoded_epoch=on keeps the decoded epoch on this machine: not with --data_service, whose '
-                'workers each see only their share of an epoch')
+        lambda values: not (values['data_service'] and values['cache_decoded_epoch'] not in ('auto', 'off')),
+        message='--cache_decoded_epoch=memory or disk keeps the decoded epoch on this machine: not with '
+                '--data_service, whose workers each see only their share of an epoch')
     define_precision_flag(
         'auto', 'float32; mixed: bfloat16 compute through oneDNN on the CPU, float16 with dynamic loss '
         'scaling on a GPU (variables and checkpoints stay float32); auto: mixed where the hardware has a '
@@ -238,6 +244,14 @@ def parse_profile_steps(value):
     return (start, stop) if 1 <= start <= stop else None
 
 
+def cache_mode(value):
+    """Returns the --cache_decoded_epoch mode value names; a deprecated spelling says its new one in one line."""
+    if value in DEPRECATED_CACHE_CHOICES:
+        print(f'--cache_decoded_epoch={value} is now spelled --cache_decoded_epoch={DEPRECATED_CACHE_CHOICES[value]}.',
+              flush=True)
+    return DEPRECATED_CACHE_CHOICES.get(value, value)
+
+
 def training_options():
     """Returns the onu_training.TrainingOptions the training flags give: the flags, read once."""
     # pylint: disable=import-outside-toplevel  (TensorFlow: not for the data scripts)
@@ -250,7 +264,7 @@ def training_options():
         image_size=FLAGS.image_size, batch_size=FLAGS.batch_size, max_steps=FLAGS.max_steps,
         precision=FLAGS.precision, xla=FLAGS.xla, seed=FLAGS.seed,
         augmentations=onu_input.AugmentOptions(FLAGS.augmentations), augment_on=FLAGS.augment_on,
-        cache_decoded_epoch={'auto': None, 'on': True, 'off': False}[FLAGS.cache_decoded_epoch],
+        cache_decoded_epoch=cache_mode(FLAGS.cache_decoded_epoch), cache_dir=FLAGS.cache_dir,
         reduced_decode=FLAGS.reduced_decode, optimizer=FLAGS.optimizer, learning_rate=FLAGS.learning_rate,
         learning_rate_schedule=FLAGS.learning_rate_schedule, num_epochs_per_decay=FLAGS.num_epochs_per_decay,
         learning_rate_decay_factor=FLAGS.learning_rate_decay_factor,

@@ -33,7 +33,7 @@ class RunConfig:
     layout: str = 'photos'  # onu_input.data_layout: photos, class_folders, records, or another tool's layout
     labels_offset: int = None  # other tools' records (or this repo's made from them): class = stored label - it
     validation_percent: float = None  # class_folders: the share of photos held out for val (onu_dataset.split_of)
-    cache_decoded_epoch: str = None  # 'on': one epoch of decoded images kept in memory (--cache_decoded_epoch)
+    cache_decoded_epoch: str = None  # where the decoded epoch is kept: memory, disk or off (--cache_decoded_epoch)
     precision: str = 'float32'
     compute_dtype: str = 'float32'
     max_steps: int = None
@@ -80,6 +80,8 @@ class RunConfig:
             raise onu_dataset.DataError(
                 f'{source}: no {" or ".join(missing)}; it was not written by onu_train.py: '
                 f'restore it or train into a new --train_dir')
+        if values.get('cache_decoded_epoch') == 'on':  # its spelling before the disk cache
+            values = dict(values, cache_decoded_epoch='memory')
         names = {field.name for field in dataclasses.fields(cls)}
         return cls(**{name: value for name, value in values.items() if name in names})
 

@@ -217,3 +217,14 @@ def hold_folder(folder, usage, flag, report=print):
     lock = FolderLock(folder, fd)
     atexit.register(lock.release)
     return lock
+
+
+def process_alive(pid):
+    """Returns whether a process with this id runs on this machine."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -126,22 +126,11 @@ def _write_metadata(directory, run_config, export_info):
                              run_config.class_names)
 
 
-def _process_alive(pid):
-    """Returns whether a process with this id runs."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _remove_stale_temp_dirs(export_dir):
     """Removes temporary folders left in export_dir by exports whose process died mid-way."""
     for name in os.listdir(export_dir):
         match = _TEMP_DIR.match(name)
-        if match and not _process_alive(int(match.group(2))):
+        if match and not onu_run_folder.process_alive(int(match.group(2))):
             shutil.rmtree(os.path.join(export_dir, name), ignore_errors=True)
 
 

@@ -39,9 +39,12 @@ _FEATURE_KINDS = {1: BYTES, 2: FLOAT, 3: INT64}
 _VARINT, _FIXED64, _LENGTH_DELIMITED, _FIXED32 = 0, 1, 2, 5
 
 
-def masked_crc32c(data):
-    """The masked CRC-32C of data (bytes), as TFRecord framing stores it after a length and after a payload."""
-    crc = google_crc32c.value(data)
+def masked_crc32c(*parts):
+    """The masked CRC-32C of the concatenated parts (bytes-like), as TFRecord framing stores it after a length and
+    after a payload."""
+    crc = 0
+    for part in parts:
+        crc = google_crc32c.extend(crc, part)
     return (((crc >> 15) | (crc << 17)) + _CRC_MASK_DELTA) & 0xFFFFFFFF
 
 
@@ -249,11 +252,21 @@ def first_record(path, compression):
         return None
 
 
-def _framed(payload):
+def framed(payload):
     """One record's bytes: the payload's length and its masked CRC, the payload, the payload's masked CRC."""
     length = len(payload).to_bytes(LENGTH_BYTES, 'little')
     return b''.join([length, masked_crc32c(length).to_bytes(4, 'little'), payload,
                      masked_crc32c(payload).to_bytes(4, 'little')])
+
+
+def write_record(file, parts):
+    """Writes one record to the binary file whose payload is the parts (bytes-like) one after the other, without
+    joining them: a large payload is not copied."""
+    length = sum(memoryview(part).nbytes for part in parts).to_bytes(LENGTH_BYTES, 'little')
+    file.write(length + masked_crc32c(length).to_bytes(4, 'little'))
+    for part in parts:
+        file.write(part)
+    file.write(masked_crc32c(*parts).to_bytes(4, 'little'))
 
 
 def write_records(path, payloads, compression='NONE'):
@@ -264,11 +277,11 @@ def write_records(path, payloads, compression='NONE'):
         compressed = (gzip.GzipFile(fileobj=raw, mode='wb') if compression == 'GZIP' else
                       zlib.compressobj() if compression == 'ZLIB' else None)
         for payload in payloads:
-            framed = _framed(payload)
+            record = framed(payload)
             if compression == 'ZLIB':
-                raw.write(compressed.compress(framed))
+                raw.write(compressed.compress(record))
             else:
-                (compressed or raw).write(framed)
+                (compressed or raw).write(record)
             count += 1
         if compression == 'ZLIB':
             raw.write(compressed.flush())

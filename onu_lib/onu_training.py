@@ -20,6 +20,7 @@ from onu_lib import onu_cluster
 from onu_lib import onu_data_service
 from onu_lib import onu_converter
 from onu_lib import onu_dataset
+from onu_lib import onu_decoded_cache
 from onu_lib import onu_hparams
 import onu_input
 import onu_model
@@ -35,7 +36,7 @@ class TrainingOptions:
     """What a training run is told: every training setting, typed (onu_flags.training_options() fills it).
 
     None means the default where it is one: model and image_size (the model's own), data_format (the data's),
-    learning_rate and weight_decay (the model's), cache_decoded_epoch (when the decoded epoch fits).
+    learning_rate and weight_decay (the model's), cache_dir (onu_decoded_cache.default_root()).
     """
     train_dir: str
     data_dir: str
@@ -51,7 +52,8 @@ class TrainingOptions:
     seed: object                  # int or None
     augmentations: object         # onu_input.AugmentOptions
     augment_on: str               # onu_input.AUGMENT_PLACEMENTS
-    cache_decoded_epoch: object   # True, False or None (auto)
+    cache_decoded_epoch: str      # onu_decoded_cache.MODES: auto, memory, disk or off
+    cache_dir: object             # str or None: where the disk cache goes
     reduced_decode: bool
     optimizer: str
     learning_rate: object         # float or None
@@ -137,7 +139,7 @@ def start_run(train_dir, run_config, is_chief):
     examples = 'photos' if run_config.data_format == 'images' else f'{run_config.data_format} records'
     print(f'Training {run_config.model} at {size}x{size} on {run_config.num_examples_per_epoch} {examples} of '
           f'{run_config.num_classes} classes ({", ".join(run_config.class_names)}) into {train_dir}', flush=True)
-    if run_config.cache_decoded_epoch == 'on':
+    if run_config.cache_decoded_epoch == 'memory':
         epoch_bytes = onu_input.decoded_epoch_bytes(run_config.num_examples_per_epoch, size)
         memory = f'{epoch_bytes / 2**20:.1f} MB' if epoch_bytes >= 2**20 else f'{epoch_bytes / 2**10:.0f} KB'
         print(f'Decoding the first epoch into memory before step 1: {run_config.num_examples_per_epoch} photos, '
@@ -198,7 +200,7 @@ def input_seed(seed, task_index, resume_from):
     return (seed * 1000003 + task_index * 7919 + start_step) % (2 ** 31 - 1)
 
 
-def input_pipeline(options, role, seed, cache_progress):
+def input_pipeline(options, run_config, info, role, seed, cache_progress):
     """Returns the keyword arguments of onu_input.distorted_inputs / undistorted_inputs for options' input: the
     local pipeline's cache and decode, or the tf.data service's.
 
@@ -206,14 +208,23 @@ def input_pipeline(options, role, seed, cache_progress):
     workers then build the same pipeline, from the seed of task 0 at step 0 (a restarted cluster rejoins its
     job while the dispatcher keeps it, else starts the same order again).
     """
-    pipeline = dict(seed=seed, cache=options.cache_decoded_epoch, reduced_decode=options.reduced_decode,
-                    cache_progress=cache_progress)
+    pipeline = dict(seed=seed, cache=decoded_epoch_cache(options, run_config, info, seed),
+                    reduced_decode=options.reduced_decode, cache_progress=cache_progress)
     if options.data_service:
-        pipeline.update(cache=False, cache_progress=False, data_service=options.data_service)
+        pipeline.update(cache_progress=False, data_service=options.data_service)
         if role.num_replicas > 1:
             pipeline.update(seed=input_seed(options.seed, 0, None),
                             service_job=f'onu_train-{zlib.crc32(options.train_dir.encode()):08x}-{options.seed}')
     return pipeline
+
+
+def decoded_epoch_cache(options, run_config, info, seed):
+    """Returns onu_input's cache argument for run_config's decoded-epoch cache: True (memory), False (none) or the
+    onu_decoded_cache.DiskCache of info (False, after its one line, when that can be neither read nor written)."""
+    if run_config.cache_decoded_epoch != 'disk':
+        return run_config.cache_decoded_epoch == 'memory'
+    root = options.cache_dir or onu_decoded_cache.default_root()
+    return onu_decoded_cache.DiskCache.open(root, info, run_config.image_size, options.reduced_decode, seed) or False
 
 
 def add_training_summaries(logits, labels, end_points, total_loss, losses=None, histograms=False):
@@ -615,14 +626,19 @@ def training_run_config(options, precision, data, info):
               f'({"a GPU is visible" if model_name == onu_model.DEFAULT_MODEL_WITH_GPU else "no GPU visible"}).',
               flush=True)
     image_size = options.image_size or onu_model.model_spec(model_name).image_size
-    cached = not options.data_service and onu_input.uses_decoded_cache(info, image_size, options.cache_decoded_epoch)
+    cache = 'off'  # on a tf.data service its workers decode
+    if not options.data_service:
+        cache, why = onu_decoded_cache.choose(options.cache_decoded_epoch, info.num_examples, image_size,
+                                              options.cache_dir or onu_decoded_cache.default_root())
+        if options.cache_decoded_epoch == 'auto' and cache != 'memory':  # memory: start_run's line says so
+            print(f'Decoded-epoch cache: {why}.', flush=True)
     return onu_run_config.RunConfig(
         model=model_name, image_size=image_size,
         class_names=info.class_names, num_examples_per_epoch=info.num_examples,
         data_dir=os.path.abspath(options.data_dir), data_format=info.data_format,
         layout=data.layout,
         labels_offset=info.data_labels_offset, validation_percent=info.validation_percent,
-        cache_decoded_epoch='on' if cached else 'off',
+        cache_decoded_epoch=cache,
         precision=precision.name, compute_dtype=precision.compute_dtype, max_steps=options.max_steps,
         moving_average_decay=options.moving_average_decay, flags=options.flag_values)
 

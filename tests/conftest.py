@@ -317,6 +317,14 @@ def script_tested_models():
     return [name for name in onu_model.MODEL_NAMES if name not in HEAVY_MODELS]
 
 
+def mount(target, *options):
+    """Mounts a filesystem at target (needs root); skips the test where this machine does not allow it."""
+    os.makedirs(target, exist_ok=True)
+    done = subprocess.run(['mount', *options, target], capture_output=True, text=True)
+    if done.returncode:
+        pytest.skip(f'cannot mount here: {done.stderr.strip()}')
+
+
 @contextlib.contextmanager
 def read_only_bind_mount(source, target):
     """Within it, source is mounted read-only at target (needs root); skips the test where this machine does not allow

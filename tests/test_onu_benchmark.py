@@ -22,6 +22,7 @@ import onu_input
 PIPELINE_ROWS = ('images', 'raw', 'encoded', 'serial_cv2', 'keras_reader')
 TRAINING_ROWS = ('images', 'raw', 'encoded', 'serial_cv2', 'synthetic')
 IMAGE_SIZE = 32
+QUICK_SIZE = 64  # the small model's own: training preprocessing is measured at one size (two: see below)
 
 
 def _numbers(value, path=''):
@@ -42,13 +43,13 @@ def own_loopback(command):
 
 
 def run_quick_benchmark(data_dir, tmp_path):
-    """Runs onu_benchmark.py --quick (small model, 32x32, batch 4) on data_dir; checks it wrote its three outputs.
+    """Runs onu_benchmark.py --quick (small model, 64x64, batch 4) on data_dir; checks it wrote its three outputs.
 
     Returns (CompletedProcess, the report, its Markdown, its PNG's path).
     """
     output_dir = tmp_path / 'results'
     command = script_command('onu_benchmark.py', '--quick', f'--data_dir={data_dir}', f'--output_dir={output_dir}',
-                             f'--work_dir={tmp_path}', '--image_size=32', '--batch_size=4', '--model=small')
+                             f'--work_dir={tmp_path}', f'--image_size={QUICK_SIZE}', '--batch_size=4', '--model=small')
     done = subprocess.run(own_loopback(command), capture_output=True, text=True, timeout=600, cwd=REPO_ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     outputs = sorted(name for name in os.listdir(output_dir) if not name.endswith('-hparams'))
@@ -73,7 +74,7 @@ def test_quick_run_measures_every_row(make_tiny_dataset, tmp_path):
     for name in TRAINING_ROWS + benchmark_plan.SMALL_MODEL_TRAINING_WAYS + ('inception',):
         entry = rows[name]['training']['small']
         assert entry['sec_per_batch'] > 0 and entry['examples_per_sec'] > 0, name
-        assert entry['batch_size'] == 4 and entry['image_size'] == 32
+        assert entry['batch_size'] == 4 and entry['image_size'] == QUICK_SIZE
         if name != 'synthetic':
             assert 0 <= entry['input_bound_fraction'] < 1, name
     assert rows['decode_limit']['eval_images_per_sec'] == rows['decode_limit']['cores'] * rows['decode_limit'][
@@ -90,13 +91,13 @@ def test_quick_run_measures_every_row(make_tiny_dataset, tmp_path):
         if not path.endswith(('input_bound_fraction', 'wait_fraction')):
             assert number > 0, path
 
-    # Training preprocessing at 32 (the pipelines' size) and 64 (the small model's): per size 3 ways x
-    # (cached, decoding, reduced decode, plain tf.image) + on the model + the study's loop + SerialCv2Loader.
+    # Training preprocessing at 64 (the pipelines' size here and the small model's): 3 ways x (cached in memory, on
+    # disk, decoding, reduced decode, plain tf.image) + on the model + the study's loop + SerialCv2Loader.
     augmentation = report['augmentation']
-    assert len(augmentation) == 2 * 15
-    for size in (32, 64):
+    assert len(augmentation) == 18
+    for size in (QUICK_SIZE,):
         for way in ('images', 'raw', 'encoded'):
-            for variant in ('cached', 'decoding', 'reduced_decode', 'plain_tf_image'):
+            for variant in ('cached', 'disk', 'decoding', 'reduced_decode', 'plain_tf_image'):
                 assert augmentation[f'{way} {size} {variant}']['cpu_ms_per_image'] > 0
         for name in ('encoded', 'study_serial', 'serial_cv2'):
             variant = {'encoded': 'on_model'}.get(name, 'serial')
@@ -114,7 +115,7 @@ def test_quick_run_measures_every_row(make_tiny_dataset, tmp_path):
     assert '### Precision and XLA' in markdown
     # Where the small model's step time goes, float32 and mixed, at its training size and batch here.
     profile = report['step_profile']
-    assert (profile['model'], profile['batch_size'], profile['image_size']) == ('small', 4, 32)
+    assert (profile['model'], profile['batch_size'], profile['image_size']) == ('small', 4, QUICK_SIZE)
     for name in ('float32', 'mixed'):
         assert profile[name]['step_ms'] > 0 and profile[name]['traced_steps'] == 2, name
         assert set(profile[name]['kinds_ms']) == set(benchmark_measure.STEP_KINDS), name
@@ -142,10 +143,10 @@ def test_quick_run_measures_every_row(make_tiny_dataset, tmp_path):
     assert '| logged: waiting, input work |' in markdown and 'Measuring what input costs as training logs' in markdown
 
     # The pipeline here and on a tf.data service worker (started by the benchmark): the worker's CPU and the bytes
-    # it sent are counted only where it works; a uint8 image of 32x32 is 3 kB before the service compresses it
+    # it sent are counted only where it works; a uint8 image of 64x64 is 12 kB before the service compresses it
     # (float32 would be four times that).
     service = report['data_service']
-    for part, size in (('training', 32), ('pipeline', 32)):
+    for part, size in (('training', QUICK_SIZE), ('pipeline', QUICK_SIZE)):
         assert set(service[part]) == set(benchmark_measure.DATA_SERVICE_PLACEMENTS), part
         assert service[part]['local']['worker_cpu_ms_per_image'] == 0 and service[part]['local']['bytes_per_example'] < 500
         for placement in ('service', 'service_on_model'):
@@ -153,12 +154,12 @@ def test_quick_run_measures_every_row(make_tiny_dataset, tmp_path):
             assert result['trainer_cpu_ms_per_image'] > 0 and result['worker_cpu_ms_per_image'] > 0, (part, placement)
             assert 0 < result['bytes_per_example'] < 1.5 * size * size * 3, (part, placement)
     assert '### tf.data service: the pipeline here or on one local service worker' in markdown
-    assert 'Cores to feed one H100-class GPU training Inception-ResNet-v2 at 32x32' in markdown
+    assert f'Cores to feed one H100-class GPU training Inception-ResNet-v2 at {QUICK_SIZE}x{QUICK_SIZE}' in markdown
 
     # 4 storage + 1 Inception shards written + 2 countings + 9 pipeline (decode limit, 5 ways eval, 3 train)
-    # + 30 training preprocessing + 9 training measurements + 2 side by side (Inception shards, wait tracing)
+    # + 18 training preprocessing + 9 training measurements + 2 side by side (Inception shards, wait tracing)
     # + 2 of float32, mixed and XLA side by side + 1 step profile + 1 tf.data service, one repeat each
-    assert report['other_processes']['measurements'] == 61 == len(report['measurements'])
+    assert report['other_processes']['measurements'] == 49 == len(report['measurements'])
     assert report['hardware']['usable_cores'] >= 1 and report['hardware']['cpu_model']
     assert {target['issue'] for target in report['targets']} == {2, 3, 12, 13, 20, 21}  # 7's need Inception-ResNet-v2
     assert all(isinstance(target['passed'], bool) for target in report['targets'])
@@ -173,7 +174,7 @@ def test_quick_run_measures_every_row(make_tiny_dataset, tmp_path):
     for way in ('encoded_on_model', 'serial_cv2'):
         (start, settings), end = onu_hparams.session_events(str(logdir / f'{way}-small'))
         assert (start, end) == ('start', ('end', 'success'))
-        assert settings == dict(benchmark_plan.TRAINING_WAY_SETTINGS[way], model='small', image_size=32, batch_size=4,
+        assert settings == dict(benchmark_plan.TRAINING_WAY_SETTINGS[way], model='small', image_size=QUICK_SIZE, batch_size=4,
                                 replicas=1, precision='float32')
         entry = rows[way]['training']['small']
         scalars = {value.tag: value.simple_value for name in os.listdir(logdir / f'{way}-small')
@@ -181,6 +182,26 @@ def test_quick_run_measures_every_row(make_tiny_dataset, tmp_path):
                    for value in event.summary.value if value.HasField('simple_value')}
         assert scalars[onu_hparams.EXAMPLES_PER_SEC_TAG] == pytest.approx(entry['examples_per_sec'], rel=1e-6)
         assert (onu_hparams.WAIT_FRACTION_TAG in scalars) == (way not in benchmark_plan.FEED_DICT_WAYS)
+
+
+def test_training_preprocessing_is_measured_and_tabled_at_the_pipelines_size_and_the_small_models():
+    assert benchmark_plan.augmentation_sizes(299) == (299, 64) and benchmark_plan.augmentation_sizes(64) == (64,)
+    # A figure per way, variant and size, each its own number: the table puts each in its row and column.
+    augmentation = {f'{way} {size} {variant}': {'cpu_ms_per_image': index + size / 1000, 'images_per_sec': 100 + index}
+                    for index, (way, variant) in enumerate([(way, variant) for way in benchmark_plan.TF_DATA_WAYS
+                                                            for variant in benchmark_plan.AUGMENTATION_VARIANTS])
+                    for size in (32, 64)}
+    table = benchmark_report.augmentation_table({'settings': {'image_size': 32}, 'augmentation': augmentation})
+    lines = table.splitlines()
+    assert lines[0].strip(' |').split(' | ')[1:] == ['32x32', '64x64']
+    rows = [line.strip(' |').split(' | ') for line in lines[2:]]
+    assert len(rows) == len(augmentation) // 2
+    for way in benchmark_plan.TF_DATA_WAYS:
+        for variant in benchmark_plan.AUGMENTATION_VARIANTS:
+            cells = [f'{augmentation[f"{way} {size} {variant}"]["cpu_ms_per_image"]:.2f} '
+                     f'({augmentation[f"{way} {size} {variant}"]["images_per_sec"]:.0f})' for size in (32, 64)]
+            assert [row[0] for row in rows if row[1:] == cells] == [row[0] for row in rows if row[0].startswith(
+                f'{way}, ')][benchmark_plan.AUGMENTATION_VARIANTS.index(variant):][:1], (way, variant)
 
 
 def test_every_training_way_has_the_settings_of_a_training_run_fed_that_way():

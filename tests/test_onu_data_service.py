@@ -128,9 +128,10 @@ def test_an_unreachable_service_or_a_cache_with_it_is_one_line(tmp_path):
     assert result.stderr.strip() == (f'error: cannot reach the tf.data service at grpc://127.0.0.1:{port} '
                                      f'(Connection refused): start its dispatcher there (python run_data_service.py '
                                      f'--port={port}) or fix --data_service')
-    result = run_script('onu_train.py', '--data_service=grpc://127.0.0.1:5050', '--cache_decoded_epoch=on',
+    result = run_script('onu_train.py', '--data_service=grpc://127.0.0.1:5050', '--cache_decoded_epoch=disk',
                         f'--train_dir={tmp_path / "train"}')
-    assert result.returncode == 1 and '--cache_decoded_epoch=on keeps the decoded epoch on this machine' in result.stderr
+    assert result.returncode == 1 and ('--cache_decoded_epoch=memory or disk keeps the decoded epoch on this machine'
+                                       in result.stderr)
     assert 'Traceback' not in result.stderr and not os.path.exists(tmp_path / 'train' / 'run_config.json')
 
 

@@ -31,7 +31,7 @@ def test_every_training_option_is_read_from_its_flag(parsed):
     assert isinstance(options, onu_training.TrainingOptions)
     assert (options.train_dir, options.data_dir, options.batch_size, options.max_steps) == ('/tmp/t', '/tmp/d', 7, 9)
     assert options.augmentations == onu_input.AugmentOptions({'hue', 'rotation'})
-    assert options.cache_decoded_epoch is False and options.profile_steps == (3, 5)
+    assert options.cache_decoded_epoch == 'off' and options.profile_steps == (3, 5)
     assert options.checkpoint_exclude_scopes == ('A/Logits', 'B') and options.save_checkpoint_secs == 0
     assert options.labels_offset == 1
     assert options.flag_values['batch_size'] == 7 and options.flag_values['train_dir'] == '/tmp/t'
@@ -43,5 +43,5 @@ def test_every_training_option_is_read_from_its_flag(parsed):
 def test_defaults_leave_the_model_and_data_to_decide(parsed):
     options = parsed()
     assert options.model is None and options.image_size is None and options.learning_rate is None
-    assert options.cache_decoded_epoch is None and options.profile_steps is None
+    assert options.cache_decoded_epoch == 'auto' and options.cache_dir is None and options.profile_steps is None
     assert options.augmentations == onu_input.AugmentOptions.default() == onu_input.AugmentOptions.of(True)

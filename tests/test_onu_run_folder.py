@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import REPO_ROOT, file_states, finish, read_only_bind_mount, run_script, script_command
+from conftest import REPO_ROOT, file_states, finish, mount, read_only_bind_mount, run_script, script_command
 from test_onu_checkpoint import copy_run
 from test_onu_train import TIMEOUT_SECS, TINY_FLAGS, checkpoint_step, logged_steps, run_train
 
@@ -156,7 +156,7 @@ def test_a_lock_left_half_written_is_taken_over_naming_what_it_can(tmp_path, lef
 
 def test_a_folder_that_cannot_be_written_is_refused_in_one_line(tmp_path):
     mounted = str(tmp_path / 'read_only')
-    _mount(mounted, '-t', 'tmpfs', '-o', 'size=1m,ro', 'tmpfs')
+    mount(mounted, '-t', 'tmpfs', '-o', 'size=1m,ro', 'tmpfs')
     try:
         for folder in (mounted, os.path.join(mounted, 'run')):  # the lock file, or the folder, cannot be made
             with pytest.raises(onu_run_folder.WriteFailed) as error:
@@ -236,18 +236,10 @@ def test_a_second_evaluator_on_an_eval_folder_in_use_is_refused(tiny_run, tmp_pa
     assert len([name for name in os.listdir(eval_dir) if name.startswith('events.out')]) == 1
 
 
-def _mount(target, *options):
-    """Mounts a filesystem at target (needs root); skips the test where this machine does not allow it."""
-    os.makedirs(target, exist_ok=True)
-    done = subprocess.run(['mount', *options, target], capture_output=True, text=True)
-    if done.returncode:
-        pytest.skip(f'cannot mount here: {done.stderr.strip()}')
-
-
 @pytest.mark.script
 def test_a_full_disk_stops_training_with_one_line_and_the_run_resumes_elsewhere(tiny_run, tmp_path):
     small = str(tmp_path / 'small')
-    _mount(small, '-t', 'tmpfs', '-o', 'size=16m', 'tmpfs')
+    mount(small, '-t', 'tmpfs', '-o', 'size=16m', 'tmpfs')
     try:
         train_dir = os.path.join(small, 'train')
         full = run_train(f'--data_dir={tiny_run.data_dir}', f'--train_dir={train_dir}', '--max_steps=30',

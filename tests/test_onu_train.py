@@ -93,7 +93,7 @@ def test_training_writes_checkpoint_events_and_config(tiny_run):
     assert run_config.num_classes == 2
     assert run_config.num_examples_per_epoch == 16
     assert run_config.data_format == 'encoded'
-    assert run_config.cache_decoded_epoch == 'on' and run_config.flags['cache_decoded_epoch'] == 'auto'
+    assert run_config.cache_decoded_epoch == 'memory' and run_config.flags['cache_decoded_epoch'] == 'auto'
     assert run_config.flags['batch_size'] == 8
     assert run_config.flags['max_steps'] == 12
     assert 'checkpoint_path' not in run_config.flags  # deprecated spellings are not saved
@@ -462,14 +462,14 @@ STARVED_STEPS, PROFILED = 22, (12, 20)
 @pytest.fixture(scope='module')
 def starved_and_cached(tmp_path_factory):
     """Two runs on 16 photos of 3000x2000 read as images at 64x64, batch 8: decoding every step (starved), and from
-    the decoded-epoch cache; steps 12-28 of each profiled. Returns {'off': (train_dir, result), 'on': ...}."""
+    the decoded-epoch cache in memory; steps 12-28 of each profiled. Returns {'off': (train_dir, result), 'memory': ...}."""
     root = tmp_path_factory.mktemp('starved')
     data_dir = str(root / 'big')
     made = run_script('make_sample_data.py', f'--data_dir={data_dir}', '--train_per_class=8', '--val_per_class=1',
                       '--photo_size=3000x2000')
     assert made.returncode == 0, made.stderr
     runs = {}
-    for cache in ('off', 'on'):
+    for cache in ('off', 'memory'):
         train_dir = str(root / f'train_{cache}')
         runs[cache] = (train_dir, run_script(
             'onu_train.py', f'--data_dir={data_dir}', f'--train_dir={train_dir}', '--data_format=images',
@@ -505,7 +505,7 @@ def _input_share(server):
 
 def test_a_starved_run_says_so_in_its_log_and_its_profile_and_a_cached_one_does_not(starved_and_cached,
                                                                                    tensorboard_server):
-    off, on = starved_and_cached['off'], starved_and_cached['on']
+    off, on = starved_and_cached['off'], starved_and_cached['memory']
     for train_dir, result in (off, on):
         assert f'Profiled steps {PROFILED[0]}-{PROFILED[1]} into {train_dir}' in result.stdout
         assert 'DT_UINT8' not in result.stderr  # oneDNN's note on uint8 is dropped with the start-up lines
@@ -516,7 +516,7 @@ def test_a_starved_run_says_so_in_its_log_and_its_profile_and_a_cached_one_does_
     works = {cache: [int(work) for work in re.findall(r'input work (-?\d+) ms per batch', result.stdout)]
              for cache, (_, result) in starved_and_cached.items()}
     assert all(len(works[cache]) >= STARVED_STEPS // 2 - 2 and min(works[cache]) >= 0 for cache in works), works  # >= 0
-    assert np.median(works['off']) > 10 * np.median(works['on']), works  # decoding 3000x2000 photos, every step
+    assert np.median(works['off']) > 10 * np.median(works['memory']), works  # decoding 3000x2000 photos, every step
     assert 'on 16 photos of 2 classes' in off[1].stdout  # photos, not 'images examples'
     shares = {}
     for cache, (train_dir, _) in starved_and_cached.items():
@@ -563,6 +563,7 @@ def test_a_bad_profile_steps_value_is_one_line(tmp_path):
 def test_the_decoded_epoch_fills_with_a_progress_bar_on_a_terminal(tiny_run, tmp_path):
     code, output = run_on_a_terminal(script_command(
         'onu_train.py', *TINY_FLAGS, f'--data_dir={tiny_run.data_dir}', f'--train_dir={tmp_path / "train"}',
-        '--max_steps=2', '--cache_decoded_epoch=on'))
+        '--max_steps=2', '--cache_decoded_epoch=on'))  # the old spelling of memory
     assert code == 0, output
     assert 'decoding the first epoch into memory' in output and '/16 [' in output
+    assert output.count('--cache_decoded_epoch=on is now spelled --cache_decoded_epoch=memory.') == 1

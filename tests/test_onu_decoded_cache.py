@@ -1,0 +1,231 @@
+"""The decoded epoch on local disk: each example once per epoch in a new order, reused, keyed by its data, and every
+fault (killed mid-epoch, a full disk, a read-only folder, a damaged shard) one line with training going on."""
+import collections
+import hashlib
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+
+import pytest
+import tensorflow as tf
+
+from conftest import REPO_ROOT, mount, read_only_bind_mount, run_script, script_command
+from onu_lib import onu_dataset
+from onu_lib import onu_decoded_cache
+from onu_lib import onu_sample_data
+import onu_input
+
+IMAGE_SIZE = 32
+SEED = 3
+SCRIPT_FLAGS = ('--model=small', f'--image_size={IMAGE_SIZE}', '--batch_size=1', '--log_frequency=10',
+                '--cache_decoded_epoch=disk')
+
+
+def stream(info, cache, count, seed=SEED):
+    """The first count training examples of info with cache (onu_input's): [(md5 of the pixels, label)]."""
+    with tf.Graph().as_default():
+        example = tf.compat.v1.data.make_one_shot_iterator(
+            onu_input._training_examples(info, IMAGE_SIZE, seed, True, cache, False)).get_next()
+        with tf.compat.v1.Session() as session:
+            examples = []
+            for _ in range(count):
+                image, label = session.run(example)
+                assert image.shape == (IMAGE_SIZE, IMAGE_SIZE, 3)
+                examples.append((hashlib.md5(image.tobytes()).hexdigest(), int(label)))
+            return examples
+
+
+def epochs(examples, size):
+    """examples cut into epochs of size."""
+    return [examples[start:start + size] for start in range(0, len(examples), size)]
+
+
+def decoded_epoch(info):
+    """The multiset of one epoch of info decoded without a cache."""
+    with tf.Graph().as_default():
+        dataset = onu_input._decoded_examples(info, IMAGE_SIZE, SEED, True, False, repeat=False)
+        example = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+        with tf.compat.v1.Session() as session:
+            return collections.Counter((hashlib.md5(image.tobytes()).hexdigest(), int(label))
+                                       for image, label in (session.run(example) for _ in range(info.num_examples)))
+
+
+def complete_folders(root):
+    """The cache folders under root that hold a manifest."""
+    return sorted(name for name in os.listdir(root) if os.path.isfile(os.path.join(root, name, 'manifest.json')))
+
+
+# The tiny data: a shard and a record per image; 40 photos: 16 shards of up to 3 images, a record each.
+@pytest.mark.parametrize('data_format, train_per_class', [('images', None), ('encoded', None), ('images', 20)])
+def test_each_example_once_per_epoch_in_a_new_order_each_epoch_and_a_second_run_reads_it(
+        tiny_data_dir, make_tiny_dataset, tmp_path, capsys, data_format, train_per_class):
+    data_dir = make_tiny_dataset(train_per_class=train_per_class, val_per_class=1) if train_per_class else tiny_data_dir
+    info = onu_dataset.describe(data_dir).split('train', data_format)
+    size = info.num_examples
+    expected = decoded_epoch(info)
+    root = str(tmp_path / 'cache')
+    cache = onu_decoded_cache.DiskCache.open(root, info, IMAGE_SIZE, False, SEED)
+    written = epochs(stream(info, cache, 4 * size), size)
+    out = capsys.readouterr().out
+    assert f'Decoded-epoch cache: writing the first epoch to {cache.folder}' in out
+    assert f'Decoded-epoch cache: {size} images written to {cache.folder}' in out
+    # The written epoch, then three read back: each the decoded epoch's pixels and labels, once each.
+    assert all(collections.Counter(epoch) == expected for epoch in written), written
+    orders = [tuple(epoch) for epoch in written[1:]]
+    assert len(set(orders)) == 3, orders  # a new order every epoch
+    assert complete_folders(root) == [os.path.basename(cache.folder)] and os.listdir(root) == complete_folders(root)
+    with open(os.path.join(cache.folder, 'manifest.json')) as f:
+        manifest = json.load(f)
+    per_shard = math.ceil(size / onu_decoded_cache.MIN_SHARDS)  # images, in as many shards as that allows
+    assert manifest['examples'] == size and len(manifest['shards']) == math.ceil(size / per_shard)
+    assert [records for _, _, records in manifest['shards']] == [1] * len(manifest['shards'])
+
+    again = onu_decoded_cache.DiskCache.open(root, info, IMAGE_SIZE, False, SEED + 1)
+    assert capsys.readouterr().out.strip() == f'Decoded-epoch cache: reading {cache.folder}, written by an earlier run.'
+    read = epochs(stream(info, again, 2 * size, SEED + 1), size)
+    assert all(collections.Counter(epoch) == expected for epoch in read)
+
+
+def test_a_changed_data_folder_or_image_size_gets_a_cache_of_its_own_and_the_old_one_is_left(make_tiny_dataset,
+                                                                                             tmp_path, capsys):
+    data_dir = make_tiny_dataset(train_per_class=3, val_per_class=1)
+    info = onu_dataset.describe(data_dir).split('train', 'images')
+    root = str(tmp_path / 'cache')
+    first = onu_decoded_cache.DiskCache.open(root, info, IMAGE_SIZE, False, SEED)
+    stream(info, first, info.num_examples + 1)
+    first_files = {name: os.path.getmtime(os.path.join(first.folder, name)) for name in os.listdir(first.folder)}
+    # A photo rewritten (a new modification time), one more photo, another size, reduced decoding: a new key each.
+    touched = info.files[0]
+    os.utime(touched, ns=(os.stat(touched).st_atime_ns, os.stat(touched).st_mtime_ns + 10**9))
+    changed = onu_dataset.describe(data_dir).split('train', 'images')
+    onu_sample_data.generate_dataset(str(tmp_path / 'more'), 1, 1, (96, 72), seed=5, processes=1)
+    extra = os.path.join(data_dir, 'train', info.class_names[0], 'extra.jpg')
+    shutil.copy(onu_dataset.describe(str(tmp_path / 'more')).split('train', 'images').files[0], extra)
+    grown = onu_dataset.describe(data_dir).split('train', 'images')
+    assert grown.num_examples == info.num_examples + 1
+    names = {first.folder}
+    for other in (onu_decoded_cache.cache_folder(root, changed, IMAGE_SIZE, False),
+                  onu_decoded_cache.cache_folder(root, grown, IMAGE_SIZE, False),
+                  onu_decoded_cache.cache_folder(root, info, IMAGE_SIZE + 1, False),
+                  onu_decoded_cache.cache_folder(root, info, IMAGE_SIZE, True)):
+        assert other not in names, other
+        names.add(other)
+    capsys.readouterr()
+    second = onu_decoded_cache.DiskCache.open(root, grown, IMAGE_SIZE, False, SEED)
+    assert second.folder != first.folder and 'writing the first epoch' in capsys.readouterr().out
+    stream(grown, second, grown.num_examples + 1)
+    assert complete_folders(root) == sorted(os.path.basename(cache.folder) for cache in (first, second))
+    assert {name: os.path.getmtime(os.path.join(first.folder, name)) for name in os.listdir(first.folder)} == first_files
+
+
+def test_auto_keeps_the_epoch_in_memory_when_it_fits_else_on_a_disk_with_room_else_decodes(tmp_path, monkeypatch):
+    root = str(tmp_path)
+    assert onu_decoded_cache.choose('auto', 1000, 64, root)[0] == 'memory'
+    for mode in ('memory', 'disk', 'off'):
+        assert onu_decoded_cache.choose(mode, 10**9, 299, root) == (
+            mode, f'the decoded epoch (1000000000 images at 299x299: 268.2 TB): --cache_decoded_epoch={mode}')
+    monkeypatch.setattr(onu_input, 'DECODED_CACHE_BYTES', 1000 * 64 * 64 * 3 - 1)  # one byte short
+    kind, why = onu_decoded_cache.choose('auto', 1000, 64, root)
+    assert kind == 'disk' and why.startswith('the decoded epoch (1000 images at 64x64: 12 MB) is over the 12 MB memory '
+                                             f'budget: cached on disk in {root} (')
+    kind, why = onu_decoded_cache.choose('auto', 10**8, 64, root)  # 1.2 TB: more than this disk has room for
+    assert kind == 'off' and why.endswith('a disk cache takes: every epoch is decoded (--cache_dir elsewhere to '
+                                          'cache it)') and '1.2 TB' in why
+
+
+def test_a_full_disk_while_writing_removes_the_partial_cache_and_training_goes_on_decoding(tiny_data_dir, tmp_path,
+                                                                                          capsys):
+    info = onu_dataset.describe(tiny_data_dir).split('train', 'encoded')
+    size = info.num_examples
+    expected = decoded_epoch(info)
+    root = str(tmp_path / 'small')
+    mount(root, '-t', 'tmpfs', '-o', 'size=4m', 'tmpfs')
+    try:
+        cache = onu_decoded_cache.DiskCache.open(root, info, IMAGE_SIZE, False, SEED)
+        # Something else fills the disk while the first epoch is written: room for about two images is left.
+        with open(os.path.join(root, 'filler'), 'wb') as f:
+            f.write(b'\0' * (shutil.disk_usage(root).free - 2 * IMAGE_SIZE * IMAGE_SIZE * 3))
+        examples = epochs(stream(info, cache, 3 * size), size)
+        assert sorted(os.listdir(root)) == ['filler']  # the partial cache removed, nothing else touched
+    finally:
+        subprocess.run(['umount', root], check=True)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith('Decoded-epoch cache')]
+    assert lines[1:] == [f'Decoded-epoch cache: writing {cache.folder} failed (No space left on device): removed what '
+                         f'was written; training goes on decoding every epoch.'], lines
+    # The first epoch whole; then decoded epochs (records through a shuffle buffer that spans epochs: true images).
+    assert collections.Counter(examples[0]) == expected and set(examples[1] + examples[2]) <= set(expected)
+
+
+def test_a_damaged_shard_is_never_trained_on_and_the_cache_is_rebuilt_next_time(tiny_data_dir, tmp_path, capsys):
+    info = onu_dataset.describe(tiny_data_dir).split('train', 'images')
+    size = info.num_examples
+    expected = decoded_epoch(info)
+    root = str(tmp_path / 'cache')
+    cache = onu_decoded_cache.DiskCache.open(root, info, IMAGE_SIZE, False, SEED)
+    stream(info, cache, size + 1)
+    with open(os.path.join(cache.folder, 'manifest.json')) as f:
+        name = json.load(f)['shards'][2][0]
+    shard = os.path.join(cache.folder, name)
+    with open(shard, 'r+b') as f:  # one pixel's bit flipped
+        f.seek(os.path.getsize(shard) // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 1]))
+    capsys.readouterr()
+    damaged = onu_decoded_cache.DiskCache.open(root, info, IMAGE_SIZE, False, SEED)
+    examples = stream(info, damaged, 2 * size)
+    out = capsys.readouterr().out
+    assert out.count(f'Decoded-epoch cache: {shard} is damaged (') == 1
+    assert 'training goes on decoding every epoch; the next run writes the cache again.' in out
+    # The shards checked before the damaged one, then decoded epochs: every image one of the true ones, none flipped.
+    assert set(examples) <= set(expected) and len(examples) == 2 * size
+    assert not os.path.exists(os.path.join(cache.folder, 'manifest.json'))
+    rebuilt = onu_decoded_cache.DiskCache.open(root, info, IMAGE_SIZE, False, SEED)
+    assert 'writing the first epoch' in capsys.readouterr().out and not os.path.exists(cache.folder)
+    stream(info, rebuilt, size + 1)
+    assert complete_folders(root) == [os.path.basename(cache.folder)]
+
+
+def test_a_read_only_cache_folder_is_one_line_and_training_goes_on(tiny_data_dir, tmp_path):
+    source = tmp_path / 'empty'
+    source.mkdir()
+    with read_only_bind_mount(str(source), str(tmp_path / 'read_only')) as read_only:
+        result = run_script('onu_train.py', *SCRIPT_FLAGS, f'--data_dir={tiny_data_dir}', '--max_steps=12',
+                            f'--train_dir={tmp_path / "train"}', f'--cache_dir={read_only}/decoded')
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [line for line in result.stdout.splitlines() if line.startswith('Decoded-epoch cache')] == [
+        f'Decoded-epoch cache: cannot write {read_only}/decoded (Read-only file system): every epoch is decoded '
+        f'(--cache_dir=A_WRITABLE_LOCAL_FOLDER to cache it).']
+    assert 'step 10, loss' in result.stdout and os.listdir(source) == []
+
+
+def test_a_run_killed_mid_epoch_leaves_no_cache_and_the_resumed_run_writes_it_for_the_next(tmp_path):
+    data_dir = str(tmp_path / 'data')
+    onu_sample_data.generate_dataset(data_dir, 100, 1, (48, 36), seed=0, processes=1)
+    root, train_dir = str(tmp_path / 'cache'), str(tmp_path / 'train')
+    flags = (*SCRIPT_FLAGS, f'--data_dir={data_dir}', f'--train_dir={train_dir}', f'--cache_dir={root}',
+             '--data_format=images')
+    with subprocess.Popen(script_command('onu_train.py', *flags, '--max_steps=1000'), stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL, text=True, cwd=REPO_ROOT) as killed:
+        for line in killed.stdout:
+            if 'step 20, loss' in line:  # 20 of the epoch's 200 images trained on, a few more decoded
+                killed.send_signal(signal.SIGKILL)
+                break
+        assert killed.wait(timeout=60) == -signal.SIGKILL
+    (partial,) = os.listdir(root)
+    assert partial.endswith(f'.partial-{killed.pid}') and 'manifest.json' not in os.listdir(os.path.join(root, partial))
+    assert os.listdir(os.path.join(root, partial))  # shards were being written
+
+    resumed = run_script('onu_train.py', *flags, '--max_steps=230')
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    folder = os.path.join(root, partial.split('.partial-')[0])
+    assert f'Decoded-epoch cache: 200 images written to {folder}' in resumed.stdout
+    assert os.listdir(root) == [os.path.basename(folder)]  # what the killed run left is gone
+
+    again = run_script('onu_multi_gpu_train.py', *flags, '--max_steps=240')  # the other training script: the same
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f'Decoded-epoch cache: reading {folder}, written by an earlier run.' in again.stdout
+    assert 'step 240, loss' in again.stdout and 'writing' not in again.stdout
