@@ -41,6 +41,7 @@ import time
 from absl import logging
 import tensorflow as tf
 
+from onu_lib import onu_checkpoint
 import onu_model
 
 PS_JOB = 'ps'
@@ -288,10 +289,15 @@ def wait_for_chief(target, config, poll_secs=CHIEF_POLL_SECS, timeout_secs=CHIEF
 
 def newest_checkpoint_line(train_dir):
     """Returns where a run in train_dir resumes from, for a line: 'PATH (step N)' or that there is none yet."""
-    newest = tf.train.latest_checkpoint(train_dir) if train_dir else None
-    if newest is None:
+    listed = onu_checkpoint.list_checkpoints(train_dir) if train_dir else []
+    if not listed:
         return f'no checkpoint in {train_dir} yet'
-    return f'{newest} (step {newest.rsplit("-", 1)[-1]})'
+    return f'{listed[-1]} (step {onu_checkpoint.listed_step(listed[-1])})'
+
+
+def ps_name(index, host):
+    """Returns how lines name a parameter server: 'ps 0 at host:port'."""
+    return f'{PS_JOB} {index} at {host}'
 
 
 def ps_answers(host_port, timeout_secs=PS_PROBE_SECS):
@@ -326,14 +332,14 @@ class PsWatch:
 
     def lost(self):
         """Returns the names of the ps tasks not answering now."""
-        return [f'ps {index} at {host}' for index, host in enumerate(self._task.ps_hosts) if not ps_answers(host)]
+        return [ps_name(index, host) for index, host in enumerate(self._task.ps_hosts) if not ps_answers(host)]
 
     def _watch(self):
         gone_since = {}
         while not self._stopped.wait(self._probe_secs):
             now = time.monotonic()
             for index, host in enumerate(self._task.ps_hosts):
-                name = f'ps {index} at {host}'
+                name = ps_name(index, host)
                 if ps_answers(host):
                     if index in gone_since:
                         print(f'{self._task.name}: {name} is back after {now - gone_since.pop(index):.0f} s; '
