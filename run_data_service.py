@@ -94,7 +94,7 @@ def run_service():
     address = onu_data_service.service_address(dispatcher)
     signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(128 + number))  # to stop the servers below
     try:
-        with onu_launch.running(server_commands(dispatcher, port), REPO_DIR, []) as processes:
+        with onu_launch.Launched(REPO_DIR).running(server_commands(dispatcher, port)) as processes:
             onu_data_service.wait_for_workers(address, FLAGS.num_workers, START_TIMEOUT_SECS)
             print(f'tf.data service ready: {FLAGS.num_workers} worker(s) here for the dispatcher at {address}; '
                   f'train with --data_service={address}', flush=True)

@@ -8,10 +8,13 @@ Every other flag is a training flag (see python onu_train.py --help): it is pass
 The launcher checks the flags and prepares the data once, picks free ports on --host, starts
 --num_ps parameter servers and --num_workers workers of onu_train.py (onu_multi_gpu_train.py when
 --num_gpus is given) with --ps_hosts, --worker_hosts, --job_name and --task_index, prints their
-output prefixed with [ps 0], [worker 1], ..., and waits for the workers. The parameter servers
-stop by themselves once every worker has finished; one still running --ps_grace_secs later, or
-when a worker fails, the --timeout_secs run out or Ctrl-C is pressed, is stopped by the launcher.
-Exit status: 0 when every worker succeeded, else the first failing worker's (1 on a timeout).
+output prefixed with [ps 0], [worker 1], ..., and watches every task. A lost ps is restarted on its
+port (the workers reconnect; the chief restores the newest checkpoint into it), and so is a lost
+worker other than the chief, at most --max_restarts times each within 10 minutes. The parameter
+servers stop by themselves once every worker has finished; one still running --ps_grace_secs
+later, or when the chief fails, a task is lost too often, the --timeout_secs run out or Ctrl-C is
+pressed, is stopped by the launcher. Exit status: 0 when every worker succeeded, else the failing
+task's (1 on a timeout).
 
 On a real cluster run the printed command lines on the machines instead, with their host names
 (see the README).
@@ -42,9 +45,11 @@ flags.DEFINE_float('ps_grace_secs', 30, 'After the workers finish, how long the 
                    'take to stop by themselves before they are stopped.', lower_bound=0)
 flags.DEFINE_float('timeout_secs', None, 'Stop every task after this many seconds (default: no limit).',
                    lower_bound=0)
+flags.DEFINE_integer('max_restarts', 2, 'How many times the launcher restarts one lost task (a ps, or a worker '
+                     'other than the chief) within 10 minutes; one more loss stops the cluster.', lower_bound=0)
 
 REPO_DIR = os.path.dirname(os.path.abspath(__file__))
-LAUNCHER_FLAGS = ('num_workers', 'num_ps', 'host', 'ps_grace_secs', 'timeout_secs')
+LAUNCHER_FLAGS = ('num_workers', 'num_ps', 'host', 'ps_grace_secs', 'timeout_secs', 'max_restarts')
 CLUSTER_FLAGS = ('ps_hosts', 'worker_hosts', 'job_name', 'task_index')
 POLL_SECS = 0.2
 
@@ -74,22 +79,6 @@ def task_commands(ps_hosts, worker_hosts):
     return commands
 
 
-def wait_for_workers(workers, deadline):
-    """Waits until every worker has exited, one fails or the deadline passes; returns the exit status."""
-    while True:
-        codes = {name: process.poll() for name, process in workers}
-        failed = [(name, code) for name, code in codes.items() if code not in (None, 0)]
-        if failed:
-            print(f'{failed[0][0]} failed with exit status {failed[0][1]}: stopping the cluster.', flush=True)
-            return failed[0][1]
-        if all(code == 0 for code in codes.values()):
-            return 0
-        if deadline is not None and time.time() > deadline:
-            print(f'--timeout_secs={FLAGS.timeout_secs:g} ran out: stopping the cluster.', flush=True)
-            return 1
-        time.sleep(POLL_SECS)
-
-
 def wait_for_ps(parameter_servers, grace_secs):
     """Gives the parameter servers grace_secs to stop by themselves; reports each one's end."""
     deadline = time.time() + grace_secs
@@ -114,17 +103,21 @@ def run_cluster():
     ps_hosts = [f'{FLAGS.host}:{port}' for port in ports[:FLAGS.num_ps]]
     worker_hosts = [f'{FLAGS.host}:{port}' for port in ports[FLAGS.num_ps:]]
     deadline = time.time() + FLAGS.timeout_secs if FLAGS.timeout_secs is not None else None
-    processes = []
+    commands = task_commands(ps_hosts, worker_hosts)
+    launched = onu_launch.Launched(REPO_DIR)
     try:
-        with onu_launch.running(task_commands(ps_hosts, worker_hosts), REPO_DIR, processes):
-            parameter_servers, workers = processes[:FLAGS.num_ps], processes[FLAGS.num_ps:]
-            status = wait_for_workers(workers, deadline)
+        with launched.running(commands):
+            chief = f'{onu_cluster.WORKER_JOB} {onu_cluster.CHIEF_INDEX}'
+            status = onu_launch.Supervisor(launched, commands, chief, FLAGS.max_restarts).wait_for_workers(deadline)
+            if status is None:
+                print(f'--timeout_secs={FLAGS.timeout_secs:g} ran out: stopping the cluster.', flush=True)
+                status = 1
             if status == 0:
-                wait_for_ps(parameter_servers, FLAGS.ps_grace_secs)
+                wait_for_ps(launched.processes[:FLAGS.num_ps], FLAGS.ps_grace_secs)
     except KeyboardInterrupt:
         print('interrupted: stopping the cluster.', flush=True)
         status = 130
-    for name, process in processes:
+    for name, process in launched.processes:
         print(f'{name} (pid {process.pid}): exit status {process.returncode}', flush=True)
     return status
 

@@ -21,17 +21,27 @@ The known traps, and how they are handled here:
   a small queue on every ps ("done queue"), and a ps returns once every worker has done so.
 - Synchronous training: the chief hands out spare tokens when it stops, so no worker waits for a
   step that will not come, and its own end-of-run wait is STOP_GRACE_PERIOD_SECS, not 120 s.
+- A lost parameter server: a worker's step, or its new session, waits for it without end inside
+  gRPC. Each worker watches the ps tasks' ports (PsWatch): one line when one stops answering, one
+  when it is back (MonitoredTrainingSession then makes a new session, and the chief restores the
+  newest checkpoint into the restarted ps), and after --ps_wait_secs without it, one line naming
+  the ps and the checkpoint to resume from, and exit status 1.
 
 A library module: explicit arguments only, no flags.
 """
 import contextlib
 import dataclasses
 import json
+import os
+import socket
+import sys
+import threading
 import time
 
 from absl import logging
 import tensorflow as tf
 
+from onu_lib import onu_checkpoint
 import onu_model
 
 PS_JOB = 'ps'
@@ -50,6 +60,9 @@ DONE_SIGNAL_TIMEOUT_SECS = 60
 # Spare tokens per worker when a synchronous run ends: a worker may be waiting in one step and,
 # having read an older global step, start one more before it sees that training is over.
 RELEASE_TOKENS_PER_WORKER = 2
+PS_WAIT_SECS = 300  # --ps_wait_secs: time for a supervisor to restart a lost ps
+PS_PROBE_SECS = 1  # how often a worker checks that each ps still answers
+LOST_PS_EXIT_STATUS = 1
 
 
 class ClusterConfigError(Exception):
@@ -274,17 +287,93 @@ def wait_for_chief(target, config, poll_secs=CHIEF_POLL_SECS, timeout_secs=CHIEF
         print(f'The chief is ready (waited {time.time() - started:.1f} s).', flush=True)
 
 
+def newest_checkpoint_line(train_dir):
+    """Returns where a run in train_dir resumes from, for a line: 'PATH (step N)' or that there is none yet."""
+    listed = onu_checkpoint.list_checkpoints(train_dir) if train_dir else []
+    if not listed:
+        return f'no checkpoint in {train_dir} yet'
+    return f'{listed[-1]} (step {onu_checkpoint.listed_step(listed[-1])})'
+
+
+def ps_name(index, host):
+    """Returns how lines name a parameter server: 'ps 0 at host:port'."""
+    return f'{PS_JOB} {index} at {host}'
+
+
+def ps_answers(host_port, timeout_secs=PS_PROBE_SECS):
+    """True if something accepts a connection at host_port (a ps task serving there)."""
+    host, port = host_port.rsplit(':', 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_secs):
+            return True
+    except OSError:
+        return False
+
+
+class PsWatch:
+    """A worker's watch over the parameter servers: says when one stops answering and when it is back,
+    and ends the process with one line when one stays away wait_secs (its steps would wait forever).
+
+    A thread of its own: the main thread may be blocked in a step that waits for the lost ps.
+    """
+
+    def __init__(self, task, wait_secs, train_dir, probe_secs=PS_PROBE_SECS):
+        self._task, self._wait_secs, self._train_dir, self._probe_secs = task, wait_secs, train_dir, probe_secs
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name='ps-watch', daemon=True)
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def stop(self):
+        """Stops watching (before this worker tells the ps it is done: the ps then stops)."""
+        self._stopped.set()
+
+    def lost(self):
+        """Returns the names of the ps tasks not answering now."""
+        return [ps_name(index, host) for index, host in enumerate(self._task.ps_hosts) if not ps_answers(host)]
+
+    def _watch(self):
+        gone_since = {}
+        while not self._stopped.wait(self._probe_secs):
+            now = time.monotonic()
+            for index, host in enumerate(self._task.ps_hosts):
+                name = ps_name(index, host)
+                if ps_answers(host):
+                    if index in gone_since:
+                        print(f'{self._task.name}: {name} is back after {now - gone_since.pop(index):.0f} s; '
+                              f'training goes on.', flush=True)
+                elif self._stopped.is_set():
+                    return
+                elif index not in gone_since:
+                    gone_since[index] = now
+                    print(f'{self._task.name}: {name} does not answer: waiting up to {self._wait_secs:g} s for it '
+                          f'to come back (--ps_wait_secs).', flush=True)
+                elif now - gone_since[index] > self._wait_secs:
+                    self._give_up(name, now - gone_since[index])
+
+    def _give_up(self, name, waited_secs):
+        """Ends the process: its step or session waits for the lost ps inside gRPC, beyond Python's reach."""
+        print(f'error: {self._task.name} lost {name}: it did not answer for {waited_secs:.0f} s (--ps_wait_secs); '
+              f'restart it, then this worker, to resume from {newest_checkpoint_line(self._train_dir)}.',
+              file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(LOST_PS_EXIT_STATUS)  # pylint: disable=protected-access
+
+
 class Role:
     """This process's part in training: the one worker of a single machine, or one task of a cluster.
 
     The training scripts call the same methods either way; on one machine they do nothing.
     """
 
-    def __init__(self, session_config, task=None, server=None, replicas=None):
+    def __init__(self, session_config, task=None, server=None, replicas=None, ps_watch=None):
         self.session_config = session_config
         self.task = task
         self._server = server
         self._replicas = replicas
+        self.ps_watch = ps_watch
 
     @property
     def is_ps(self):
@@ -342,19 +431,30 @@ class Role:
     def finish(self, steps_run):
         """On a cluster: reports the steps this worker ran and tells the parameter servers it is done."""
         if self.task:
+            lost = self.ps_watch.lost() if self.ps_watch else []
+            if self.ps_watch:
+                self.ps_watch.stop()
             print(f'{self.task.name} ran {steps_run} training steps.', flush=True)
-            signal_worker_done(self.task, self.master, self.session_config)
+            if lost:  # the done signal would wait for it
+                print(f'{self.task.name}: {", ".join(lost)} does not answer: not telling it this worker finished.',
+                      flush=True)
+            else:
+                signal_worker_done(self.task, self.master, self.session_config)
 
 
-def join(task, session_config, sync_replicas=False):
-    """Returns this process's Role: for a cluster task (see resolve_task) its server is started."""
+def join(task, session_config, sync_replicas=False, ps_wait_secs=None, train_dir=None):
+    """Returns this process's Role: for a cluster task (see resolve_task) its server is started, and a worker
+    watches the parameter servers (PsWatch, ps_wait_secs) from then on."""
     if task is None:
         return Role(session_config)
     session_config = task_session_config(session_config, task)
     server = start_server(task, session_config)
     print(f'{task.name} of a cluster of {task.num_ps} ps and {task.num_workers} worker(s): '
           f'serving at {server.target}', flush=True)
-    return Role(session_config, task, server, SyncReplicas(task) if sync_replicas else None)
+    watch = None
+    if task.job_name == WORKER_JOB and ps_wait_secs is not None:
+        watch = PsWatch(task, ps_wait_secs, train_dir).start()
+    return Role(session_config, task, server, SyncReplicas(task) if sync_replicas else None, watch)
 
 
 class SyncReplicas:

@@ -215,6 +215,9 @@ def define_training_flags():
     flags.DEFINE_boolean('sync_replicas', False,
                          'Multi-machine training: each step averages one batch from every worker '
                          '(SyncReplicasOptimizer) instead of asynchronous updates.')
+    flags.DEFINE_float('ps_wait_secs', onu_cluster.PS_WAIT_SECS,
+                       'Multi-machine training: how long a worker waits for a parameter server that stopped '
+                       'answering (for a supervisor to restart it) before it exits with one line.', lower_bound=0)
     onu_cli.define_deprecated_alias('checkpoint_path', 'fine_tune_checkpoint')
 
 
@@ -278,6 +281,7 @@ def training_options():
         profile_steps=parse_profile_steps(FLAGS.profile_steps) if FLAGS.profile_steps else None,
         histograms=FLAGS.histograms, ps_hosts=tuple(FLAGS.ps_hosts), worker_hosts=tuple(FLAGS.worker_hosts),
         job_name=FLAGS.job_name, task_index=FLAGS.task_index, sync_replicas=FLAGS.sync_replicas,
+        ps_wait_secs=FLAGS.ps_wait_secs,
         data_service=onu_data_service.service_address(FLAGS.data_service) if FLAGS.data_service else None,
         flag_values=project_flag_values())
 

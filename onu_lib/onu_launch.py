@@ -1,5 +1,5 @@
 """Processes of one machine that the launchers (run_local_cluster.py, run_data_service.py) start and stop: free
-ports, output prefixed with the process's name, and stopping what is left.
+ports, output prefixed with the process's name, stopping what is left, and restarting a cluster's lost tasks.
 
 A library module: explicit arguments only, no flags.
 """
@@ -11,6 +11,8 @@ import threading
 import time
 
 TERMINATE_WAIT_SECS = 10
+POLL_SECS = 0.2
+RESTART_WINDOW_SECS = 600
 
 
 def free_ports(host, count):
@@ -62,16 +64,84 @@ def stop(processes, printers=()):
         printer.join(timeout=TERMINATE_WAIT_SECS)
 
 
-@contextlib.contextmanager
-def running(commands, cwd, processes):
-    """Starts each (name, command) of commands in cwd (start_process), appending (name, process) to the list
-    processes; on the way out, whatever happened, stops those still running (stop)."""
-    printers = []
-    try:
-        for name, command in commands:
-            process, printer = start_process(name, command, cwd)
-            processes.append((name, process))
-            printers.append(printer)
-        yield processes
-    finally:
-        stop(processes, printers)
+class Launched:
+    """The processes a launcher started in cwd, as (name, process) in start order, with their printers."""
+
+    def __init__(self, cwd):
+        self.cwd = cwd
+        self.processes = []
+        self._printers = []
+
+    @contextlib.contextmanager
+    def running(self, commands):
+        """Starts each (name, command) of commands (start_process); on the way out, whatever happened, stops those
+        still running (stop)."""
+        try:
+            for name, command in commands:
+                self._start(name, command)
+            yield self.processes
+        finally:
+            stop(self.processes, self._printers)
+
+    def restart(self, index, command):
+        """Starts command again in place of the exited process at index (same name)."""
+        name, _ = self.processes[index]
+        process, printer = start_process(name, command, self.cwd)
+        self.processes[index] = (name, process)
+        self._printers.append(printer)
+
+    def _start(self, name, command):
+        process, printer = start_process(name, command, self.cwd)
+        self.processes.append((name, process))
+        self._printers.append(printer)
+
+
+
+class Supervisor:
+    """Watches a cluster's tasks as a supervisor would. A lost ps is restarted (same command, same port: the workers
+    reconnect and the chief restores the newest checkpoint into it), and so is a lost worker other than the chief,
+    at most max_restarts times per task within RESTART_WINDOW_SECS. A lost chief, or a task lost once more, stops
+    the cluster. Tasks are named 'ps N' and 'worker N'; an exit status of 0 is a worker done, or a ps stopped by
+    itself once every worker said so."""
+
+    def __init__(self, launched, commands, chief, max_restarts):
+        self._launched, self._commands, self._chief = launched, dict(commands), chief
+        self._max_restarts = max_restarts
+        self._losses = {}  # task name -> monotonic times it was lost
+
+    def wait_for_workers(self, deadline=None):
+        """Waits until every worker has exited 0, restarting lost tasks; returns 0, the status that stopped the
+        cluster, or None when the deadline (a time.time()) passed."""
+        while True:
+            workers = [process for name, process in self._launched.processes if name.startswith('worker')]
+            if all(process.poll() == 0 for process in workers):
+                return 0
+            for index, (name, process) in enumerate(self._launched.processes):
+                if process.poll() not in (None, 0):
+                    status = self._lost(index, name, process.returncode)
+                    if status is not None:
+                        return status
+            if deadline is not None and time.time() > deadline:
+                return None
+            time.sleep(POLL_SECS)
+
+    def _lost(self, index, name, code):
+        """Restarts the task that exited with code, or returns the exit status that stops the cluster."""
+        if name == self._chief:
+            print(f'{name} (the chief) failed with exit status {code}: stopping the cluster; run the same command '
+                  f'again to resume from its newest checkpoint.', flush=True)
+            return code
+        now = time.monotonic()
+        losses = [lost for lost in self._losses.get(name, []) if now - lost < RESTART_WINDOW_SECS] + [now]
+        self._losses[name] = losses
+        window = f'{RESTART_WINDOW_SECS / 60:g} minutes'
+        if len(losses) > self._max_restarts:
+            print(f'{name} exited with status {code}, lost {len(losses)} time(s) within {window} '
+                  f'(--max_restarts={self._max_restarts}): stopping the cluster.', flush=True)
+            return code
+        then = ('the workers reconnect and the chief restores the newest checkpoint into it' if name.startswith('ps')
+                else 'it rejoins the training')
+        print(f'{name} exited with status {code}: restarting it (restart {len(losses)} of {self._max_restarts} '
+              f'within {window}); {then}.', flush=True)
+        self._launched.restart(index, self._commands[name])
+        return None

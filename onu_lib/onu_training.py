@@ -9,6 +9,8 @@ import dataclasses
 import math
 import os
 import signal
+import socket
+import threading
 import time
 import zlib
 from datetime import datetime
@@ -79,6 +81,7 @@ class TrainingOptions:
     job_name: object              # str or None
     task_index: int
     sync_replicas: bool
+    ps_wait_secs: float           # how long a cluster worker waits for a lost ps
     data_service: object          # grpc://HOST:PORT of a tf.data service, or None
     flag_values: dict             # recorded in run_config.json
 
@@ -466,17 +469,25 @@ class NanLossHook(tf.compat.v1.train.SessionRunHook):
 class StopOnSignalHook(tf.compat.v1.train.SessionRunHook):
     """SIGTERM or SIGINT asks training to stop after the current step (the chief then saves it).
 
-    A second signal stops at once, as without this hook. received: the signal, or None.
+    A second signal stops at once, as without this hook. On a cluster task (blocked_exit_secs given), a step can
+    wait for a lost task without end: if no step ends within blocked_exit_secs of the signal, the process ends
+    with one line (ps_watch names a lost ps in it). received: the signal, or None.
     """
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-    def __init__(self):
+    def __init__(self, blocked_exit_secs=None, train_dir=None, ps_watch=None):
         self.received = None
         self._previous = {}
+        self._blocked_exit_secs, self._train_dir, self._ps_watch = blocked_exit_secs, train_dir, ps_watch
+        self._steps_since_signal = 0
+        self._ended = False
+        self._wakeup = None
 
     def begin(self):
         self._previous = {number: signal.signal(number, self._handle) for number in self.SIGNALS}
+        if self._blocked_exit_secs is not None:
+            self._watch_for_blocked_stop()
 
     def _handle(self, number, frame):
         if self.received is not None:  # asked twice: stop now
@@ -486,8 +497,38 @@ class StopOnSignalHook(tf.compat.v1.train.SessionRunHook):
         self.received = number
         print(f'{signal.Signals(number).name} received: stopping after this step.', flush=True)
 
+    def _watch_for_blocked_stop(self):
+        """Hears a signal in a thread of its own: Python runs _handle only once the main thread's step returns."""
+        reader, writer = socket.socketpair()
+        writer.setblocking(False)
+        # The C-level handler writes the signal's number here at once, even while the main thread waits in C++.
+        self._wakeup = (reader, writer, signal.set_wakeup_fd(writer.fileno()))
+        threading.Thread(target=self._stop_if_blocked, args=(reader,), name='stop-if-blocked', daemon=True).start()
+
+    def _stop_if_blocked(self, reader):
+        """After a signal, waits blocked_exit_secs; ends the process if no step ended meanwhile."""
+        number = None
+        while number is None:
+            try:
+                received = reader.recv(64)
+            except OSError:  # closed by restore(): training ended
+                return
+            if not received:
+                return
+            number = next((byte for byte in received if byte in self.SIGNALS), None)
+        time.sleep(self._blocked_exit_secs)
+        if self._ended or self._steps_since_signal:
+            return
+        lost = self._ps_watch.lost() if self._ps_watch else []
+        waiting_for = f'{", ".join(lost)} does not answer' if lost else 'the step waits for the cluster'
+        print(f'Stopped by {signal.Signals(number).name}: no step ended within {self._blocked_exit_secs:g} s of it '
+              f'({waiting_for}), so no checkpoint could be written; resume from '
+              f'{onu_cluster.newest_checkpoint_line(self._train_dir)}.', flush=True)
+        os._exit(128 + number)  # pylint: disable=protected-access  (the step waits inside gRPC, beyond Python)
+
     def after_run(self, run_context, run_values):
         if self.received is not None:
+            self._steps_since_signal += 1
             run_context.request_stop()
 
     def end(self, session):
@@ -495,9 +536,45 @@ class StopOnSignalHook(tf.compat.v1.train.SessionRunHook):
 
     def restore(self):
         """Puts back the signal handlers there were before."""
+        self._ended = True
         for number, handler in self._previous.items():
             signal.signal(number, handler)
         self._previous = {}
+        if self._wakeup:
+            reader, writer, previous_fd = self._wakeup
+            signal.set_wakeup_fd(previous_fd)
+            writer.close()
+            reader.close()
+            self._wakeup = None
+
+
+class NewSessionHook(tf.compat.v1.train.SessionRunHook):
+    """On a cluster worker: one line when MonitoredTrainingSession makes a new session after a lost task (a
+    restarted ps) came back; the chief's says which checkpoint it restored and how many steps that lost."""
+
+    def __init__(self, global_step, task, train_dir):
+        self._global_step, self._task, self._train_dir = global_step, task, train_dir
+        self._sessions = 0
+        self._last_step = None
+
+    def after_create_session(self, session, coord):
+        self._sessions += 1
+        step = int(session.run(self._global_step))
+        if self._sessions == 1:
+            return
+        if self._task.is_chief:
+            lost = f'{max(0, self._last_step - step)}' if self._last_step is not None else 'no'
+            print(f'{self._task.name}: the cluster is back: restored {onu_cluster.newest_checkpoint_line(self._train_dir)}'
+                  f' into the parameter servers; {lost} step(s) lost (the last step here was '
+                  f'{self._last_step}).', flush=True)
+        else:
+            print(f'{self._task.name}: the cluster is back: training goes on from step {step}.', flush=True)
+
+    def before_run(self, run_context):
+        return tf.compat.v1.train.SessionRunArgs(self._global_step)
+
+    def after_run(self, run_context, run_values):
+        self._last_step = int(run_values.results) + 1
 
 
 def make_scaffold(train_dir, resume_from, fine_tune_checkpoint, checkpoint_exclude_scopes, keep_checkpoint_max):
@@ -510,6 +587,10 @@ def make_scaffold(train_dir, resume_from, fine_tune_checkpoint, checkpoint_exclu
         print(f'{train_dir} already has a checkpoint: resuming from it, not from '
               f'--fine_tune_checkpoint.', flush=True)
     return tf.compat.v1.train.Scaffold(init_fn=init_fn, saver=onu_checkpoint.training_saver(keep_checkpoint_max))
+
+
+# On a cluster, how long after SIGTERM or SIGINT a task whose step has not ended stops without one.
+BLOCKED_STOP_SECS = 10
 
 
 # CheckpointSaverHook needs a period; --save_checkpoint_secs=0 (no saves by time) gets one of ~32 years.
@@ -535,7 +616,7 @@ def training_hooks(options, run_config, role, scaffold, total_loss, global_step,
     hooks = [tf.compat.v1.train.StopAtStepHook(last_step=options.max_steps),
              NanLossHook(total_loss, global_step, learning_rate, train_dir if role.is_chief else None)] + role.hooks()
     if role.task is not None:
-        hooks.append(RunCompleteHook(global_step, options.max_steps))
+        hooks += [RunCompleteHook(global_step, options.max_steps), NewSessionHook(global_step, role.task, train_dir)]
     if role.is_chief:
         listeners = []
         if options.export_every_n_epochs:
@@ -551,7 +632,7 @@ def training_hooks(options, run_config, role, scaffold, total_loss, global_step,
         hooks.append(ProfileHook(train_dir, *options.profile_steps, global_step))
     if options.data_service:
         hooks.append(onu_data_service.WorkerWatchHook(options.data_service))
-    hooks.append(StopOnSignalHook())
+    hooks.append(StopOnSignalHook(BLOCKED_STOP_SECS, train_dir, role.ps_watch) if role.task else StopOnSignalHook())
     return hooks
 
 
@@ -615,7 +696,7 @@ def training_role(options):
                                     options.task_index, os.environ.get('TF_CONFIG'), options.sync_replicas,
                                     options.model is not None)
     session = onu_precision.set_precision_options(onu_precision.session_config(), precision.compute_dtype, options.xla)
-    return precision, onu_cluster.join(task, session, options.sync_replicas)
+    return precision, onu_cluster.join(task, session, options.sync_replicas, options.ps_wait_secs, options.train_dir)
 
 
 def training_run_config(options, precision, data, info):

@@ -56,6 +56,21 @@ from onu_lib import onu_dataset  # noqa: E402
 from onu_lib import onu_run_config  # noqa: E402
 from onu_lib import onu_sample_data  # noqa: E402
 
+# The test files that take longest (seconds in one suite run, 2026-12-03), longest first. pytest-xdist hands out
+# whole files (--dist loadfile) in collection order, so these go first: left to the alphabet, test_onu_train.py
+# started last and ran alone for minutes while the other worker had nothing left to do.
+LONGEST_FILES = ('test_onu_train.py', 'test_onu_benchmark.py', 'test_onu_cluster.py', 'test_onu_eval.py',
+                 'test_onu_checkpoint.py', 'test_onu_run_folder.py', 'test_onu_data_service.py',
+                 'test_onu_decoded_cache.py', 'test_onu_model.py', 'test_onu_layouts.py', 'test_onu_hparams.py',
+                 'test_onu_input.py')
+
+
+def pytest_collection_modifyitems(items):
+    """Runs the files of LONGEST_FILES first, longest first, and the rest after them in their own order."""
+    rank = {name: index for index, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FILES)))
+
+
 TINY_IMAGE_SIZE = (64, 48)
 PATTERN_SIZE = (48, 32)
 QUADRANT_COLOURS = ((220, 30, 30), (30, 200, 40), (30, 40, 210), (240, 240, 240))  # TL, TR, BL, BR

@@ -55,7 +55,7 @@ def test_a_script_starts_quietly_whatever_the_users_log_level(tmp_path, level):
 
 
 # After start-up, TensorFlow's C++ WARNING that a dataset's cache was read in part: shown at levels 0 and 1 only.
-# Also: Keras's optional imports are left out of the start and import as usual afterwards, and the garbage collection
+# Also: Keras 3 and its optional imports are left out of the start and import as usual afterwards, and the garbage collection
 # at exit is skipped (this handler, registered first, runs last).
 AFTER_START_UP = '''
 import atexit, gc, sys
@@ -63,9 +63,10 @@ atexit.register(lambda: print(f'frozen at exit: {gc.get_freeze_count() > 0}', fi
 from onu_lib import onu_cli
 tf = onu_cli.import_tensorflow()
 print('started', file=sys.stderr, flush=True)
-print(f'loaded: {[name for name in onu_cli.KERAS_OPTIONAL_IMPORTS if name in sys.modules]}', file=sys.stderr)
+print(f'loaded: {[name for name in onu_cli.SKIPPED_AT_START_UP if name in sys.modules]}', file=sys.stderr)
 import IPython, matplotlib.pyplot
 print(f'imported: {IPython.get_ipython()}, {matplotlib.pyplot.figure is not None}', file=sys.stderr)
+print(f'tf.keras: {tf.keras.layers.Dense(2)(tf.ones([1, 3])).shape}', file=sys.stderr)
 next(iter(tf.data.Dataset.range(10).cache()))  # the iterator is dropped with 9 elements unread
 '''
 CACHE_WARNING = 'The calling iterator did not fully read the dataset being cached'
@@ -79,7 +80,7 @@ def test_the_users_log_level_governs_what_tensorflow_logs_after_start_up(level, 
     start_up, after = result.stderr.split('started\n')
     assert start_up == ''
     assert (CACHE_WARNING in after) == shown
-    assert after.startswith('loaded: []\nimported: None, True\n')
+    assert after.startswith('loaded: []\nimported: None, True\ntf.keras: (1, 2)\n')
     assert after.endswith('frozen at exit: True\n')
 
 

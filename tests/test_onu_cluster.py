@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 
@@ -168,28 +169,82 @@ def assert_all_exited(pids):
             os.kill(pid, 0)
 
 
-def test_launcher_trains_asynchronously_and_the_chief_checkpoint_evaluates(cluster_data_dir, tmp_path):
+class Output:
+    """A running process's output, read line by line by a thread; wait_for(pattern) waits until it shows."""
+
+    def __init__(self, stream):
+        self.text = ''
+        self._changed = threading.Condition()
+        self._reader = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._reader.start()
+
+    def _read(self, stream):
+        for line in stream:
+            with self._changed:
+                self.text += line
+                self._changed.notify_all()
+
+    def wait_for(self, pattern, timeout_secs=PROCESS_TIMEOUT_SECS):
+        """Returns the first match of pattern in the output, once there."""
+        deadline = time.monotonic() + timeout_secs
+        with self._changed:
+            while not (match := re.search(pattern, self.text)):
+                assert time.monotonic() < deadline, f'{pattern!r} not seen in {timeout_secs} s:\n{self.text[-4000:]}'
+                self._changed.wait(1)
+            return match
+
+    def finish(self):
+        """Returns the whole output once the stream has ended."""
+        self._reader.join(timeout=30)
+        return self.text
+
+
+def wait_for_checkpoint(train_dir, min_step, timeout_secs=PROCESS_TIMEOUT_SECS):
+    """Returns once train_dir lists a checkpoint of min_step or later."""
+    deadline = time.monotonic() + timeout_secs
+    while not any(int(step) >= min_step for step in re.findall(r'model\.ckpt-(\d+)\.index', ' '.join(
+            os.listdir(train_dir) if os.path.isdir(train_dir) else []))):
+        assert time.monotonic() < deadline, f'no checkpoint of step {min_step} or later in {train_dir}'
+        time.sleep(0.2)
+
+
+def test_launcher_trains_asynchronously_through_a_lost_ps_and_worker_and_the_chief_checkpoint_evaluates(
+        cluster_data_dir, tmp_path):
     train_dir = str(tmp_path / 'train')
     launcher = subprocess.Popen(
         script_command('run_local_cluster.py', '--num_workers=2', *CLUSTER_FLAGS, f'--data_dir={cluster_data_dir}',
-                       f'--train_dir={train_dir}', '--max_steps=30', '--timeout_secs=240'),
+                       f'--train_dir={train_dir}', '--max_steps=600', '--save_checkpoint_steps=20',
+                       '--timeout_secs=240'),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT, start_new_session=True)
     try:
-        output, _ = launcher.communicate(timeout=PROCESS_TIMEOUT_SECS)
+        watched = Output(launcher.stdout)
+        ps_pid = int(watched.wait_for(r'started ps 0 \(pid (\d+)\)').group(1))
+        wait_for_checkpoint(train_dir, 20)
+        os.kill(ps_pid, signal.SIGKILL)  # a lost machine: the launcher restarts the ps, the chief restores into it
+        restored = watched.wait_for(r'worker 0: the cluster is back: restored \S+model\.ckpt-(\d+) \(step (\d+)\) into '
+                                    r'the parameter servers; (\d+) step\(s\) lost')
+        os.kill(int(re.findall(r'started worker 1 \(pid (\d+)\)', watched.text)[-1]), signal.SIGKILL)
+        launcher.wait(timeout=PROCESS_TIMEOUT_SECS)
     finally:
         if launcher.poll() is None:
             os.killpg(launcher.pid, signal.SIGKILL)
             launcher.wait()
+    output = watched.finish()
     assert launcher.returncode == 0, output[-4000:]
+    assert output.count('ps 0 exited with status -9: restarting it (restart 1 of 2 within 10 minutes); the workers '
+                        'reconnect and the chief restores the newest checkpoint into it.') == 1
+    assert restored.group(1) == restored.group(2) and int(restored.group(2)) >= 20  # the newest checkpoint, by then
+    assert output.count('the cluster is back: restored') == 1
+    assert 'worker 1 exited with status -9: restarting it (restart 1 of 2 within 10 minutes)' in output
+    assert 'Traceback' not in output
     steps = steps_run_by_workers(output)
-    assert set(steps) == {0, 1} and min(steps.values()) >= 1, steps  # both advanced the global step
-    assert sum(steps.values()) >= 30  # asynchronous: each worker step is one global step
+    assert set(steps) == {0, 1} and min(steps.values()) >= 1, steps  # the restarted worker 1 advanced it too
     waiting = {int(worker) for worker in re.findall(r'\[worker (\d+)\] [^\n]*% waiting for input', output)}
     assert waiting == {0, 1}  # every worker logs its own input wait
     assert 'ps 0: every worker finished; stopping.' in output
     assert 'ps 0 stopped by itself (exit status 0).' in output
     assert_all_exited(int(pid) for pid in re.findall(r'started \w+ \d+ \(pid (\d+)\)', output))
-    assert checkpoint_step(train_dir) >= 30
+    assert checkpoint_step(train_dir) >= 600
     # The chief alone writes summaries, the HParams session and the run configuration.
     assert len([name for name in os.listdir(train_dir)
                 if name.startswith('events.out.tfevents') and '.hparams-' not in name]) == 1
@@ -266,3 +321,86 @@ def test_synchronous_workers_configured_by_tf_config_all_exit_promptly(cluster_d
     reader = tf.train.load_checkpoint(train_dir)
     shadow = reader.get_tensor('SmallNet/Logits/biases/ExponentialMovingAverage')
     assert np.any(shadow != 0)  # the biases start at 0: the averages moved
+
+
+def test_workers_started_by_hand_stop_with_one_line_when_their_ps_is_lost_and_sigterm_ends_a_blocked_one(
+        cluster_data_dir, tmp_path):
+    train_dir = str(tmp_path / 'train')
+    hosts = [f'127.0.0.1:{port}' for port in onu_launch.free_ports('127.0.0.1', 3)]
+    cluster = [f'--ps_hosts={hosts[0]}', f'--worker_hosts={hosts[1]},{hosts[2]}']
+    tasks = [('ps', 0), ('worker', 0), ('worker', 1)]
+    processes, watched = [], []
+    try:
+        for job, index in tasks:
+            processes.append(subprocess.Popen(
+                script_command('onu_train.py', *CLUSTER_FLAGS, *cluster, f'--job_name={job}', f'--task_index={index}',
+                               f'--data_dir={cluster_data_dir}', f'--train_dir={train_dir}', '--max_steps=100000',
+                               # worker 1 would wait longer than its SIGTERM takes to end it
+                               '--save_checkpoint_steps=20', f'--ps_wait_secs={60 if index == 1 else 8}'),
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT, start_new_session=True))
+            watched.append(Output(processes[-1].stdout))
+        wait_for_checkpoint(train_dir, 20)
+        processes[0].kill()  # the ps's machine is lost, and nothing restarts it
+        lost_at = time.monotonic()
+        # Worker 1 notices, and its step (or new session) now waits for the ps inside gRPC: SIGTERM still ends it.
+        watched[2].wait_for(rf'worker 1: ps 0 at {hosts[0]} does not answer: waiting up to 60 s for it to come back',
+                            timeout_secs=30)
+        processes[2].send_signal(signal.SIGTERM)
+        termed_at = time.monotonic()
+        processes[2].wait(timeout=30)
+        term_secs = time.monotonic() - termed_at
+        processes[1].wait(timeout=60)
+        lost_secs = time.monotonic() - lost_at
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+    chief, worker = watched[1].finish(), watched[2].finish()
+    newest = tf.train.latest_checkpoint(train_dir)
+    assert processes[2].returncode == 128 + signal.SIGTERM and term_secs < 15, (term_secs, worker[-3000:])
+    assert (f'Stopped by SIGTERM: no step ended within 10 s of it (ps 0 at {hosts[0]} does not answer), so no '
+            f'checkpoint could be written; resume from {newest} (step {newest.rsplit("-", 1)[1]}).') in worker
+    assert processes[1].returncode == 1 and lost_secs < 8 + 30, (lost_secs, chief[-3000:])
+    assert re.search(rf'error: worker 0 lost ps 0 at {hosts[0]}: it did not answer for (8|9|10|11) s \(--ps_wait_secs\); '
+                     rf'restart it, then this worker, to resume from {re.escape(newest)} \(step \d+\)\.', chief), chief
+    assert 'Traceback' not in chief + worker
+
+
+def test_the_supervisor_restarts_lost_tasks_up_to_its_limit_and_a_lost_chief_stops_the_cluster(tmp_path, capsys):
+    sleeping = [sys.executable, '-c', 'import time; time.sleep(120)']
+    commands = [('ps 0', sleeping), ('worker 0', sleeping), ('worker 1', sleeping)]
+
+    def restarted(launched, index, before):
+        """Waits until the process at index is no longer before (the supervisor started it again)."""
+        deadline = time.monotonic() + 30
+        while launched.processes[index][1] is before:
+            assert time.monotonic() < deadline, capsys.readouterr().out
+            time.sleep(0.1)
+
+    launched = onu_launch.Launched(str(tmp_path))
+    with launched.running(commands):
+        supervisor = onu_launch.Supervisor(launched, commands, 'worker 0', max_restarts=1)
+        result = {}
+        waiting = threading.Thread(target=lambda: result.update(status=supervisor.wait_for_workers(time.time() + 60)))
+        waiting.start()
+        for index in (0, 2):  # the ps, then worker 1: each restarted once
+            lost = launched.processes[index][1]
+            lost.kill()
+            restarted(launched, index, lost)
+        launched.processes[0][1].kill()  # the ps once more: over the limit of 1
+        waiting.join(timeout=30)
+        pids = [process.pid for _, process in launched.processes]
+    out = capsys.readouterr().out
+    assert result == {'status': -9}, out
+    assert 'ps 0 exited with status -9: restarting it (restart 1 of 1 within 10 minutes); the workers reconnect' in out
+    assert 'worker 1 exited with status -9: restarting it (restart 1 of 1 within 10 minutes); it rejoins' in out
+    assert 'ps 0 exited with status -9, lost 2 time(s) within 10 minutes (--max_restarts=1): stopping the cluster.' in out
+    assert_all_exited(pids)
+
+    launched = onu_launch.Launched(str(tmp_path))
+    with launched.running(commands):
+        launched.processes[1][1].kill()
+        status = onu_launch.Supervisor(launched, commands, 'worker 0', max_restarts=1).wait_for_workers()
+    assert status == -9
+    assert 'worker 0 (the chief) failed with exit status -9: stopping the cluster' in capsys.readouterr().out
