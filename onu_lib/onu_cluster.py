@@ -304,15 +304,15 @@ def ps_answers(host_port, timeout_secs=PS_PROBE_SECS):
     """True if something accepts a connection at host_port (a ps task serving there)."""
     host, port = host_port.rsplit(':', 1)
     try:
-        with socket.create_connection((host, int(port)), timeout=timeout_secs):
+        with socket.create_connection((host.strip('[]'), int(port)), timeout=timeout_secs):  # [::1]: IPv6
             return True
     except OSError:
         return False
 
 
 class PsWatch:
-    """A worker's watch over the parameter servers: says when one stops answering and when it is back,
-    and ends the process with one line when one stays away wait_secs (its steps would wait forever).
+    """A worker's watch over the parameter servers: says when one that answered stops answering and when it is
+    back, and ends the process with one line when one stays away wait_secs (its steps would wait forever).
 
     A thread of its own: the main thread may be blocked in a step that waits for the lost ps.
     """
@@ -335,17 +335,20 @@ class PsWatch:
         return [ps_name(index, host) for index, host in enumerate(self._task.ps_hosts) if not ps_answers(host)]
 
     def _watch(self):
-        gone_since = {}
+        gone_since, answered = {}, set()  # a ps not started yet is waited for as before, without end
         while not self._stopped.wait(self._probe_secs):
             now = time.monotonic()
             for index, host in enumerate(self._task.ps_hosts):
                 name = ps_name(index, host)
                 if ps_answers(host):
+                    answered.add(index)
                     if index in gone_since:
                         print(f'{self._task.name}: {name} is back after {now - gone_since.pop(index):.0f} s; '
                               f'training goes on.', flush=True)
                 elif self._stopped.is_set():
                     return
+                elif index not in answered:
+                    continue
                 elif index not in gone_since:
                     gone_since[index] = now
                     print(f'{self._task.name}: {name} does not answer: waiting up to {self._wait_secs:g} s for it '

@@ -470,8 +470,8 @@ class StopOnSignalHook(tf.compat.v1.train.SessionRunHook):
     """SIGTERM or SIGINT asks training to stop after the current step (the chief then saves it).
 
     A second signal stops at once, as without this hook. On a cluster task (blocked_exit_secs given), a step can
-    wait for a lost task without end: if no step ends within blocked_exit_secs of the signal, the process ends
-    with one line (ps_watch names a lost ps in it). received: the signal, or None.
+    wait for a lost ps without end: if no step has ended blocked_exit_secs after the signal and ps_watch finds a
+    ps lost, the process ends with one line naming it. received: the signal, or None.
     """
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -517,14 +517,15 @@ class StopOnSignalHook(tf.compat.v1.train.SessionRunHook):
                 return
             number = next((byte for byte in received if byte in self.SIGNALS), None)
         time.sleep(self._blocked_exit_secs)
-        if self._ended or self._steps_since_signal:
-            return
-        lost = self._ps_watch.lost() if self._ps_watch else []
-        waiting_for = f'{", ".join(lost)} does not answer' if lost else 'the step waits for the cluster'
-        print(f'Stopped by {signal.Signals(number).name}: no step ended within {self._blocked_exit_secs:g} s of it '
-              f'({waiting_for}), so no checkpoint could be written; resume from '
-              f'{onu_cluster.newest_checkpoint_line(self._train_dir)}.', flush=True)
-        os._exit(128 + number)  # pylint: disable=protected-access  (the step waits inside gRPC, beyond Python)
+        # A slow step, or the final checkpoint being written, is waited for; a step waiting for a lost ps is not.
+        while not (self._ended or self._steps_since_signal):
+            lost = self._ps_watch.lost() if self._ps_watch else []
+            if lost:
+                print(f'Stopped by {signal.Signals(number).name}: no step ended within {self._blocked_exit_secs:g} s '
+                      f'of it ({", ".join(lost)} does not answer), so no checkpoint could be written; resume from '
+                      f'{onu_cluster.newest_checkpoint_line(self._train_dir)}.', flush=True)
+                os._exit(128 + number)  # pylint: disable=protected-access  (the step waits inside gRPC)
+            time.sleep(1)
 
     def after_run(self, run_context, run_values):
         if self.received is not None:
@@ -563,10 +564,10 @@ class NewSessionHook(tf.compat.v1.train.SessionRunHook):
         if self._sessions == 1:
             return
         if self._task.is_chief:
-            lost = f'{max(0, self._last_step - step)}' if self._last_step is not None else 'no'
+            lost = (f'{max(0, self._last_step - step)} step(s) lost (the last step here was {self._last_step})'
+                    if self._last_step is not None else 'no step had run here')
             print(f'{self._task.name}: the cluster is back: restored {onu_cluster.newest_checkpoint_line(self._train_dir)}'
-                  f' into the parameter servers; {lost} step(s) lost (the last step here was '
-                  f'{self._last_step}).', flush=True)
+                  f' into the parameter servers; {lost}.', flush=True)
         else:
             print(f'{self._task.name}: the cluster is back: training goes on from step {step}.', flush=True)
 

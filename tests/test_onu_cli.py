@@ -55,7 +55,7 @@ def test_a_script_starts_quietly_whatever_the_users_log_level(tmp_path, level):
 
 
 # After start-up, TensorFlow's C++ WARNING that a dataset's cache was read in part: shown at levels 0 and 1 only.
-# Also: Keras 3 and its optional imports are left out of the start and import as usual afterwards, and the garbage collection
+# Also: Keras's optional imports are left out of the start and import as usual afterwards, as does tensorflow.keras, and the garbage collection
 # at exit is skipped (this handler, registered first, runs last).
 AFTER_START_UP = '''
 import atexit, gc, sys
@@ -66,7 +66,8 @@ print('started', file=sys.stderr, flush=True)
 print(f'loaded: {[name for name in onu_cli.SKIPPED_AT_START_UP if name in sys.modules]}', file=sys.stderr)
 import IPython, matplotlib.pyplot
 print(f'imported: {IPython.get_ipython()}, {matplotlib.pyplot.figure is not None}', file=sys.stderr)
-print(f'tf.keras: {tf.keras.layers.Dense(2)(tf.ones([1, 3])).shape}', file=sys.stderr)
+from tensorflow.keras import layers
+print(f'tf.keras: {layers.Dense(2)(tf.ones([1, 3])).shape}', file=sys.stderr)
 next(iter(tf.data.Dataset.range(10).cache()))  # the iterator is dropped with 9 elements unread
 '''
 CACHE_WARNING = 'The calling iterator did not fully read the dataset being cached'

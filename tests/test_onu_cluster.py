@@ -223,7 +223,7 @@ def test_launcher_trains_asynchronously_through_a_lost_ps_and_worker_and_the_chi
         os.kill(ps_pid, signal.SIGKILL)  # a lost machine: the launcher restarts the ps, the chief restores into it
         restored = watched.wait_for(r'worker 0: the cluster is back: restored \S+model\.ckpt-(\d+) \(step (\d+)\) into '
                                     r'the parameter servers; (\d+) step\(s\) lost')
-        os.kill(int(re.findall(r'started worker 1 \(pid (\d+)\)', watched.text)[-1]), signal.SIGKILL)
+        os.kill(int(re.findall(r'started worker 1 \(pid (\d+)\)', watched.text)[-1]), signal.SIGKILL)  # still training
         launcher.wait(timeout=PROCESS_TIMEOUT_SECS)
     finally:
         if launcher.poll() is None:
@@ -238,7 +238,7 @@ def test_launcher_trains_asynchronously_through_a_lost_ps_and_worker_and_the_chi
     assert 'worker 1 exited with status -9: restarting it (restart 1 of 2 within 10 minutes)' in output
     assert 'Traceback' not in output
     steps = steps_run_by_workers(output)
-    assert set(steps) == {0, 1} and min(steps.values()) >= 1, steps  # the restarted worker 1 advanced it too
+    assert set(steps) == {0, 1} and steps[0] >= 1, steps  # the restarted worker 1 may find the run complete
     waiting = {int(worker) for worker in re.findall(r'\[worker (\d+)\] [^\n]*% waiting for input', output)}
     assert waiting == {0, 1}  # every worker logs its own input wait
     assert 'ps 0: every worker finished; stopping.' in output
