@@ -40,7 +40,7 @@ HARMLESS_WARNING_MESSAGES = r'.*(deprecated|dtype argument)'
 # Keras 3, which TensorFlow imports, imports these at start-up if it can, for notebook display and image galleries
 # that no script uses: 0.9 s of every script's start. Kept out while TensorFlow loads (Keras goes without them).
 # (Keras 3 itself stays: kept out, it would leave `from tensorflow.keras import ...` broken for the whole process.)
-SKIPPED_AT_START_UP = ('IPython', 'matplotlib')
+KERAS_OPTIONAL_IMPORTS = ('IPython', 'matplotlib')
 # TensorFlow's C++ lines at start-up: INFO and WARNING lines, absl's note that logging is not
 # initialised yet, and the CUDA driver probe failing on a machine without a GPU.
 NATIVE_START_UP_LINE = re.compile(r'([IW]\d{4} [\d:.]+ +\d+ \S+:\d+\] |'
@@ -99,10 +99,10 @@ def native_lines_dropped(pattern):
 
 
 @contextlib.contextmanager
-def start_up_imports_skipped():
-    """Within it, the packages of SKIPPED_AT_START_UP not loaded yet cannot be imported; afterwards they import
+def keras_optional_imports_skipped():
+    """Within it, the packages of KERAS_OPTIONAL_IMPORTS not loaded yet cannot be imported; afterwards they import
     as usual."""
-    skipped = [name for name in SKIPPED_AT_START_UP if name not in sys.modules]
+    skipped = [name for name in KERAS_OPTIONAL_IMPORTS if name not in sys.modules]
     for name in skipped:
         sys.modules[name] = None  # an import of it raises ImportError, which Keras catches
     try:
@@ -128,10 +128,10 @@ def import_tensorflow():
     # Not skipped for a TF_CPP_MIN_LOG_LEVEL the user set: no level stops these lines (users set 2 to quiet
     # TensorFlow, and got the oneDNN, cudart and cuInit lines back). Their level governs what follows.
     if verbose_requested():
-        with start_up_imports_skipped():
+        with keras_optional_imports_skipped():
             import tensorflow as tf  # pylint: disable=import-outside-toplevel
         return tf
-    with native_lines_dropped(NATIVE_START_UP_LINE), start_up_imports_skipped():
+    with native_lines_dropped(NATIVE_START_UP_LINE), keras_optional_imports_skipped():
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
         tf.config.list_physical_devices('GPU')
         # oneDNN says once per process, at its first uint8 transpose, that it leaves uint8 to Eigen: an error-level

@@ -78,23 +78,20 @@ class Launched:
         still running (stop)."""
         try:
             for name, command in commands:
-                self._start(name, command)
+                self.processes.append(self._start(name, command))
             yield self.processes
         finally:
             stop(self.processes, self._printers)
 
     def restart(self, index, command):
         """Starts command again in place of the exited process at index (same name)."""
-        name, _ = self.processes[index]
-        process, printer = start_process(name, command, self.cwd)
-        self.processes[index] = (name, process)
-        self._printers.append(printer)
+        self.processes[index] = self._start(self.processes[index][0], command)
 
     def _start(self, name, command):
+        """Returns (name, the process started), its printer kept for stop()."""
         process, printer = start_process(name, command, self.cwd)
-        self.processes.append((name, process))
         self._printers.append(printer)
-
+        return name, process
 
 
 class Supervisor:

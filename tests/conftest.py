@@ -24,6 +24,8 @@ onu_sample_data with make_sample_data, onu_serving with onu_export, run_local_cl
                     REPO_ROOT, output as text; env None: this process's environment, as it is.
   script_command(script, *args)  the command line run_script runs, for a test that needs a Popen.
   run_on_a_terminal(command) -> (exit code, output): command with stdout and stderr on a pseudo-terminal.
+  ProcessOutput(process)  a Popen's output read by a thread: .text so far, .wait_for(pattern, timeout_secs) -> the
+                    first match once printed, .finish() -> all of it.
   copy_train_dir(tiny_run, tmp_path, name='train', exports=True) -> a copy of tiny_run's train_dir, yours to change.
   file_states(*folders)  {path: (size, mtime in ns)} of every file below folders: what a test must not change.
   messy_data_dir    session-wide, read-only: the bad input of real photo folders; train/F603 holds them all.
@@ -38,10 +40,12 @@ import contextlib
 import io
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
 import threading
+import time
 import types
 
 import numpy as np
@@ -321,6 +325,44 @@ def run_on_a_terminal(command):
     return process.wait(timeout=SCRIPT_TIMEOUT_SECS), output.decode(errors='replace')
 
 
+class ProcessOutput:
+    """The merged output of a running process (text=True, stdout a pipe), read line by line by a thread.
+
+    text: what it printed so far; wait_for(pattern): the first match, once printed; finish(): all of it.
+    """
+
+    def __init__(self, process):
+        self.process = process
+        self.text = ''
+        self._changed = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for line in self.process.stdout:
+            with self._changed:
+                self.text += line
+                self._changed.notify_all()
+        with self._changed:
+            self._changed.notify_all()
+
+    def wait_for(self, pattern, timeout_secs):
+        """Returns the first match of the regular expression pattern in the output, once there; fails at once
+        when the output has ended without it."""
+        deadline = time.monotonic() + timeout_secs
+        with self._changed:
+            while not (match := re.search(pattern, self.text)):
+                assert self._reader.is_alive(), f'{pattern!r} never printed:\n{self.text[-4000:]}'
+                assert time.monotonic() < deadline, f'{pattern!r} not printed in {timeout_secs} s:\n{self.text[-4000:]}'
+                self._changed.wait(1)
+            return match
+
+    def finish(self):
+        """Returns the whole output once the process has closed it."""
+        self._reader.join(timeout=30)
+        return self.text
+
+
 # Inception-ResNet-v2 needs inputs of 75x75 or more, builds for most of a minute and writes ~700 MB per
 # checkpoint (weights, moving averages, momentum): too heavy for real script runs in the tests.
 HEAVY_MODELS = ('inception_resnet_v2',)
@@ -450,8 +492,6 @@ def tiny_tflite_of(tiny_run_of, tmp_path_factory):
 
 import gzip  # noqa: E402  (kept with the fixture they serve)
 import json  # noqa: E402
-import re  # noqa: E402
-import time  # noqa: E402
 import urllib.error  # noqa: E402
 import urllib.parse  # noqa: E402
 import urllib.request  # noqa: E402

@@ -55,15 +55,15 @@ def test_a_script_starts_quietly_whatever_the_users_log_level(tmp_path, level):
 
 
 # After start-up, TensorFlow's C++ WARNING that a dataset's cache was read in part: shown at levels 0 and 1 only.
-# Also: Keras's optional imports are left out of the start and import as usual afterwards, as does tensorflow.keras, and the garbage collection
-# at exit is skipped (this handler, registered first, runs last).
+# Also: Keras's optional imports are left out of the start and import as usual afterwards (so does tensorflow.keras),
+# and the garbage collection at exit is skipped (this handler, registered first, runs last).
 AFTER_START_UP = '''
 import atexit, gc, sys
 atexit.register(lambda: print(f'frozen at exit: {gc.get_freeze_count() > 0}', file=sys.stderr, flush=True))
 from onu_lib import onu_cli
 tf = onu_cli.import_tensorflow()
 print('started', file=sys.stderr, flush=True)
-print(f'loaded: {[name for name in onu_cli.SKIPPED_AT_START_UP if name in sys.modules]}', file=sys.stderr)
+print(f'loaded: {[name for name in onu_cli.KERAS_OPTIONAL_IMPORTS if name in sys.modules]}', file=sys.stderr)
 import IPython, matplotlib.pyplot
 print(f'imported: {IPython.get_ipython()}, {matplotlib.pyplot.figure is not None}', file=sys.stderr)
 from tensorflow.keras import layers

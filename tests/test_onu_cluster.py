@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import REPO_ROOT, run_script, script_command
+from conftest import REPO_ROOT, ProcessOutput, run_script, script_command
 from test_onu_train import checkpoint_step
 
 from onu_lib import onu_sample_data
@@ -169,36 +169,6 @@ def assert_all_exited(pids):
             os.kill(pid, 0)
 
 
-class Output:
-    """A running process's output, read line by line by a thread; wait_for(pattern) waits until it shows."""
-
-    def __init__(self, stream):
-        self.text = ''
-        self._changed = threading.Condition()
-        self._reader = threading.Thread(target=self._read, args=(stream,), daemon=True)
-        self._reader.start()
-
-    def _read(self, stream):
-        for line in stream:
-            with self._changed:
-                self.text += line
-                self._changed.notify_all()
-
-    def wait_for(self, pattern, timeout_secs=PROCESS_TIMEOUT_SECS):
-        """Returns the first match of pattern in the output, once there."""
-        deadline = time.monotonic() + timeout_secs
-        with self._changed:
-            while not (match := re.search(pattern, self.text)):
-                assert time.monotonic() < deadline, f'{pattern!r} not seen in {timeout_secs} s:\n{self.text[-4000:]}'
-                self._changed.wait(1)
-            return match
-
-    def finish(self):
-        """Returns the whole output once the stream has ended."""
-        self._reader.join(timeout=30)
-        return self.text
-
-
 def wait_for_checkpoint(train_dir, min_step, timeout_secs=PROCESS_TIMEOUT_SECS):
     """Returns once train_dir lists a checkpoint of min_step or later."""
     deadline = time.monotonic() + timeout_secs
@@ -217,12 +187,12 @@ def test_launcher_trains_asynchronously_through_a_lost_ps_and_worker_and_the_chi
                        '--timeout_secs=240'),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT, start_new_session=True)
     try:
-        watched = Output(launcher.stdout)
-        ps_pid = int(watched.wait_for(r'started ps 0 \(pid (\d+)\)').group(1))
+        watched = ProcessOutput(launcher)
+        ps_pid = int(watched.wait_for(r'started ps 0 \(pid (\d+)\)', PROCESS_TIMEOUT_SECS).group(1))
         wait_for_checkpoint(train_dir, 20)
         os.kill(ps_pid, signal.SIGKILL)  # a lost machine: the launcher restarts the ps, the chief restores into it
         restored = watched.wait_for(r'worker 0: the cluster is back: restored \S+model\.ckpt-(\d+) \(step (\d+)\) into '
-                                    r'the parameter servers; (\d+) step\(s\) lost')
+                                    r'the parameter servers; (\d+) step\(s\) lost', PROCESS_TIMEOUT_SECS)
         os.kill(int(re.findall(r'started worker 1 \(pid (\d+)\)', watched.text)[-1]), signal.SIGKILL)  # still training
         launcher.wait(timeout=PROCESS_TIMEOUT_SECS)
     finally:
@@ -338,7 +308,7 @@ def test_workers_started_by_hand_stop_with_one_line_when_their_ps_is_lost_and_si
                                # worker 1 would wait longer than its SIGTERM takes to end it
                                '--save_checkpoint_steps=20', f'--ps_wait_secs={60 if index == 1 else 8}'),
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT, start_new_session=True))
-            watched.append(Output(processes[-1].stdout))
+            watched.append(ProcessOutput(processes[-1]))
         wait_for_checkpoint(train_dir, 20)
         processes[0].kill()  # the ps's machine is lost, and nothing restarts it
         lost_at = time.monotonic()

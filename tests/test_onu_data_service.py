@@ -4,17 +4,15 @@ import collections
 import hashlib
 import json
 import os
-import queue
+import re
 import signal
 import subprocess
-import threading
-import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import finish, layout_photos, run_script, script_command, REPO_ROOT
+from conftest import finish, layout_photos, ProcessOutput, run_script, script_command, REPO_ROOT
 from test_onu_input import _write_jpeg_with_bad_scan
 
 from onu_lib import onu_data_service
@@ -38,33 +36,17 @@ class Service:
             script_command('run_data_service.py', f'--num_workers={num_workers}', f'--port={self.port}',
                            f'--work_dir={work_dir}'),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT)
-        self.lines = queue.Queue()
-        self.output = []
-        threading.Thread(target=self._read, daemon=True).start()
+        self.output = ProcessOutput(self.process)
         self.wait_for('tf.data service ready', START_TIMEOUT_SECS)
 
-    def _read(self):
-        for line in self.process.stdout:
-            self.output.append(line)
-            self.lines.put(line)
-
     def wait_for(self, text, timeout_secs):
-        """Returns the first line of output from now on that holds text."""
-        deadline = time.time() + timeout_secs
-        while time.time() < deadline:
-            try:
-                line = self.lines.get(timeout=1)
-            except queue.Empty:
-                assert self.process.poll() is None, ''.join(self.output)
-                continue
-            if text in line:
-                return line
-        raise AssertionError(f'no "{text}" in {timeout_secs} s:\n' + ''.join(self.output))
+        """Returns the first line of output that holds text, once printed."""
+        return self.output.wait_for(f'[^\n]*{re.escape(text)}[^\n]*\n', timeout_secs).group(0)
 
     def worker_pids(self):
         """Returns {worker name: pid} from the 'started worker N (pid P)' lines."""
         return {line.split(' (pid')[0][len('started '):]: int(line.split('(pid ')[1].split(')')[0])
-                for line in self.output if line.startswith('started worker')}
+                for line in self.output.text.splitlines() if line.startswith('started worker')}
 
     def stop(self):
         """Stops the service with SIGTERM as a user would; returns its exit status."""
@@ -78,7 +60,7 @@ def service(tmp_path_factory):
     running = Service(str(tmp_path_factory.mktemp('service') / 'work'), num_workers=2)
     yield running
     running.stop()
-    assert not any(pid_alive(pid) for pid in running.worker_pids().values()), ''.join(running.output)
+    assert not any(pid_alive(pid) for pid in running.worker_pids().values()), running.output.text
 
 
 def pid_alive(pid):
