@@ -23,7 +23,7 @@ onu_sample_data with make_sample_data, onu_serving with onu_export, run_local_cl
                     runs `python REPO_ROOT/script *args` (a name without .py: that tool on PATH) in
                     REPO_ROOT, output as text; env None: this process's environment, as it is.
   script_command(script, *args)  the command line run_script runs, for a test that needs a Popen.
-  run_on_a_terminal(command) -> (exit code, output): command with stdout and stderr on a pseudo-terminal.
+  run_on_a_terminal(script, *args) -> (exit code, output): a script run with stdout and stderr on a pseudo-terminal.
   ProcessOutput(process)  a Popen's output read by a thread: .text so far, .wait_for(pattern, timeout_secs) -> the
                     first match once printed, .finish() -> all of it.
   copy_train_dir(tiny_run, tmp_path, name='train', exports=True) -> a copy of tiny_run's train_dir, yours to change.
@@ -42,6 +42,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -278,10 +279,212 @@ def script_command(script, *args):
     return [script, *args]
 
 
-def run_script(script, *args, timeout=SCRIPT_TIMEOUT_SECS, env=None):
-    """Runs script_command(script, *args) in REPO_ROOT; returns the CompletedProcess (text output)."""
-    return subprocess.run(script_command(script, *args), capture_output=True, text=True, timeout=timeout,
-                          env=env, cwd=REPO_ROOT)
+def run_script(script, *args, timeout=SCRIPT_TIMEOUT_SECS, env=None, fresh_process=False):
+    """Runs script_command(script, *args) in REPO_ROOT; returns the CompletedProcess (text output).
+
+    A script that loads TensorFlow is forked from the tests' script server (start_script); fresh_process: a new
+    Python process all the same, for a test of the process's start itself.
+    """
+    process = start_script(script, *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                           fresh_process=fresh_process)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        raise
+    return subprocess.CompletedProcess(script_command(script, *args), process.returncode, stdout, stderr)
+
+
+def start_script(script, *args, env=None, fresh_process=False, **popen_options):
+    """Starts script_command(script, *args) in REPO_ROOT as Popen(**popen_options) would (text output); returns it.
+
+    A repo script that loads TensorFlow is forked from the tests' script server (tests/script_server.py), which has
+    loaded it once: the run costs its work, not 3.5 s of start. Unless fresh_process, or --verbose or a TensorFlow
+    log level of the environment differs from the server's (TensorFlow's C++ reads those once, as it loads).
+    """
+    command = script_command(script, *args)
+    environment = dict(os.environ if env is None else env)
+    popen_options['text'] = True
+    if fresh_process or not _SCRIPT_SERVER.serves(command, environment):
+        return subprocess.Popen(command, env=env, cwd=REPO_ROOT, **popen_options)
+    return ScriptProcess(_SCRIPT_SERVER.path, command, environment, **popen_options)
+
+
+# What Python or TensorFlow reads from the environment once, as they load (the script server loaded them already).
+READ_AS_PYTHON_AND_TF_LOAD = ('PYTHONPATH', 'PYTHONHASHSEED', 'PYTHONWARNINGS', 'PYTHONUNBUFFERED', 'PYTHONIOENCODING',
+                              'TF_ENABLE_ONEDNN_OPTS', 'CUDA_VISIBLE_DEVICES', 'TF_CPP_VMODULE', 'TF_CPP_MAX_VLOG_LEVEL')
+
+
+def _tensorflow_log_level(environment):
+    """The TF_CPP_MIN_LOG_LEVEL a script loads TensorFlow with, given its environment (onu_cli's quiet start)."""
+    from onu_lib import onu_cli  # pylint: disable=import-outside-toplevel
+    if onu_cli.TF_LOG_LEVEL_ENV in environment and onu_cli.SET_BY_ONU_ENV not in environment:
+        return environment[onu_cli.TF_LOG_LEVEL_ENV]
+    return onu_cli.TF_LOG_LEVEL_ERRORS_ONLY
+
+
+class ScriptServer:
+    """The tests' script server of this test process (tests/script_server.py), started at its first use."""
+
+    def __init__(self):
+        self.path = None
+        self.environment = None
+        self._process = None
+        self._uses_tensorflow = {}
+
+    def serves(self, command, environment):
+        """True when the server runs command as a fresh process would (starting the server if needed)."""
+        if len(command) < 2 or command[0] != sys.executable or '--verbose' in command:
+            return False
+        if not self._uses_tensorflow.setdefault(command[1], _loads_tensorflow(command[1])):
+            return False  # a data script starts quickly, without TensorFlow: run it as it is
+        if self._process is None:
+            self._start()
+        return (_tensorflow_log_level(environment) == _tensorflow_log_level(self.environment) and
+                all(environment.get(name) == self.environment.get(name) for name in READ_AS_PYTHON_AND_TF_LOAD))
+
+    def _start(self):
+        """Starts the server; returns once it has loaded TensorFlow and listens."""
+        import tempfile  # pylint: disable=import-outside-toplevel
+        folder = tempfile.mkdtemp(prefix='onu-script-server-')
+        self.path = os.path.join(folder, 'socket')
+        self.environment = dict(os.environ)
+        self._process = subprocess.Popen([sys.executable, os.path.join(REPO_ROOT, 'tests', 'script_server.py'),
+                                          self.path], stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT,
+                                         stderr=open(os.path.join(folder, 'log'), 'w'))  # pylint: disable=consider-using-with
+        ready = self._process.stdout.readline()
+        assert ready == 'ready\n', f'the script server did not start: {open(os.path.join(folder, "log")).read()}'
+        import atexit  # pylint: disable=import-outside-toplevel
+        atexit.register(self._stop, folder)
+
+    def _stop(self, folder):
+        """Stops the server (the scripts it started run on) and removes its folder."""
+        self._process.terminate()
+        self._process.wait()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _loads_tensorflow(script_path):
+    """True when the script loads TensorFlow at start (onu_cli.import_tensorflow)."""
+    with open(script_path, encoding='utf-8') as source:
+        return 'onu_cli.import_tensorflow()' in source.read()
+
+
+_SCRIPT_SERVER = ScriptServer()
+
+
+class ScriptProcess:
+    """A script run forked by the script server, with the parts of Popen the tests use (text streams only)."""
+
+    def __init__(self, server_path, command, environment, stdin=None, stdout=None, stderr=None, text=False,
+                 start_new_session=False):
+        assert text or subprocess.PIPE not in (stdout, stderr), 'ScriptProcess gives text streams only'
+        self.args = command
+        self.returncode = None
+        self.stdin = None
+        self.stdout = self.stderr = None
+        sent, closed_after_send = [], []
+
+        def stream(choice, default_fd):
+            """The file descriptor the child gets for one standard stream, and this side's end of a pipe."""
+            if choice is None:
+                return default_fd, None
+            if choice == subprocess.DEVNULL:
+                fd = os.open(os.devnull, os.O_RDWR)
+                closed_after_send.append(fd)
+                return fd, None
+            if choice == subprocess.PIPE:
+                read_end, write_end = os.pipe()
+                closed_after_send.append(write_end)
+                return write_end, open(read_end, encoding='utf-8', errors='replace')  # pylint: disable=consider-using-with
+            return (choice if isinstance(choice, int) else choice.fileno()), None
+
+        assert stdin is None, 'ScriptProcess gives the script no input'
+        sent.append(stream(subprocess.DEVNULL, 0)[0])
+        stdout_fd, self.stdout = stream(stdout, 1)
+        sent.append(stdout_fd)
+        if stderr == subprocess.STDOUT:
+            sent.append(stdout_fd)
+        else:
+            stderr_fd, self.stderr = stream(stderr, 2)
+            sent.append(stderr_fd)
+        import json as json_  # pylint: disable=import-outside-toplevel
+        import socket as socket_  # pylint: disable=import-outside-toplevel
+        self._json = json_
+        self._connection = socket_.socket(socket_.AF_UNIX, socket_.SOCK_STREAM)
+        self._connection.connect(server_path)
+        request = {'argv': command, 'env': environment, 'cwd': REPO_ROOT, 'new_session': start_new_session}
+        socket_.send_fds(self._connection, [json_.dumps(request).encode() + b'\n'], sent)
+        for fd in closed_after_send:
+            os.close(fd)
+        self._replies = b''
+        self.pid = self._reply(None)['pid']
+
+    def _reply(self, timeout):
+        """The server's next reply; None when none came within timeout seconds."""
+        import select  # pylint: disable=import-outside-toplevel
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b'\n' not in self._replies:
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([self._connection], [], [], wait)[0]:
+                return None
+            chunk = self._connection.recv(4096)
+            assert chunk, f'the script server lost {self.args}'
+            self._replies += chunk
+        line, self._replies = self._replies.split(b'\n', 1)
+        return self._json.loads(line)
+
+    def poll(self):
+        """The exit status once the script has exited, else None."""
+        return self._returncode(0)
+
+    def wait(self, timeout=None):
+        """Waits for the script to exit; returns its exit status (raises TimeoutExpired as Popen does)."""
+        if self._returncode(timeout) is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def _returncode(self, timeout):
+        if self.returncode is None and (reply := self._reply(timeout)) is not None:
+            self.returncode = reply['returncode']
+            self._connection.close()
+        return self.returncode
+
+    def communicate(self, timeout=None):
+        """Reads stdout and stderr to their ends and waits for the exit; returns (stdout, stderr)."""
+        outputs = {}
+        readers = [threading.Thread(target=lambda name=name, pipe=pipe: outputs.__setitem__(name, pipe.read()),
+                                    daemon=True) for name, pipe in (('out', self.stdout), ('err', self.stderr)) if pipe]
+        for reader in readers:
+            reader.start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for reader in readers:
+            reader.join(None if deadline is None else max(0, deadline - time.monotonic()))
+            if reader.is_alive():
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        self.wait(None if deadline is None else max(0.1, deadline - time.monotonic()))
+        return outputs.get('out'), outputs.get('err')
+
+    def send_signal(self, number):
+        """Sends the signal to the script while it runs."""
+        if self.poll() is None:
+            os.kill(self.pid, number)
+
+    def terminate(self):
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self):
+        self.send_signal(signal.SIGKILL)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        for pipe in (self.stdout, self.stderr):
+            if pipe:
+                pipe.close()
+        self.wait()
 
 
 def finish(process, timeout_secs=SCRIPT_TIMEOUT_SECS):
@@ -304,13 +507,13 @@ def finish(process, timeout_secs=SCRIPT_TIMEOUT_SECS):
     return rest, stderr[0]
 
 
-def run_on_a_terminal(command):
-    """Runs command with stdout and stderr on a pseudo-terminal; returns (exit code, everything it printed)."""
+def run_on_a_terminal(script, *args):
+    """Runs a script with stdout and stderr on a pseudo-terminal; returns (exit code, everything it printed)."""
     import fcntl, pty, struct, termios  # pylint: disable=import-outside-toplevel,multiple-imports  (POSIX only)
     main_fd, terminal_fd = pty.openpty()
     # 24 rows of 100 columns, as a terminal window has (a new pseudo-terminal is 0x0: no room for a bar).
     fcntl.ioctl(terminal_fd, termios.TIOCSWINSZ, struct.pack('HHHH', 24, 100, 0, 0))
-    process = subprocess.Popen(command, stdout=terminal_fd, stderr=terminal_fd, cwd=REPO_ROOT)
+    process = start_script(script, *args, stdout=terminal_fd, stderr=terminal_fd)
     os.close(terminal_fd)
     output = b''
     while True:

@@ -14,7 +14,7 @@ import time
 import pytest
 import tensorflow as tf
 
-from conftest import REPO_ROOT, copy_train_dir, file_states, finish, run_script, script_command
+from conftest import copy_train_dir, file_states, finish, run_script, start_script
 from test_onu_train import TIMEOUT_SECS, TINY_FLAGS, checkpoint_step, logged_steps, run_train
 
 from onu_lib import onu_checkpoint
@@ -198,9 +198,9 @@ def test_copied_run_never_reads_or_writes_the_original(tiny_run, tmp_path):
 
 def test_sigterm_saves_a_checkpoint_at_the_current_step(tiny_run, tmp_path):
     train_dir = str(tmp_path / 'stopped')
-    command = script_command('onu_train.py', *TINY_FLAGS, f'--data_dir={tiny_run.data_dir}',
-                             f'--train_dir={train_dir}', '--max_steps=100000')  # checkpoints only every 600 s
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
+    process = start_script('onu_train.py', *TINY_FLAGS, f'--data_dir={tiny_run.data_dir}', f'--train_dir={train_dir}',
+                           '--max_steps=100000',  # checkpoints only every 600 s
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     lines, deadline = [], time.monotonic() + TIMEOUT_SECS
     for line in process.stdout:
         lines.append(line)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import REPO_ROOT, ProcessOutput, run_script, script_command
+from conftest import ProcessOutput, run_script, start_script
 from test_onu_train import checkpoint_step
 
 from onu_lib import onu_sample_data
@@ -181,11 +181,10 @@ def wait_for_checkpoint(train_dir, min_step, timeout_secs=PROCESS_TIMEOUT_SECS):
 def test_launcher_trains_asynchronously_through_a_lost_ps_and_worker_and_the_chief_checkpoint_evaluates(
         cluster_data_dir, tmp_path):
     train_dir = str(tmp_path / 'train')
-    launcher = subprocess.Popen(
-        script_command('run_local_cluster.py', '--num_workers=2', *CLUSTER_FLAGS, f'--data_dir={cluster_data_dir}',
-                       f'--train_dir={train_dir}', '--max_steps=600', '--save_checkpoint_steps=20',
-                       '--timeout_secs=240'),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT, start_new_session=True)
+    launcher = start_script(
+        'run_local_cluster.py', '--num_workers=2', *CLUSTER_FLAGS, f'--data_dir={cluster_data_dir}',
+        f'--train_dir={train_dir}', '--max_steps=600', '--save_checkpoint_steps=20', '--timeout_secs=240',
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         watched = ProcessOutput(launcher)
         ps_pid = int(watched.wait_for(r'started ps 0 \(pid (\d+)\)', PROCESS_TIMEOUT_SECS).group(1))
@@ -252,10 +251,10 @@ def test_synchronous_workers_configured_by_tf_config_all_exit_promptly(cluster_d
                        TF_CONFIG=json.dumps({'cluster': cluster, 'task': {'type': job, 'index': index}}))
             log = open(tmp_path / f'{job}{index}.log', 'w+')
             logs.append(log)
-            processes.append(subprocess.Popen(
-                script_command('onu_train.py', *CLUSTER_FLAGS, '--sync_replicas', f'--data_dir={cluster_data_dir}',
-                               f'--train_dir={train_dir}', '--max_steps=12'),
-                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT, start_new_session=True))
+            processes.append(start_script(
+                'onu_train.py', *CLUSTER_FLAGS, '--sync_replicas', f'--data_dir={cluster_data_dir}',
+                f'--train_dir={train_dir}', '--max_steps=12',
+                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
         deadline = time.time() + SYNC_RUN_TIMEOUT_SECS
         exit_times = {}
         while len(exit_times) < len(processes) and time.time() < deadline:
@@ -302,12 +301,12 @@ def test_workers_started_by_hand_stop_with_one_line_when_their_ps_is_lost_and_si
     processes, watched = [], []
     try:
         for job, index in tasks:
-            processes.append(subprocess.Popen(
-                script_command('onu_train.py', *CLUSTER_FLAGS, *cluster, f'--job_name={job}', f'--task_index={index}',
-                               f'--data_dir={cluster_data_dir}', f'--train_dir={train_dir}', '--max_steps=100000',
-                               # worker 1 would wait longer than its SIGTERM takes to end it
-                               '--save_checkpoint_steps=20', f'--ps_wait_secs={60 if index == 1 else 8}'),
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT, start_new_session=True))
+            processes.append(start_script(
+                'onu_train.py', *CLUSTER_FLAGS, *cluster, f'--job_name={job}', f'--task_index={index}',
+                f'--data_dir={cluster_data_dir}', f'--train_dir={train_dir}', '--max_steps=100000',
+                # worker 1 would wait longer than its SIGTERM takes to end it
+                '--save_checkpoint_steps=20', f'--ps_wait_secs={60 if index == 1 else 8}',
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True))
             watched.append(ProcessOutput(processes[-1]))
         wait_for_checkpoint(train_dir, 20)
         processes[0].kill()  # the ps's machine is lost, and nothing restarts it

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import finish, layout_photos, ProcessOutput, run_script, script_command, REPO_ROOT
+from conftest import finish, layout_photos, ProcessOutput, run_script, start_script
 from test_onu_input import _write_jpeg_with_bad_scan
 
 from onu_lib import onu_data_service
@@ -32,10 +32,8 @@ class Service:
     def __init__(self, work_dir, num_workers):
         self.port = onu_launch.free_ports('127.0.0.1', 1)[0]
         self.address = f'grpc://127.0.0.1:{self.port}'
-        self.process = subprocess.Popen(
-            script_command('run_data_service.py', f'--num_workers={num_workers}', f'--port={self.port}',
-                           f'--work_dir={work_dir}'),
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT)
+        self.process = start_script('run_data_service.py', f'--num_workers={num_workers}', f'--port={self.port}',
+                                    f'--work_dir={work_dir}', stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         self.output = ProcessOutput(self.process)
         self.wait_for('tf.data service ready', START_TIMEOUT_SECS)
 
@@ -182,10 +180,9 @@ def test_a_finite_epoch_through_two_workers_holds_every_photo_once(service, tmp_
 
 def test_a_killed_worker_leaves_training_going_with_one_warning(service, tmp_path):
     train_dir = str(tmp_path / 'train')
-    command = script_command('onu_train.py', *TRAIN_FLAGS[:-1], '--max_steps=150', '--data_format=encoded',
-                             f'--data_dir={photo_folder(str(tmp_path / "photos"))}', f'--train_dir={train_dir}',
-                             f'--data_service={service.address}')
-    trainer = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
+    trainer = start_script('onu_train.py', *TRAIN_FLAGS[:-1], '--max_steps=150', '--data_format=encoded',
+                           f'--data_dir={photo_folder(str(tmp_path / "photos"))}', f'--train_dir={train_dir}',
+                           f'--data_service={service.address}', stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     stdout_lines = []
     for line in trainer.stdout:  # until training runs
         stdout_lines.append(line)

@@ -12,7 +12,7 @@ import subprocess
 import pytest
 import tensorflow as tf
 
-from conftest import REPO_ROOT, mount, read_only_bind_mount, run_script, script_command
+from conftest import mount, read_only_bind_mount, run_script, start_script
 from onu_lib import onu_dataset
 from onu_lib import onu_decoded_cache
 from onu_lib import onu_sample_data
@@ -208,8 +208,8 @@ def test_a_run_killed_mid_epoch_leaves_no_cache_and_the_resumed_run_writes_it_fo
     root, train_dir = str(tmp_path / 'cache'), str(tmp_path / 'train')
     flags = (*SCRIPT_FLAGS, f'--data_dir={data_dir}', f'--train_dir={train_dir}', f'--cache_dir={root}',
              '--data_format=images')
-    with subprocess.Popen(script_command('onu_train.py', *flags, '--max_steps=1000'), stdout=subprocess.PIPE,
-                          stderr=subprocess.DEVNULL, text=True, cwd=REPO_ROOT) as killed:
+    with start_script('onu_train.py', *flags, '--max_steps=1000', stdout=subprocess.PIPE,
+                      stderr=subprocess.DEVNULL) as killed:
         for line in killed.stdout:
             if 'step 20, loss' in line:  # 20 of the epoch's 200 images trained on, a few more decoded
                 killed.send_signal(signal.SIGKILL)

@@ -11,8 +11,8 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from conftest import (REPO_ROOT, TINY_IMAGE_SIZE, TINY_RUN_STEPS, copy_train_dir, run_on_a_terminal, run_script,
-                      script_command, script_tested_models)
+from conftest import (TINY_IMAGE_SIZE, TINY_RUN_STEPS, copy_train_dir, run_on_a_terminal, run_script,
+                      start_script, script_tested_models)
 
 from onu_lib import onu_sample_data
 from onu_lib import onu_best
@@ -150,10 +150,9 @@ def polled_run(tmp_path_factory):
     root = tmp_path_factory.mktemp('polled')
     data_dir, train_dir, eval_dir = (str(root / name) for name in ('data', 'train', 'eval'))
     onu_sample_data.generate_dataset(data_dir, 8, VAL_PER_CLASS, (96, 72), seed=0, processes=1)
-    evaluator = subprocess.Popen(
-        script_command('onu_eval.py', f'--checkpoint_dir={train_dir}', f'--eval_dir={eval_dir}', '--batch_size=4',
-                       '--eval_interval_secs=0.2', '--timeout_secs=120', '--export_best'),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
+    evaluator = start_script('onu_eval.py', f'--checkpoint_dir={train_dir}', f'--eval_dir={eval_dir}', '--batch_size=4',
+                             '--eval_interval_secs=0.2', '--timeout_secs=120', '--export_best',
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         trainer = run_script('onu_train.py', f'--data_dir={data_dir}', f'--train_dir={train_dir}',
                              f'--max_steps={MAX_STEPS}', '--save_checkpoint_steps=2', f'--image_size={IMAGE_SIZE}',
@@ -557,8 +556,8 @@ def test_tensorboard_lists_the_eval_pictures_and_pr_curves(polled_run, tensorboa
 def test_progress_shows_on_a_terminal_only(polled_run, tmp_path):
     _, train_dir, _, result = polled_run
     assert 'evaluating' not in result.stdout + result.stderr  # pipes: no progress display
-    code, output = run_on_a_terminal(script_command('onu_eval.py', f'--checkpoint_dir={train_dir}',
-                                                    f'--eval_dir={tmp_path}', '--run_once', '--batch_size=2'))
+    code, output = run_on_a_terminal('onu_eval.py', f'--checkpoint_dir={train_dir}', f'--eval_dir={tmp_path}',
+                                     '--run_once', '--batch_size=2')
     assert code == 0, output
     assert 'evaluating:' in output and f'/{len(CLASS_NAMES) * VAL_PER_CLASS} [' in output and 'photo/s' in output
     assert 'precision @ 1 = ' in output

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import REPO_ROOT, file_states, finish, mount, read_only_bind_mount, run_script, script_command
+from conftest import file_states, finish, mount, read_only_bind_mount, run_script, start_script
 from test_onu_checkpoint import copy_run
 from test_onu_train import TIMEOUT_SECS, TINY_FLAGS, checkpoint_step, logged_steps, run_train
 
@@ -25,10 +25,8 @@ from onu_lib import onu_run_folder
 
 def start_training(tiny_run, train_dir, *args):
     """Starts onu_train.py on the shared run's data into train_dir; returns (process, lines read) once it logs a step."""
-    command = script_command('onu_train.py', *TINY_FLAGS, f'--data_dir={tiny_run.data_dir}', f'--train_dir={train_dir}',
-                             *args)
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,
-                               start_new_session=True)
+    process = start_script('onu_train.py', *TINY_FLAGS, f'--data_dir={tiny_run.data_dir}', f'--train_dir={train_dir}',
+                           *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     lines, deadline = [], time.monotonic() + TIMEOUT_SECS
     for line in process.stdout:
         lines.append(line)
@@ -219,9 +217,8 @@ def test_a_failed_write_names_the_folder_the_reason_and_the_checkpoint_to_resume
 @pytest.mark.script
 def test_a_second_evaluator_on_an_eval_folder_in_use_is_refused(tiny_run, tmp_path):
     eval_dir = str(tmp_path / 'eval')
-    first = subprocess.Popen(script_command('onu_eval.py', f'--checkpoint_dir={tiny_run.train_dir}',
-                                            f'--eval_dir={eval_dir}', '--eval_interval_secs=0.2'),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
+    first = start_script('onu_eval.py', f'--checkpoint_dir={tiny_run.train_dir}', f'--eval_dir={eval_dir}',
+                         '--eval_interval_secs=0.2', stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + TIMEOUT_SECS
     while not os.path.exists(os.path.join(eval_dir, onu_run_folder.LOCK_FILENAME)) and time.monotonic() < deadline:
         time.sleep(0.1)

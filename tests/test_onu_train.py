@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import (CHROMIUM_FLAGS, REPO_ROOT, TINY_RUN_NOTES, TINY_RUN_STEPS, copy_train_dir, run_on_a_terminal,
-                      run_script, script_command, script_tested_models)
+from conftest import (CHROMIUM_FLAGS, TINY_RUN_NOTES, TINY_RUN_STEPS, copy_train_dir, run_on_a_terminal,
+                      run_script, start_script, script_tested_models)
 
 from onu_lib import onu_dataset
 from onu_lib import onu_flags
@@ -174,10 +174,9 @@ def test_a_resumed_run_reads_new_batches_not_the_first_runs_again(resumed_run):
 def test_restart_after_kill_resumes_from_last_checkpoint(tiny_run, tmp_path):
     data_dir = tiny_run.data_dir
     train_dir = str(tmp_path / 'train')
-    process = subprocess.Popen(
-        script_command('onu_train.py', *TINY_FLAGS, f'--data_dir={data_dir}', f'--train_dir={train_dir}',
-                       '--max_steps=100000', '--save_checkpoint_steps=5'),
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO_ROOT)
+    process = start_script('onu_train.py', *TINY_FLAGS, f'--data_dir={data_dir}', f'--train_dir={train_dir}',
+                           '--max_steps=100000', '--save_checkpoint_steps=5', stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + TIMEOUT_SECS
         while time.time() < deadline:
@@ -442,7 +441,7 @@ def lines_before_the_first_step(output):
 def test_main_job_starts_quietly_and_verbose_shows_everything(tiny_run, tmp_path):
     env = {name: value for name, value in os.environ.items() if not name.startswith(('TF_CPP', 'ONU_'))}
     args = [*TINY_FLAGS, f'--data_dir={tiny_run.data_dir}', '--max_steps=3']
-    quiet = run_script('onu_train.py', *args, f'--train_dir={tmp_path / "quiet"}', env=env)
+    quiet = run_script('onu_train.py', *args, f'--train_dir={tmp_path / "quiet"}', env=env, fresh_process=True)
     assert quiet.returncode == 0, quiet.stderr[-3000:]
     start = lines_before_the_first_step(quiet.stdout) + quiet.stderr.splitlines()  # stderr: before any step too
     assert [line for line in start if NOISE_LINE.search(line)] == []
@@ -561,9 +560,9 @@ def test_a_bad_profile_steps_value_is_one_line(tmp_path):
 
 
 def test_the_decoded_epoch_fills_with_a_progress_bar_on_a_terminal(tiny_run, tmp_path):
-    code, output = run_on_a_terminal(script_command(
+    code, output = run_on_a_terminal(
         'onu_train.py', *TINY_FLAGS, f'--data_dir={tiny_run.data_dir}', f'--train_dir={tmp_path / "train"}',
-        '--max_steps=2', '--cache_decoded_epoch=on'))  # the old spelling of memory
+        '--max_steps=2', '--cache_decoded_epoch=on')  # the old spelling of memory
     assert code == 0, output
     assert 'decoding the first epoch into memory' in output and '/16 [' in output
     assert output.count('--cache_decoded_epoch=on is now spelled --cache_decoded_epoch=memory.') == 1
