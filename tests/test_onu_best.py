@@ -1,7 +1,9 @@
 """Tests of onu_lib/onu_best.py: the best checkpoint kept in EVAL_DIR/best/ (real checkpoint files in a tmp dir);
 the evaluator keeping it is tested in test_onu_eval.py."""
+import contextlib
 import json
 import os
+import shutil
 
 import pytest
 import tensorflow as tf
@@ -81,30 +83,60 @@ def test_a_deleted_checkpoint_leaves_the_previous_best_and_no_partial_copy(tmp_p
     assert sorted(os.listdir(eval_dir)) == ['best']
 
 
-@pytest.mark.parametrize('stopped', ['while copying', 'between the renames', 'before removing the old one'])
-def test_an_interrupted_keep_leaves_a_whole_best(tmp_path, stopped):
+class Killed(BaseException):
+    """The evaluator stopped dead (kill -9) at a file-system call: nothing after it runs, no handler catches it."""
+
+
+@contextlib.contextmanager
+def killed_at(monkeypatch, stop):
+    """Stops the process (Killed) at the stop-th file-system change while it lasts (0: the first); yields the list
+    of the calls made, by name."""
+    calls = []
+
+    def watched(name, call):
+        def change(*args, **kwargs):
+            calls.append(name)
+            if len(calls) - 1 == stop:
+                raise Killed(name)
+            return call(*args, **kwargs)
+        return change
+    with monkeypatch.context() as patch:
+        for module, names in ((os, ('makedirs', 'mkdir', 'rename', 'replace', 'remove', 'unlink', 'rmdir')),
+                              (shutil, ('copy2', 'copyfile', 'rmtree')),
+                              (onu_checkpoint, ('write_state',))):
+            for name in names:
+                patch.setattr(module, name, watched(name, getattr(module, name)))
+        patch.setattr(onu_best, 'open', watched('open', open), raising=False)  # best.json
+        yield calls
+
+
+def test_an_evaluator_killed_anywhere_in_a_keep_leaves_a_whole_best_the_next_start_finds(tmp_path, monkeypatch):
     train_dir, paths = _train_dir(tmp_path)
-    eval_dir = str(tmp_path / 'eval')
-    onu_best.keep(eval_dir, paths[2], _record(2, 0.5, 0.5), train_dir)
-    best_dir, old_dir = onu_best.best_dir(eval_dir), os.path.join(eval_dir, 'best.old')
-    # The folders an evaluator killed at that moment leaves (a copy of step 4 being made or swapped in).
-    onu_best.keep(str(tmp_path / 'other'), paths[4], _record(4, 0.75, 0.5), train_dir)
-    new_best = str(tmp_path / 'other' / 'best')
-    if stopped == 'while copying':
-        partial = os.path.join(eval_dir, 'best.new-4242')
-        os.makedirs(partial)
-        with open(os.path.join(partial, 'model.ckpt-4.index'), 'wb') as f:
-            f.write(b'cut')
-        expected = 2
-    elif stopped == 'between the renames':
-        os.rename(best_dir, old_dir)
-        os.rename(new_best, os.path.join(eval_dir, 'best.new-4242'))
-        expected = 2
+    kept_before = str(tmp_path / 'before')
+    onu_best.keep(kept_before, paths[2], _record(2, 0.5, 0.5), train_dir)
+    found = []
+    for stop in range(100):  # at each file-system change of keeping step 4, in turn, until one keep runs through
+        eval_dir = str(tmp_path / f'eval-{stop}')
+        shutil.copytree(kept_before, eval_dir)
+        with killed_at(monkeypatch, stop) as calls:
+            try:
+                onu_best.keep(eval_dir, paths[4], _record(4, 0.75, 0.5), train_dir)
+            except Killed:
+                pass
+        # The next start: best.json names a checkpoint that best/'s state file lists and that reads back in full.
+        best = onu_best.read_best(eval_dir)
+        best_dir = onu_best.best_dir(eval_dir)
+        assert best is not None, (stop, calls)
+        path = os.path.join(best_dir, best['checkpoint'])
+        assert best['checkpoint'] == f'model.ckpt-{best["step"]}', (stop, calls)
+        assert tf.train.latest_checkpoint(best_dir) == path, (stop, calls)
+        onu_checkpoint.check_readable(path)
+        assert sorted(os.listdir(eval_dir)) == ['best'], (stop, calls)
+        found.append(best['step'])
+        if len(calls) <= stop:
+            break
     else:
-        os.rename(best_dir, old_dir)
-        os.rename(new_best, best_dir)
-        expected = 4
-    assert onu_best.read_best(eval_dir)['step'] == expected
-    assert sorted(os.listdir(eval_dir)) == ['best']
-    assert tf.train.latest_checkpoint(best_dir) == os.path.join(best_dir, f'model.ckpt-{expected}')
-    onu_checkpoint.check_readable(os.path.join(best_dir, f'model.ckpt-{expected}'))
+        raise AssertionError(f'keep made more file-system changes than the test counts: {calls}')
+    # The previous best until the new one is whole in place, then the new one; the last keep ran through.
+    assert found == [2] * found.count(2) + [4] * found.count(4) and found.count(2) > 1 and found[-1] == 4, found
+    assert {'copy2', 'rename', 'unlink'} <= set(calls)  # killed while copying, swapping and removing the old one

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 
 import numpy as np
 import pytest
@@ -336,33 +337,45 @@ def test_workers_started_by_hand_stop_with_one_line_when_their_ps_is_lost_and_si
     assert 'Traceback' not in chief + worker
 
 
-def test_the_supervisor_restarts_lost_tasks_up_to_its_limit_and_a_lost_chief_stops_the_cluster(tmp_path, capsys):
+def test_the_supervisor_restarts_lost_tasks_up_to_its_limit_within_the_window_and_a_lost_chief_stops_the_cluster(
+        tmp_path, capsys, monkeypatch):
     sleeping = [sys.executable, '-c', 'import time; time.sleep(120)']
     commands = [('ps 0', sleeping), ('worker 0', sleeping), ('worker 1', sleeping)]
+    # The supervisor's clock, moved on by hand: the restart window passes without waiting 10 minutes.
+    ahead = {'secs': 0.0}
+    monkeypatch.setattr(onu_launch, 'time', types.SimpleNamespace(
+        time=time.time, sleep=time.sleep, monotonic=lambda: time.monotonic() + ahead['secs']))
+    result = {}
 
     def restarted(launched, index, before):
         """Waits until the process at index is no longer before (the supervisor started it again)."""
         deadline = time.monotonic() + 30
         while launched.processes[index][1] is before:
-            assert time.monotonic() < deadline, capsys.readouterr().out
+            assert time.monotonic() < deadline and not result, (result, capsys.readouterr().out)
             time.sleep(0.1)
+
+    def lose(launched, index):
+        """Kills the task at index, then waits until the supervisor has started it again."""
+        lost = launched.processes[index][1]
+        lost.kill()
+        restarted(launched, index, lost)
 
     launched = onu_launch.Launched(str(tmp_path))
     with launched.running(commands):
         supervisor = onu_launch.Supervisor(launched, commands, 'worker 0', max_restarts=1)
-        result = {}
         waiting = threading.Thread(target=lambda: result.update(status=supervisor.wait_for_workers(time.time() + 60)))
         waiting.start()
         for index in (0, 2):  # the ps, then worker 1: each restarted once
-            lost = launched.processes[index][1]
-            lost.kill()
-            restarted(launched, index, lost)
-        launched.processes[0][1].kill()  # the ps once more: over the limit of 1
+            lose(launched, index)
+        ahead['secs'] = onu_launch.RESTART_WINDOW_SECS + 1  # those losses are now older than the window
+        lose(launched, 0)  # the ps again: restarted, its earlier loss no longer counts
+        launched.processes[0][1].kill()  # and once more within the window: over the limit of 1
         waiting.join(timeout=30)
         pids = [process.pid for _, process in launched.processes]
     out = capsys.readouterr().out
     assert result == {'status': -9}, out
-    assert 'ps 0 exited with status -9: restarting it (restart 1 of 1 within 10 minutes); the workers reconnect' in out
+    assert out.count('ps 0 exited with status -9: restarting it (restart 1 of 1 within 10 minutes); the workers '
+                     'reconnect') == 2, out
     assert 'worker 1 exited with status -9: restarting it (restart 1 of 1 within 10 minutes); it rejoins' in out
     assert 'ps 0 exited with status -9, lost 2 time(s) within 10 minutes (--max_restarts=1): stopping the cluster.' in out
     assert_all_exited(pids)

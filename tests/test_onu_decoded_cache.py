@@ -1,6 +1,7 @@
 """The decoded epoch on local disk: each example once per epoch in a new order, reused, keyed by its data, and every
 fault (killed mid-epoch, a full disk, a read-only folder, a damaged shard) one line with training going on."""
 import collections
+import contextlib
 import hashlib
 import json
 import math
@@ -159,34 +160,78 @@ def test_a_full_disk_while_writing_removes_the_partial_cache_and_training_goes_o
     assert collections.Counter(examples[0]) == expected and set(examples[1] + examples[2]) <= set(expected)
 
 
-def test_a_damaged_shard_is_never_trained_on_and_the_cache_is_rebuilt_next_time(tiny_data_dir, tmp_path, capsys):
-    info = onu_dataset.describe(tiny_data_dir).split('train', 'images')
-    size = info.num_examples
-    expected = decoded_epoch(info)
-    root = str(tmp_path / 'cache')
-    cache = onu_decoded_cache.DiskCache.open(root, info, IMAGE_SIZE, False, SEED)
-    stream(info, cache, size + 1)
-    with open(os.path.join(cache.folder, 'manifest.json')) as f:
-        name = json.load(f)['shards'][2][0]
-    shard = os.path.join(cache.folder, name)
-    with open(shard, 'r+b') as f:  # one pixel's bit flipped
+def flip_a_bit(shard):
+    """Flips one bit of a pixel in the middle of shard."""
+    with open(shard, 'r+b') as f:
         f.seek(os.path.getsize(shard) // 2)
         byte = f.read(1)
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([byte[0] ^ 1]))
-    capsys.readouterr()
-    damaged = onu_decoded_cache.DiskCache.open(root, info, IMAGE_SIZE, False, SEED)
-    examples = stream(info, damaged, 2 * size)
-    out = capsys.readouterr().out
-    assert out.count(f'Decoded-epoch cache: {shard} is damaged (') == 1
-    assert 'training goes on decoding every epoch; the next run writes the cache again.' in out
-    # The shards checked before the damaged one, then decoded epochs: every image one of the true ones, none flipped.
-    assert set(examples) <= set(expected) and len(examples) == 2 * size
-    assert not os.path.exists(os.path.join(cache.folder, 'manifest.json'))
-    rebuilt = onu_decoded_cache.DiskCache.open(root, info, IMAGE_SIZE, False, SEED)
-    assert 'writing the first epoch' in capsys.readouterr().out and not os.path.exists(cache.folder)
-    stream(info, rebuilt, size + 1)
-    assert complete_folders(root) == [os.path.basename(cache.folder)]
+
+
+def cut_after_the_first_record(shard):
+    """Cuts shard right after its first record: what is left is whole records, every CRC right."""
+    with open(shard, 'rb') as f:
+        length = int.from_bytes(f.read(8), 'little')  # TFRecord: 8-byte length, its 4-byte CRC, payload, 4-byte CRC
+    assert 8 + 4 + length + 4 < os.path.getsize(shard)  # a record or more is cut off
+    os.truncate(shard, 8 + 4 + length + 4)
+
+
+def empty(shard):
+    """Empties shard to 0 bytes (as a crash before the file system wrote its data can)."""
+    os.truncate(shard, 0)
+
+
+@contextlib.contextmanager
+def two_records_a_shard():
+    """Caches of tiny_data_dir's 8 training images in 4 shards of 2 records (one image each) while it lasts."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(onu_decoded_cache, 'BLOCK_BYTES', IMAGE_SIZE * IMAGE_SIZE * 3)
+        patch.setattr(onu_decoded_cache, 'MIN_SHARDS', 4)
+        yield
+
+
+@pytest.fixture(scope='module')
+def written_cache(tiny_data_dir, tmp_path_factory):
+    """A complete disk cache of tiny_data_dir's training images in 4 shards of 2 records, read-only (copy it).
+
+    Returns (its root, the split's info, the multiset of one decoded epoch)."""
+    info = onu_dataset.describe(tiny_data_dir).split('train', 'images')
+    root = str(tmp_path_factory.mktemp('written') / 'cache')
+    with two_records_a_shard():
+        stream(info, onu_decoded_cache.DiskCache.open(root, info, IMAGE_SIZE, False, SEED), info.num_examples + 1)
+    return root, info, decoded_epoch(info)
+
+
+# Damage the CRCs catch (a flipped bit), and damage only the manifest's record count catches (whole records left).
+@pytest.mark.parametrize('damage', [flip_a_bit, cut_after_the_first_record, empty])
+def test_a_damaged_shard_is_never_trained_on_and_the_cache_is_rebuilt_next_time(written_cache, tmp_path, capsys,
+                                                                                damage):
+    written_root, info, expected = written_cache
+    size, root = info.num_examples, str(tmp_path / 'cache')
+    shutil.copytree(written_root, root)
+    (name,) = os.listdir(root)
+    folder = os.path.join(root, name)
+    with open(os.path.join(folder, 'manifest.json')) as f:
+        shards = json.load(f)['shards']
+    assert [(images, records) for _, images, records in shards] == [(2, 2)] * 4
+    shard = os.path.join(folder, shards[2][0])
+    damage(shard)
+    with two_records_a_shard():
+        damaged = onu_decoded_cache.DiskCache.open(root, info, IMAGE_SIZE, False, SEED)
+        examples = stream(info, damaged, 2 * size)
+        # The shards checked before the damaged one, then decoded epochs (a whole one at least): every image one of
+        # the true ones, none damaged, and none lost.
+        assert set(examples) == set(expected) and len(examples) == 2 * size
+        out = capsys.readouterr().out
+        assert out.count(f'Decoded-epoch cache: {shard} is damaged (') == 1
+        assert 'training goes on decoding every epoch; the next run writes the cache again.' in out
+        assert not os.path.exists(os.path.join(folder, 'manifest.json'))
+        rebuilt = onu_decoded_cache.DiskCache.open(root, info, IMAGE_SIZE, False, SEED)
+        assert 'writing the first epoch' in capsys.readouterr().out and not os.path.exists(folder)
+        if damage is flip_a_bit:  # the cache written again is whole (written as any first epoch is)
+            stream(info, rebuilt, size + 1)
+            assert complete_folders(root) == [name]
 
 
 def test_a_read_only_cache_folder_is_one_line_and_training_goes_on(tiny_data_dir, tmp_path):
