@@ -28,6 +28,7 @@ onu_sample_data with make_sample_data, onu_serving with onu_export, run_local_cl
                     first match once printed, .finish() -> all of it.
   copy_train_dir(tiny_run, tmp_path, name='train', exports=True) -> a copy of tiny_run's train_dir, yours to change.
   file_states(*folders)  {path: (size, mtime in ns)} of every file below folders: what a test must not change.
+  parsed(*args) -> TrainingOptions   factory: a training command line parsed in this process (flags reset after).
   messy_data_dir    session-wide, read-only: the bad input of real photo folders; train/F603 holds them all.
   messy_files       MESSY_FILES: name in messy_data_dir/train/F603 -> None (usable) or a word of its skip reason.
   pattern_image     the 48x32 RGB picture (four coloured quadrants) every messy image is made from.
@@ -260,6 +261,22 @@ def colour_effect(name, before, after):
         return (saturation_after / saturation_before).mean(axis=(1, 2))
     assert name == 'hue', name
     return np.median((hue_after - hue_before + 0.5) % 1.0 - 0.5, axis=(1, 2))
+
+
+@pytest.fixture
+def parsed():
+    """Factory: parsed(*args) parses args as a training script's command line in this process; returns the
+    TrainingOptions read from them. The flags are reset after."""
+    from onu_lib import onu_flags  # pylint: disable=import-outside-toplevel
+    from absl import flags  # pylint: disable=import-outside-toplevel
+    onu_flags.define_training_flags()  # once per process
+
+    def parse(*args):
+        flags.FLAGS.unparse_flags()
+        flags.FLAGS(['onu_train.py', *args])
+        return onu_flags.training_options()
+    yield parse
+    flags.FLAGS.unparse_flags()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -674,8 +691,7 @@ def tiny_tflite_of(tiny_run_of, tmp_path_factory):
             run = tiny_run_of(model_name)
             version_dir = str(tmp_path_factory.mktemp(f'tflite_{model_name}') / str(TINY_RUN_STEPS))
             shutil.copytree(os.path.join(run.export_dir, str(TINY_RUN_STEPS)), version_dir)
-            info = onu_dataset.describe(run.data_dir).split('train', run.config.data_format)
-            calibration, _ = onu_tflite.eval_pixels(info, run.config.image_size, 8)
+            calibration = onu_tflite.calibration_pixels(run.config, run.data_dir, 8)
             for entry in onu_tflite.TFLITE_FORMATS:
                 onu_tflite.write_tflite(version_dir, entry.name, run.config, calibration)
             versions[model_name] = version_dir

@@ -3,7 +3,6 @@
 import dataclasses
 
 from absl import flags
-import pytest
 
 import onu_input
 from onu_lib import onu_flags
@@ -11,17 +10,6 @@ from onu_lib import onu_training
 
 FLAGS = flags.FLAGS
 onu_flags.define_training_flags()
-
-
-@pytest.fixture
-def parsed():
-    """Factory: parsed(*args) parses args as a training script's command line; the flags are reset after."""
-    def parse(*args):
-        FLAGS.unparse_flags()
-        FLAGS(['onu_train.py', *args])
-        return onu_flags.training_options()
-    yield parse
-    FLAGS.unparse_flags()
 
 
 def test_every_training_option_is_read_from_its_flag(parsed):
