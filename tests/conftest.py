@@ -39,6 +39,7 @@ onu_sample_data with make_sample_data, onu_serving with onu_export, run_local_cl
 
 import contextlib
 import io
+import json
 import math
 import os
 import re
@@ -352,7 +353,7 @@ class ScriptServer:
 
     def serves(self, command, environment):
         """True when the server runs command as a fresh process would (starting the server if needed)."""
-        if len(command) < 2 or command[0] != sys.executable or '--verbose' in command:
+        if len(command) < 2 or command[0] != sys.executable or not command[1].endswith('.py') or '--verbose' in command:
             return False
         if not self._uses_tensorflow.setdefault(command[1], _loads_tensorflow(command[1])):
             return False  # a data script starts quickly, without TensorFlow: run it as it is
@@ -637,19 +638,45 @@ def file_states(*folders):
     return states
 
 
+@contextlib.contextmanager
+def built_once(tmp_path_factory, name):
+    """A folder that the test processes of one pytest run share: yields (its path, True for the one process that
+    must build it now); the others wait until it is built, then get False. One process alone always builds."""
+    import fcntl  # pylint: disable=import-outside-toplevel  (POSIX only)
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get('PYTEST_XDIST_WORKER') else base  # pytest-xdist: one folder per worker
+    folder, done = root / f'shared-{name}', root / f'shared-{name}.built'
+    with open(root / f'shared-{name}.lock', 'w') as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if done.exists():
+                yield str(folder), False
+                return
+            os.makedirs(folder)
+            yield str(folder), True
+            done.touch()
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope='session')
 def tiny_run(tmp_path_factory):
     """The shared tiny training run (see the module docstring); fails at teardown if a test changed it."""
-    root = tmp_path_factory.mktemp('tiny_run')
-    data_dir, train_dir = str(root / 'data'), str(root / 'train')
-    onu_sample_data.generate_dataset(data_dir, 8, 4, (96, 72), seed=0, processes=1)  # no records yet
-    os.makedirs(train_dir)
-    with open(os.path.join(train_dir, 'notes.txt'), 'w') as f:
-        f.write(TINY_RUN_NOTES)
-    # No --model: the run also shows the default (small, as no machine of this project has a GPU).
-    result = run_script('onu_train.py', *TINY_RUN_FLAGS, f'--max_steps={TINY_RUN_STEPS}',
-                        f'--data_dir={data_dir}', f'--train_dir={train_dir}')
-    assert result.returncode == 0, result.stderr[-3000:]
+    with built_once(tmp_path_factory, 'tiny_run') as (root, build):
+        data_dir, train_dir = os.path.join(root, 'data'), os.path.join(root, 'train')
+        if build:
+            onu_sample_data.generate_dataset(data_dir, 8, 4, (96, 72), seed=0, processes=1)  # no records yet
+            os.makedirs(train_dir)
+            with open(os.path.join(train_dir, 'notes.txt'), 'w') as f:
+                f.write(TINY_RUN_NOTES)
+            # No --model: the run also shows the default (small, as no machine of this project has a GPU).
+            result = run_script('onu_train.py', *TINY_RUN_FLAGS, f'--max_steps={TINY_RUN_STEPS}',
+                                f'--data_dir={data_dir}', f'--train_dir={train_dir}')
+            assert result.returncode == 0, result.stderr[-3000:]
+            with open(os.path.join(root, 'result.json'), 'w') as f:
+                json.dump([result.args, result.returncode, result.stdout, result.stderr], f)
+        with open(os.path.join(root, 'result.json')) as f:
+            result = subprocess.CompletedProcess(*json.load(f))
     from onu_lib import onu_serving  # pylint: disable=import-outside-toplevel  (TensorFlow: only where the run is used)
     before = file_states(data_dir, train_dir)
     yield types.SimpleNamespace(data_dir=data_dir, train_dir=train_dir, result=result,
@@ -710,7 +737,6 @@ def tiny_tflite_of(tiny_run_of, tmp_path_factory):
 #       **params) and server.get_bytes(route, **params) read any other route.
 
 import gzip  # noqa: E402  (kept with the fixture they serve)
-import json  # noqa: E402
 import urllib.error  # noqa: E402
 import urllib.parse  # noqa: E402
 import urllib.request  # noqa: E402
