@@ -234,8 +234,10 @@ def test_a_restarted_evaluator_reports_each_checkpoint_once(tiny_run, tmp_path):
     assert steps == list(range(0, 13, 2))
 
 
-@pytest.mark.parametrize('change', [{'validation_percent': 20.0}, {'labels_offset': 1}, {'image_size': 48}])
-def test_resuming_needs_the_same_classes_labels_and_split(tiny_run, change):
+@pytest.mark.parametrize('change', [{'validation_percent': 20.0}, {'labels_offset': 1}, {'image_size': 48},
+                                    {'model': 'inception_resnet_v2'},
+                                    {'class_names': ('F603', 'F670L')}])  # as many classes, one renamed
+def test_resuming_needs_the_same_model_classes_labels_and_split(tiny_run, change):
     saved = tiny_run.config.replace(validation_percent=10.0)
     onu_checkpoint.check_resumable(tiny_run.train_dir, saved, saved)  # the same: resumes
     with pytest.raises(onu_dataset.DataError) as error:

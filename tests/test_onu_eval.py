@@ -11,8 +11,8 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from conftest import (REPO_ROOT, TINY_IMAGE_SIZE, TINY_RUN_STEPS, copy_train_dir, run_on_a_terminal, run_script,
-                      script_command, script_tested_models)
+from conftest import (REPO_ROOT, TINY_IMAGE_SIZE, TINY_RUN_STEPS, copy_train_dir, mount, run_on_a_terminal,
+                      run_script, script_command, script_tested_models)
 
 from onu_lib import onu_sample_data
 from onu_lib import onu_best
@@ -417,6 +417,32 @@ def test_checkpoint_deleted_while_read_is_skipped_for_the_newest(tiny_run, tmp_p
     assert len(notes) == 1 and notes[0].startswith(doomed) and 'skipping to the newest' in notes[0]
     assert [(entry['step'], entry['checkpoint']) for entry in read_results(eval_dir)] == [
         (12, os.path.join(copy_dir, 'model.ckpt-12'))]  # the shared run's final step
+
+
+def test_a_results_line_that_cannot_be_written_whole_is_cut_back_and_evaluated_again(tmp_path):
+    """A full disk mid-line leaves results.jsonl as it was; a line a crash cut short counts as not reported."""
+    eval_dir = str(tmp_path / 'eval')
+    mount(eval_dir, '-t', 'tmpfs', '-o', 'size=64k', 'tmpfs')
+    try:
+        path = os.path.join(eval_dir, onu_eval.RESULTS_FILENAME)
+        for step in (0, 2):
+            onu_eval.append_line(path, json.dumps({'step': step, 'eval_data': 'val', 'precision_at_1': 0.5}))
+        with open(path, 'rb') as f:
+            whole = f.read()
+        with open(os.path.join(eval_dir, 'filler'), 'wb') as f:  # something else fills the disk: 1 KB left
+            f.write(b'\0' * (shutil.disk_usage(eval_dir).free - 1024))
+        long_line = json.dumps({'step': 4, 'eval_data': 'val', 'misclassified': ['val/F603/x.jpg'] * 2000})
+        with pytest.raises(OSError):
+            onu_eval.append_line(path, long_line)
+        with open(path, 'rb') as f:
+            assert f.read() == whole  # cut back to its last whole line
+        assert sorted(onu_eval.reported_results(eval_dir, 'val')) == [0, 2]
+        os.remove(os.path.join(eval_dir, 'filler'))
+        with open(path, 'a', encoding='utf-8') as f:  # an evaluator killed while writing step 4's line
+            f.write(long_line[:len(long_line) // 2])
+        assert sorted(onu_eval.reported_results(eval_dir, 'val')) == [0, 2]  # step 4 is evaluated again
+    finally:
+        subprocess.run(['umount', eval_dir], check=True)
 
 
 # ----------------------------------------------------------------------------------------------
