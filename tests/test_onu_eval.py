@@ -31,6 +31,7 @@ IMAGE_SIZE = 32
 MAX_STEPS = 6
 CLASS_NAMES = ['F603', 'F663N']
 VAL_PER_CLASS = 5
+TRAIN_PER_CLASS = 8
 SHADOW_SUFFIX = '/ExponentialMovingAverage'
 
 # Runs onu_eval.main with the trainer deleting the checkpoint named by the first argument right
@@ -149,7 +150,7 @@ def polled_run(tmp_path_factory):
     """
     root = tmp_path_factory.mktemp('polled')
     data_dir, train_dir, eval_dir = (str(root / name) for name in ('data', 'train', 'eval'))
-    onu_sample_data.generate_dataset(data_dir, 8, VAL_PER_CLASS, (96, 72), seed=0, processes=1)
+    onu_sample_data.generate_dataset(data_dir, TRAIN_PER_CLASS, VAL_PER_CLASS, (96, 72), seed=0, processes=1)
     evaluator = subprocess.Popen(
         script_command('onu_eval.py', f'--checkpoint_dir={train_dir}', f'--eval_dir={eval_dir}', '--batch_size=4',
                        '--eval_interval_secs=0.2', '--timeout_secs=120', '--export_best'),
@@ -452,9 +453,10 @@ def test_no_checkpoint_waits_with_a_message_then_times_out(tmp_path):
     checkpoint_dir = str(tmp_path / 'not_yet')
     started = time.monotonic()
     result = run_eval(f'--checkpoint_dir={checkpoint_dir}', f'--eval_dir={tmp_path / "eval"}',
-                      '--eval_interval_secs=0.2', '--timeout_secs=1.5')
+                      '--eval_interval_secs=0.2', '--timeout=1.5')  # the old spelling of --timeout_secs
     assert time.monotonic() - started >= 1.5
     assert result.returncode == 2
+    assert result.stderr.splitlines()[0] == 'warning: --timeout is deprecated and will be removed: use --timeout_secs'
     assert f'Waiting for the first checkpoint in {checkpoint_dir}' in result.stdout
     assert result.stderr.strip().splitlines()[-1] == (
         f'error: {checkpoint_dir}: no checkpoint after waiting 1.5 s; train first (python onu_train.py '
@@ -580,11 +582,17 @@ def test_tensorboard_lists_the_eval_pictures_and_pr_curves(polled_run, tensorboa
     assert 'augmented_inputs' in ' '.join(server.wait_for_tags('images', 'train', []))
 
 
-def test_progress_shows_on_a_terminal_only(polled_run, tmp_path):
+def test_progress_shows_on_a_terminal_only_and_eval_data_picks_the_split(polled_run, tmp_path):
     _, train_dir, _, result = polled_run
     assert 'evaluating' not in result.stdout + result.stderr  # pipes: no progress display
     code, output = run_on_a_terminal(script_command('onu_eval.py', f'--checkpoint_dir={train_dir}',
-                                                    f'--eval_dir={tmp_path}', '--run_once', '--batch_size=2'))
+                                                    f'--eval_dir={tmp_path}', '--run_once', '--batch_size=2',
+                                                    '--eval_data=train'))
     assert code == 0, output
-    assert 'evaluating:' in output and f'/{len(CLASS_NAMES) * VAL_PER_CLASS} [' in output and 'photo/s' in output
+    train_photos = len(CLASS_NAMES) * TRAIN_PER_CLASS
+    assert 'evaluating:' in output and f'/{train_photos} [' in output and 'photo/s' in output
     assert 'precision @ 1 = ' in output
+    # --eval_data=train: every train photo, once (polled_run's split has 8 per class, val 5).
+    [record] = read_results(str(tmp_path))
+    assert record['eval_data'] == 'train' and np.sum(record['confusion_matrix'], axis=1).tolist() == [
+        TRAIN_PER_CLASS] * len(CLASS_NAMES)
