@@ -442,6 +442,10 @@ def test_a_results_line_that_cannot_be_written_whole_is_cut_back_and_evaluated_a
         with open(path, 'a', encoding='utf-8') as f:  # an evaluator killed while writing step 4's line
             f.write(long_line[:len(long_line) // 2])
         assert sorted(onu_eval.reported_results(eval_dir, 'val')) == [0, 2]  # step 4 is evaluated again
+        onu_eval.append_line(path, json.dumps({'step': 4, 'eval_data': 'val', 'precision_at_1': 0.75}))
+        assert onu_eval.reported_results(eval_dir, 'val')[4]['precision_at_1'] == 0.75  # on a line of its own
+        with open(path, 'rb') as f:
+            assert f.read().count(b'\n') == 3  # what the crash left of a line is gone
     finally:
         subprocess.run(['umount', eval_dir], check=True)
 
