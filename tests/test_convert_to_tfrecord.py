@@ -5,6 +5,7 @@ import io
 import os
 import shutil
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -265,6 +266,18 @@ def test_class_set_mismatch_and_output_inside_photos_are_errors(make_tiny_datase
         onu_converter.convert(onu_dataset.describe(data_dir), processes=1)
     assert "missing in val: ['F603']" in str(error.value)
     assert not os.path.exists(os.path.join(data_dir, 'tfrecords'))
+
+
+@pytest.mark.parametrize('record_format', onu_dataset.RECORD_FORMATS)
+def test_num_shards_0_makes_shards_of_about_100_mb_and_never_an_empty_one(record_format):
+    """--num_shards=0: as many shards as make each about 100 MB (at most), and never more shards than images."""
+    photo = types.SimpleNamespace(num_bytes=3_000_000, height=2000, width=3000)  # 18 MB of raw pixels
+    for count in (1, 20, 200):
+        images = [photo] * count
+        total = count * (photo.num_bytes if record_format == 'encoded' else photo.height * photo.width * 3)
+        shards = onu_converter._num_shards(0, images, record_format)
+        assert total / shards <= 100 << 20 and (shards == 1 or total / shards > 50 << 20), (count, shards)
+        assert onu_converter._num_shards(count + 5, images, record_format) == count  # none left empty
 
 
 def test_shards_are_renamed_into_place_only_after_a_full_read_back(make_tiny_dataset, monkeypatch):

@@ -596,6 +596,8 @@ def test_progress_shows_on_a_terminal_only_and_eval_data_picks_the_split(polled_
     train_photos = len(CLASS_NAMES) * TRAIN_PER_CLASS
     assert 'evaluating:' in output and f'/{train_photos} [' in output and 'photo/s' in output
     assert 'precision @ 1 = ' in output
+    # README: evaluation prints the GPUs it sees and the precision it computes in: float32 unless --precision says.
+    assert 'GPUs: none visible' in output and 'precision: float32' in output
     # --eval_data=train: every train photo, once (polled_run's split has 8 per class, val 5).
     [record] = read_results(str(tmp_path))
     assert record['eval_data'] == 'train' and np.sum(record['confusion_matrix'], axis=1).tolist() == [

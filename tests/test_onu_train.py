@@ -168,6 +168,7 @@ def test_a_resumed_run_reads_new_batches_not_the_first_runs_again(resumed_run):
     # event file the copy holds, and 13-15 resumed. The resumed steps' must not be the first steps' again.
     images = summary_images(resumed_dir)
     assert sorted(images) == list(range(1, 16))
+    assert {len(batch) for batch in images.values()} == {3}  # README: three augmented input images a step
     first_run = {image for step in range(1, 13) for image in images[step]}
     repeated = [step for step in (13, 14, 15) if first_run & set(images[step])]
     assert repeated == [], f'the resumed steps {repeated} read batches the first run read'
