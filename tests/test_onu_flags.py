@@ -47,6 +47,8 @@ def test_defaults_leave_the_model_and_data_to_decide(parsed):
     assert options.model is None and options.image_size is None and options.learning_rate is None
     assert options.cache_decoded_epoch == 'auto' and options.cache_dir is None and options.profile_steps is None
     assert options.augmentations == onu_input.AugmentOptions.default() == onu_input.AugmentOptions.of(True)
+    # README "Changed defaults": every script's data in /tmp/onu_data (where make_sample_data.py writes), seed 0.
+    assert (options.data_dir, options.seed) == ('/tmp/onu_data', 0)
 
 
 @pytest.mark.parametrize('model_flag, model, image_size', [(None, 'small', 64), ('inception_resnet_v2', None, 299),
