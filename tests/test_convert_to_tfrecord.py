@@ -422,7 +422,8 @@ def test_workers_of_the_data_scripts_and_of_training_never_import_tensorflow(mak
     assert imports_by_process(converted.stderr, 'onu_lib.onu_converter') >= 2
     assert imports_by_process(converted.stderr, 'tensorflow') == 0  # shards written and checked by onu_tfrecord
     fresh_dir = make_tiny_dataset('fresh')  # no records yet: training converts them
-    photos, listed = file_states(*(os.path.join(fresh_dir, split) for split in onu_dataset.SPLITS)), os.listdir(fresh_dir)
+    photos = file_states(*(os.path.join(fresh_dir, split) for split in onu_dataset.SPLITS))
+    listed = os.listdir(fresh_dir)
     trained = run_with_import_log('onu_train.py', f'--data_dir={fresh_dir}', f'--train_dir={tmp_path / "train"}',
                                   '--data_format=raw', '--max_steps=1', '--image_size=32', '--batch_size=2',
                                   '--model=small')
