@@ -319,8 +319,14 @@ def report(result, record, writer, eval_dir, best_precision):
 
 
 def append_line(path, line):
-    """Appends line to the file at path whole, or not at all: a write that fails is cut off again."""
-    size = os.path.getsize(path) if os.path.exists(path) else 0
+    """Appends line to the file at path whole, or not at all: a write that fails is cut off again, and what a
+    crash left of a line is cut off first, so that the new line does not join it."""
+    size = 0
+    if os.path.exists(path):
+        with open(path, 'rb') as f:
+            size = f.read().rfind(b'\n') + 1  # the end of the last whole line
+        if size != os.path.getsize(path):
+            os.truncate(path, size)
     try:
         with open(path, 'a', encoding='utf-8') as f:
             f.write(line + '\n')

@@ -14,6 +14,7 @@ renamed when complete, so a .tflite in a version folder is always whole.
 
 A library module: explicit arguments only, no flags.
 """
+import contextlib
 import dataclasses
 import os
 import time
@@ -152,10 +153,17 @@ def write_tflite(version_dir, format_name, run_config, calibration=None):
         return path
     started = time.time()
     model = convert(version_dir, format_name, run_config.image_size, calibration)
-    if read_labels(path) != list(run_config.class_names):  # the other formats' labels are the same file
-        labels = ''.join(f'{name}\n' for name in run_config.class_names)
-        onu_dataset.write_text_atomic(os.path.join(version_dir, LABELS_FILENAME), labels)
-    onu_dataset.write_bytes_atomic(path, model)
+    labels_path = os.path.join(version_dir, LABELS_FILENAME)
+    new_labels = read_labels(path) != list(run_config.class_names)  # the other formats' labels are the same file
+    if new_labels:
+        onu_dataset.write_text_atomic(labels_path, ''.join(f'{name}\n' for name in run_config.class_names))
+    try:
+        onu_dataset.write_bytes_atomic(path, model)
+    except BaseException:
+        if new_labels:  # nothing written: a full or failing folder keeps no labels.txt without its model
+            with contextlib.suppress(OSError):
+                os.remove(labels_path)
+        raise
     calibrated = f', calibrated on {len(calibration)} train photos' if tflite_format(format_name).calibrated else ''
     print(f'Wrote {path} ({format_name}{calibrated}, {len(model) / 2**20:.2f} MB, uint8 pixels '
           f'{run_config.image_size}x{run_config.image_size} in, probabilities out) in {time.time() - started:.1f} s',

@@ -5,13 +5,15 @@ import io
 import os
 import shutil
 import sys
+import types
 
 import numpy as np
 import pytest
 import tensorflow as tf
 from PIL import Image
 
-from conftest import LAYOUT_CLASSES, REPO_ROOT, layout_photos, run_script, write_layout
+from conftest import (EXIF_ORIENTATION_TAG, LAYOUT_CLASSES, REPO_ROOT, file_states, layout_photos, run_script,
+                      write_layout)
 
 from onu_lib import onu_photos
 from onu_lib import onu_converter
@@ -266,6 +268,18 @@ def test_class_set_mismatch_and_output_inside_photos_are_errors(make_tiny_datase
     assert not os.path.exists(os.path.join(data_dir, 'tfrecords'))
 
 
+@pytest.mark.parametrize('record_format', onu_dataset.RECORD_FORMATS)
+def test_num_shards_0_makes_shards_of_about_100_mb_and_never_an_empty_one(record_format):
+    """--num_shards=0: as many shards as make each about 100 MB (at most), and never more shards than images."""
+    photo = types.SimpleNamespace(num_bytes=3_000_000, height=2000, width=3000)  # 18 MB of raw pixels
+    for count in (1, 20, 200):
+        images = [photo] * count
+        total = count * (photo.num_bytes if record_format == 'encoded' else photo.height * photo.width * 3)
+        shards = onu_converter._num_shards(0, images, record_format)
+        assert total / shards <= 100 << 20 and (shards == 1 or total / shards > 50 << 20), (count, shards)
+        assert onu_converter._num_shards(count + 5, images, record_format) == count  # none left empty
+
+
 def test_shards_are_renamed_into_place_only_after_a_full_read_back(make_tiny_dataset, monkeypatch):
     data_dir = make_tiny_dataset()
     renames = []
@@ -367,10 +381,18 @@ def test_script_exit_codes_and_output(make_tiny_dataset, tmp_path):
     assert missing.stderr.startswith('error: ') and missing.stderr.count('\n') == 1
     assert f'{tmp_path / "nowhere"}: data dir not found' in missing.stderr and 'make_sample_data.py' in missing.stderr
     data_dir = make_tiny_dataset()
+    exif = Image.Exif()
+    exif[EXIF_ORIENTATION_TAG] = 6  # a phone photo stored on its side: the records hold it upright, the file stays
+    Image.new('RGB', (64, 48), (200, 30, 30)).save(os.path.join(data_dir, 'train', 'F603', 'phone.jpg'),
+                                                   exif=exif.tobytes())
+    before, listed = file_states(*(os.path.join(data_dir, split) for split in onu_dataset.SPLITS)), os.listdir(data_dir)
     done = run_script(SCRIPT, f'--data_dir={data_dir}', '--format=encoded', '--processes=1')
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0].split()[:3] == ['split', 'format', 'images']
     assert onu_dataset.read_manifest(os.path.join(data_dir, 'tfrecords'))['splits']['val']['encoded']['records'] == 4
+    # README: the tools never modify, move or delete your photos, and write nothing there but tfrecords/.
+    assert file_states(*(os.path.join(data_dir, split) for split in onu_dataset.SPLITS)) == before
+    assert sorted(os.listdir(data_dir)) == sorted(listed + ['tfrecords'])
 
 
 def run_with_import_log(script, *args):
@@ -400,6 +422,8 @@ def test_workers_of_the_data_scripts_and_of_training_never_import_tensorflow(mak
     assert imports_by_process(converted.stderr, 'onu_lib.onu_converter') >= 2
     assert imports_by_process(converted.stderr, 'tensorflow') == 0  # shards written and checked by onu_tfrecord
     fresh_dir = make_tiny_dataset('fresh')  # no records yet: training converts them
+    photos = file_states(*(os.path.join(fresh_dir, split) for split in onu_dataset.SPLITS))
+    listed = os.listdir(fresh_dir)
     trained = run_with_import_log('onu_train.py', f'--data_dir={fresh_dir}', f'--train_dir={tmp_path / "train"}',
                                   '--data_format=raw', '--max_steps=1', '--image_size=32', '--batch_size=2',
                                   '--model=small')
@@ -407,6 +431,9 @@ def test_workers_of_the_data_scripts_and_of_training_never_import_tensorflow(mak
     assert 'no raw records: converting them now' in trained.stdout
     assert imports_by_process(trained.stderr, 'onu_lib.onu_converter') >= 2  # training converted with worker processes
     assert imports_by_process(trained.stderr, 'tensorflow') == 1
+    # Training's conversion too leaves the photos as they were and writes nothing there but tfrecords/.
+    assert file_states(*(os.path.join(fresh_dir, split) for split in onu_dataset.SPLITS)) == photos
+    assert sorted(os.listdir(fresh_dir)) == sorted(listed + ['tfrecords'])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from test_onu_train import TIMEOUT_SECS, TINY_FLAGS, checkpoint_step, logged_ste
 
 from onu_lib import onu_checkpoint
 from onu_lib import onu_dataset
+from onu_lib import onu_hparams
 from onu_lib import onu_run_folder
 
 
@@ -217,6 +218,8 @@ def test_sigterm_saves_a_checkpoint_at_the_current_step(tiny_run, tmp_path):
     assert stopped == [f'Stopped by SIGTERM at step {saved}: checkpoint saved as {prefix(train_dir, saved)}; '
                        f'run the same command again to resume from it.']
     assert 'Traceback' not in errors
+    # README "Comparing runs": a run stopped by a signal stays "running" in the HParams tab (no end, no success).
+    assert [kind for kind, _ in onu_hparams.session_events(train_dir)] == ['start']
 
 
 def test_a_restarted_evaluator_reports_each_checkpoint_once(tiny_run, tmp_path):
@@ -234,8 +237,10 @@ def test_a_restarted_evaluator_reports_each_checkpoint_once(tiny_run, tmp_path):
     assert steps == list(range(0, 13, 2))
 
 
-@pytest.mark.parametrize('change', [{'validation_percent': 20.0}, {'labels_offset': 1}, {'image_size': 48}])
-def test_resuming_needs_the_same_classes_labels_and_split(tiny_run, change):
+@pytest.mark.parametrize('change', [{'validation_percent': 20.0}, {'labels_offset': 1}, {'image_size': 48},
+                                    {'model': 'inception_resnet_v2'},
+                                    {'class_names': ('F603', 'F670L')}])  # as many classes, one renamed
+def test_resuming_needs_the_same_model_classes_labels_and_split(tiny_run, change):
     saved = tiny_run.config.replace(validation_percent=10.0)
     onu_checkpoint.check_resumable(tiny_run.train_dir, saved, saved)  # the same: resumes
     with pytest.raises(onu_dataset.DataError) as error:

@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from conftest import (TINY_IMAGE_SIZE, TINY_RUN_STEPS, copy_train_dir, run_on_a_terminal, run_script,
+from conftest import (TINY_IMAGE_SIZE, TINY_RUN_STEPS, copy_train_dir, mount, run_on_a_terminal, run_script,
                       start_script, script_tested_models)
 
 from onu_lib import onu_sample_data
@@ -32,6 +32,7 @@ IMAGE_SIZE = 32
 MAX_STEPS = 6
 CLASS_NAMES = ['F603', 'F663N']
 VAL_PER_CLASS = 5
+TRAIN_PER_CLASS = 8
 SHADOW_SUFFIX = '/ExponentialMovingAverage'
 
 # Runs onu_eval.main with the trainer deleting the checkpoint named by the first argument right
@@ -150,7 +151,7 @@ def polled_run(tmp_path_factory):
     """
     root = tmp_path_factory.mktemp('polled')
     data_dir, train_dir, eval_dir = (str(root / name) for name in ('data', 'train', 'eval'))
-    onu_sample_data.generate_dataset(data_dir, 8, VAL_PER_CLASS, (96, 72), seed=0, processes=1)
+    onu_sample_data.generate_dataset(data_dir, TRAIN_PER_CLASS, VAL_PER_CLASS, (96, 72), seed=0, processes=1)
     evaluator = start_script('onu_eval.py', f'--checkpoint_dir={train_dir}', f'--eval_dir={eval_dir}', '--batch_size=4',
                              '--eval_interval_secs=0.2', '--timeout_secs=120', '--export_best',
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -469,6 +470,36 @@ def test_checkpoint_deleted_while_read_is_skipped_for_the_newest(tiny_run, tmp_p
         (12, os.path.join(copy_dir, 'model.ckpt-12'))]  # the shared run's final step
 
 
+def test_a_results_line_that_cannot_be_written_whole_is_cut_back_and_evaluated_again(tmp_path):
+    """A full disk mid-line leaves results.jsonl as it was; a line a crash cut short counts as not reported."""
+    eval_dir = str(tmp_path / 'eval')
+    mount(eval_dir, '-t', 'tmpfs', '-o', 'size=64k', 'tmpfs')
+    try:
+        path = os.path.join(eval_dir, onu_eval.RESULTS_FILENAME)
+        for step in (0, 2):
+            onu_eval.append_line(path, json.dumps({'step': step, 'eval_data': 'val', 'precision_at_1': 0.5}))
+        with open(path, 'rb') as f:
+            whole = f.read()
+        with open(os.path.join(eval_dir, 'filler'), 'wb') as f:  # something else fills the disk: 1 KB left
+            f.write(b'\0' * (shutil.disk_usage(eval_dir).free - 1024))
+        long_line = json.dumps({'step': 4, 'eval_data': 'val', 'misclassified': ['val/F603/x.jpg'] * 2000})
+        with pytest.raises(OSError):
+            onu_eval.append_line(path, long_line)
+        with open(path, 'rb') as f:
+            assert f.read() == whole  # cut back to its last whole line
+        assert sorted(onu_eval.reported_results(eval_dir, 'val')) == [0, 2]
+        os.remove(os.path.join(eval_dir, 'filler'))
+        with open(path, 'a', encoding='utf-8') as f:  # an evaluator killed while writing step 4's line
+            f.write(long_line[:len(long_line) // 2])
+        assert sorted(onu_eval.reported_results(eval_dir, 'val')) == [0, 2]  # step 4 is evaluated again
+        onu_eval.append_line(path, json.dumps({'step': 4, 'eval_data': 'val', 'precision_at_1': 0.75}))
+        assert onu_eval.reported_results(eval_dir, 'val')[4]['precision_at_1'] == 0.75  # on a line of its own
+        with open(path, 'rb') as f:
+            assert f.read().count(b'\n') == 3  # what the crash left of a line is gone
+    finally:
+        subprocess.run(['umount', eval_dir], check=True)
+
+
 # ----------------------------------------------------------------------------------------------
 # No checkpoint, no run configuration
 
@@ -476,9 +507,10 @@ def test_no_checkpoint_waits_with_a_message_then_times_out(tmp_path):
     checkpoint_dir = str(tmp_path / 'not_yet')
     started = time.monotonic()
     result = run_eval(f'--checkpoint_dir={checkpoint_dir}', f'--eval_dir={tmp_path / "eval"}',
-                      '--eval_interval_secs=0.2', '--timeout_secs=1.5')
+                      '--eval_interval_secs=0.2', '--timeout=1.5')  # the old spelling of --timeout_secs
     assert time.monotonic() - started >= 1.5
     assert result.returncode == 2
+    assert result.stderr.splitlines()[0] == 'warning: --timeout is deprecated and will be removed: use --timeout_secs'
     assert f'Waiting for the first checkpoint in {checkpoint_dir}' in result.stdout
     assert result.stderr.strip().splitlines()[-1] == (
         f'error: {checkpoint_dir}: no checkpoint after waiting 1.5 s; train first (python onu_train.py '
@@ -604,11 +636,18 @@ def test_tensorboard_lists_the_eval_pictures_and_pr_curves(polled_run, tensorboa
     assert 'augmented_inputs' in ' '.join(server.wait_for_tags('images', 'train', []))
 
 
-def test_progress_shows_on_a_terminal_only(polled_run, tmp_path):
+def test_progress_shows_on_a_terminal_only_and_eval_data_picks_the_split(polled_run, tmp_path):
     _, train_dir, _, result = polled_run
     assert 'evaluating' not in result.stdout + result.stderr  # pipes: no progress display
     code, output = run_on_a_terminal('onu_eval.py', f'--checkpoint_dir={train_dir}', f'--eval_dir={tmp_path}',
-                                     '--run_once', '--batch_size=2')
+                                     '--run_once', '--batch_size=2', '--eval_data=train')
     assert code == 0, output
-    assert 'evaluating:' in output and f'/{len(CLASS_NAMES) * VAL_PER_CLASS} [' in output and 'photo/s' in output
+    train_photos = len(CLASS_NAMES) * TRAIN_PER_CLASS
+    assert 'evaluating:' in output and f'/{train_photos} [' in output and 'photo/s' in output
     assert 'precision @ 1 = ' in output
+    # README: evaluation prints the GPUs it sees and the precision it computes in: float32 unless --precision says.
+    assert 'GPUs: none visible' in output and 'precision: float32' in output
+    # --eval_data=train: every train photo, once (polled_run's split has 8 per class, val 5).
+    [record] = read_results(str(tmp_path))
+    assert record['eval_data'] == 'train' and np.sum(record['confusion_matrix'], axis=1).tolist() == [
+        TRAIN_PER_CLASS] * len(CLASS_NAMES)

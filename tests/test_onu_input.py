@@ -485,9 +485,10 @@ def test_distorted_inputs_adds_image_summary(tiny_data_dir):
 
 
 def test_serving_preprocessing_in_map_fn(pattern_image):
-    """Export decodes a batch of JPEG/PNG/BMP strings with tf.map_fn: same as one at a time."""
+    """Export decodes a batch of JPEG/PNG/BMP/GIF strings (README: serving_default) with tf.map_fn: same as one at a
+    time."""
     encoded = []
-    for image_format in ('JPEG', 'PNG', 'BMP'):
+    for image_format in ('JPEG', 'PNG', 'BMP', 'GIF'):
         buffer = io.BytesIO()
         pattern_image.save(buffer, image_format)
         encoded.append(buffer.getvalue())
@@ -497,9 +498,10 @@ def test_serving_preprocessing_in_map_fn(pattern_image):
     with tf.Graph().as_default():
         batch = tf.map_fn(preprocess, tf.constant(encoded), fn_output_signature=tf.float32)
         batch, singles = _evaluate((batch, [preprocess(data) for data in encoded]))
-    assert batch.shape == (3, IMAGE_SIZE, IMAGE_SIZE, 3)
+    assert batch.shape == (4, IMAGE_SIZE, IMAGE_SIZE, 3)
     np.testing.assert_allclose(batch, np.stack(singles), atol=1e-6)
-    np.testing.assert_allclose(batch[1], batch[2], atol=1e-6)  # PNG and BMP: the same pixels
+    for other in (2, 3):  # PNG, BMP and GIF (the pattern's four colours fit its palette): the same pixels
+        np.testing.assert_allclose(batch[1], batch[other], atol=1e-6)
 
 
 # ---------------------------------------------------------------------------------------------

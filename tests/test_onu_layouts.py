@@ -6,6 +6,7 @@ tools really write are checked against the entries by hand (REAL_FILE_NAMES), in
 """
 import dataclasses
 import importlib.util
+import io
 import json
 import os
 import shutil
@@ -23,8 +24,8 @@ from onu_lib import onu_layouts
 from onu_lib import onu_run_config
 from onu_lib import onu_converter
 from onu_lib import onu_tfrecord
-from conftest import (LAYOUT_CLASSES, file_states, layout_class_names, layout_photos, read_only_bind_mount, run_script,
-                      write_layout, write_tfrecord, _example)
+from conftest import (EXIF_ORIENTATION_TAG, LAYOUT_CLASSES, file_states, layout_class_names, layout_photos,
+                      read_only_bind_mount, run_script, write_layout, write_tfrecord, _example)
 
 IMAGE_SIZE = 32
 
@@ -227,6 +228,37 @@ def test_raw_records_of_one_three_and_four_bytes_per_pixel_read_as_rgb(tmp_path,
     for (pixels, label), photo in zip(got, [p for p in photos if p.split == 'val']):
         assert label == photo.label and pixels.shape == (size[1], size[0], 3)
         np.testing.assert_array_equal(pixels, np.asarray(Image.open(__import__('io').BytesIO(photo.data)).convert('RGB')))
+
+
+def _val_pixels(info):
+    """The decoded pixels of every val example of info, in eval's order (before resizing)."""
+    with tf.Graph().as_default():
+        dataset = onu_input._decoded_records(info, training=False, seed=None, deterministic=True)
+        image, _, _ = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+        with tf.compat.v1.Session() as sess:
+            return [sess.run(image) for _ in range(info.num_examples)]
+
+
+def test_other_tools_jpegs_are_read_as_stored_without_their_exif_orientation(tmp_path):
+    """README: an EXIF orientation inside another tool's JPEG bytes is not applied, read in place or converted."""
+    exif = Image.Exif()
+    exif[EXIF_ORIENTATION_TAG] = 6  # "turn 90 degrees to be upright": 40x30 stored, 30x40 upright
+    photos = layout_photos(train=1, val=1)
+    for photo in photos:
+        buffer = io.BytesIO()
+        photo.image.save(buffer, 'JPEG', quality=95, exif=exif.tobytes())
+        photo.data = buffer.getvalue()
+    folder = write_layout('slim', str(tmp_path / 'slim'), photos)
+    in_place = _val_pixels(onu_dataset.describe(folder).split('val', 'encoded'))
+    onu_converter.convert(onu_dataset.describe(folder), formats=('raw',), processes=1)
+    converted = _val_pixels(onu_dataset.describe(folder).split('val', 'raw'))
+    val = [photo for photo in photos if photo.split == 'val']
+    assert len(in_place) == len(converted) == len(val) == len(LAYOUT_CLASSES)
+    for photo, read, raw in zip(val, in_place, converted):
+        stored = tf.io.decode_jpeg(photo.data, channels=3).numpy()
+        assert stored.shape == read.shape == raw.shape == (30, 40, 3)  # as stored, not turned
+        for pixels in (read, raw):  # the same bytes' pixels (decoders differ by a grey level or two)
+            assert np.abs(pixels.astype(int) - stored).mean() < 1.5
 
 
 def test_raw_bytes_that_fit_no_pixel_size_name_the_file_and_record(tmp_path):

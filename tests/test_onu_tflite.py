@@ -6,6 +6,7 @@ session; the script tests convert again only where the script's own path (calibr
 import glob
 import os
 import shutil
+import subprocess
 
 from ai_edge_litert import schema_py_generated as schema
 from ai_edge_litert.interpreter import Interpreter
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import TINY_RUN_STEPS, file_states, read_only_bind_mount, run_script, script_tested_models
+from conftest import TINY_RUN_STEPS, file_states, mount, read_only_bind_mount, run_script, script_tested_models
 from test_onu_export import serve
 
 from onu_lib import onu_dataset
@@ -226,6 +227,32 @@ def test_a_read_only_export_folder_is_one_line(tiny_run, tmp_path):
             f'error: {mounted}: the file system is read-only (exporting); make {mounted} writable, or use another '
             f'folder, then run the same command again']
         assert file_states(version_dir) == before
+
+
+def test_a_tflite_is_written_whole_or_not_at_all_and_an_existing_one_is_kept(tiny_run, tmp_path):
+    """README: a .tflite is renamed into place when complete; an existing one is left as it is."""
+    source = os.path.join(tiny_run.export_dir, str(TINY_RUN_STEPS))
+    saved_model_bytes = sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(source)
+                            for name in names)
+    small = str(tmp_path / 'small')  # room for the SavedModel, not for its float32 .tflite beside it
+    mount(small, '-t', 'tmpfs', '-o', f'size={saved_model_bytes + (256 << 10)}', 'tmpfs')
+    try:
+        version_dir = os.path.join(small, str(TINY_RUN_STEPS))
+        shutil.copytree(source, version_dir)
+        before = sorted(os.listdir(version_dir))
+        with pytest.raises(OSError):
+            onu_tflite.write_tflite(version_dir, 'float32', tiny_run.config)
+        assert sorted(os.listdir(version_dir)) == before  # no .tflite cut short, no temporary file
+    finally:
+        subprocess.run(['umount', small], check=True)
+    version_dir = str(tmp_path / str(TINY_RUN_STEPS))
+    shutil.copytree(source, version_dir)
+    path = onu_tflite.tflite_path(version_dir, 'float32')
+    with open(path, 'wb') as f:
+        f.write(b'a model the user made')
+    assert onu_tflite.write_tflite(version_dir, 'float32', tiny_run.config) == path
+    with open(path, 'rb') as f:
+        assert f.read() == b'a model the user made'
 
 
 def test_an_export_without_the_pixels_signature_is_one_line(tmp_path):

@@ -143,16 +143,18 @@ def test_every_model_trains_into_checkpoints_with_the_moving_averages_eval_resto
 
 @pytest.fixture(scope='module')
 def resumed_run(tiny_run, tmp_path_factory):
-    """A copy of the shared run (12 steps) resumed to step 15 with its flags' seed: (train_dir, completed process)."""
-    resumed_dir = copy_train_dir(tiny_run, tmp_path_factory.mktemp('resumed'), exports=False)
+    """A copy of the shared run (12 steps) resumed to step 15 with its flags' seed, and a --fine_tune_checkpoint since
+    deleted, which a run with checkpoints of its own never reads (README): (train_dir, completed process)."""
+    root = tmp_path_factory.mktemp('resumed')
+    resumed_dir = copy_train_dir(tiny_run, root, exports=False)
     result = run_train(f'--data_dir={tiny_run.data_dir}', f'--train_dir={resumed_dir}', '--max_steps=15',
-                       f'--seed={tiny_run.config.flags["seed"]}')
+                       f'--seed={tiny_run.config.flags["seed"]}', f'--fine_tune_checkpoint={root / "deleted.ckpt"}')
     return resumed_dir, result
 
 
-def test_restart_resumes_from_saved_global_step(resumed_run):
+def test_restart_resumes_from_saved_global_step_not_from_a_fine_tune_checkpoint(resumed_run):
     resumed_dir, result = resumed_run
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, result.stderr[-3000:]  # the deleted fine-tune checkpoint is not looked for
     assert logged_steps(result.stdout) == [14, 15]
     assert checkpoint_step(resumed_dir) == 15
 
@@ -177,6 +179,7 @@ def test_a_resumed_run_reads_new_batches_not_the_first_runs_again(resumed_run):
     # event file the copy holds, and 13-15 resumed. The resumed steps' must not be the first steps' again.
     images = summary_images(resumed_dir)
     assert sorted(images) == list(range(1, 16))
+    assert {len(batch) for batch in images.values()} == {3}  # README: three augmented input images a step
     first_run = {image for step in range(1, 13) for image in images[step]}
     repeated = [step for step in (13, 14, 15) if first_run & set(images[step])]
     assert repeated == [], f'the resumed steps {repeated} read batches the first run read'

@@ -4,6 +4,7 @@ rate's epoch)."""
 import glob
 import os
 import shlex
+import signal
 import time
 import types
 
@@ -93,6 +94,58 @@ def test_the_checkpoint_saver_saves_by_time_or_steps_and_never_by_time_at_0(tmp_
             for _ in range(5):
                 session.run(train_op)
     assert [onu_checkpoint.listed_step(path) for path in onu_checkpoint.list_checkpoints(str(tmp_path))] == saved_steps
+
+
+class _CtrlC(tf.compat.v1.train.SessionRunHook):
+    """Presses Ctrl-C (SIGINT to this process) `times` times when the step that ends is at_step."""
+
+    def __init__(self, global_step, at_step, times):
+        self._global_step, self._at_step, self._times = global_step, at_step, times
+
+    def before_run(self, run_context):
+        return tf.compat.v1.train.SessionRunArgs(self._global_step)
+
+    def after_run(self, run_context, run_values):
+        if run_values.results + 1 == self._at_step:
+            for _ in range(self._times):
+                signal.raise_signal(signal.SIGINT)
+
+
+def _train_until_stopped(checkpoint_dir, ctrl_c_at_step, times):
+    """Trains a one-variable model until it stops (at most 20 steps), saving at its start and end, with Ctrl-C
+    pressed at ctrl_c_at_step; returns (steps run, the StopOnSignalHook)."""
+    with tf.Graph().as_default():
+        global_step = tf.compat.v1.train.get_or_create_global_step()
+        train_op = global_step.assign_add(1)
+        stop = onu_training.StopOnSignalHook()
+        hooks = [_CtrlC(global_step, ctrl_c_at_step, times), stop,
+                 tf.compat.v1.train.CheckpointSaverHook(checkpoint_dir, save_secs=600)]
+        steps = 0
+        with tf.compat.v1.train.MonitoredTrainingSession(hooks=hooks, checkpoint_dir=None,
+                                                         save_summaries_steps=None) as session:
+            while not session.should_stop() and steps < 20:
+                session.run(train_op)
+                steps += 1
+    return steps, stop
+
+
+def test_ctrl_c_stops_after_the_step_and_a_second_one_stops_at_once(tmp_path, capsys):
+    handler, sigterm_handler = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    try:
+        steps, stop = _train_until_stopped(str(tmp_path / 'once'), ctrl_c_at_step=3, times=1)
+    except KeyboardInterrupt:  # caught, or it would end the whole test session
+        pytest.fail('one Ctrl-C stopped training at once, without ending its step and saving it')
+    assert (steps, stop.received) == (3, signal.SIGINT)  # the step ran to its end, and no further one
+    assert [onu_checkpoint.listed_step(path) for path in onu_checkpoint.list_checkpoints(str(tmp_path / 'once'))] == [
+        0, 3]  # saved at the step it stopped at
+    assert 'SIGINT received: stopping after this step.' in capsys.readouterr().out
+    assert signal.getsignal(signal.SIGINT) is handler  # put back once training ended
+    try:
+        with pytest.raises(KeyboardInterrupt):  # pressed twice: Python's own Ctrl-C, at once
+            _train_until_stopped(str(tmp_path / 'twice'), ctrl_c_at_step=3, times=2)
+        assert signal.getsignal(signal.SIGINT) is handler
+    finally:
+        signal.signal(signal.SIGTERM, sigterm_handler)  # the hook's, left as a process ending at once would leave it
 
 
 def test_the_conversion_line_names_a_command_the_shell_takes_back(make_tiny_dataset, capsys):
