@@ -483,6 +483,7 @@ class StopOnSignalHook(tf.compat.v1.train.SessionRunHook):
         self._steps_since_signal = 0
         self._ended = False
         self._wakeup = None
+        self._unsaid = False
 
     def begin(self):
         self._previous = {number: signal.signal(number, self._handle) for number in self.SIGNALS}
@@ -495,7 +496,14 @@ class StopOnSignalHook(tf.compat.v1.train.SessionRunHook):
             signal.raise_signal(number)
             return
         self.received = number
-        print(f'{signal.Signals(number).name} received: stopping after this step.', flush=True)
+        try:
+            self._say_received()
+        except RuntimeError:  # it came while the main thread was printing: Python refuses a print inside a print
+            self._unsaid = True
+
+    def _say_received(self):
+        self._unsaid = False
+        print(f'{signal.Signals(self.received).name} received: stopping after this step.', flush=True)
 
     def _watch_for_blocked_stop(self):
         """Hears a signal in a thread of its own: Python runs _handle only once the main thread's step returns."""
@@ -529,6 +537,8 @@ class StopOnSignalHook(tf.compat.v1.train.SessionRunHook):
 
     def after_run(self, run_context, run_values):
         if self.received is not None:
+            if self._unsaid:
+                self._say_received()
             self._steps_since_signal += 1
             run_context.request_stop()
 

@@ -37,7 +37,7 @@ def preload():
     sys.path.insert(0, REPO_ROOT)
     from onu_lib import onu_cli  # pylint: disable=import-outside-toplevel
     with onu_cli.native_lines_dropped(onu_cli.NATIVE_START_UP_LINE), onu_cli.keras_optional_imports_skipped():
-        import tensorflow  # noqa: F401  # pylint: disable=import-outside-toplevel,unused-import
+        __import__('tensorflow')
     for name in PRELOADED:
         __import__(name)
     for name in [name for name in sys.modules if name == 'onu_lib' or name.startswith(('onu_', 'onu_lib.'))]:

@@ -2,9 +2,11 @@
 period, in real monitored sessions; the data made ready on demand; the examples a step trains on (the learning
 rate's epoch)."""
 import glob
+import io
 import os
 import shlex
 import signal
+import sys
 import time
 import types
 
@@ -146,6 +148,43 @@ def test_ctrl_c_stops_after_the_step_and_a_second_one_stops_at_once(tmp_path, ca
         assert signal.getsignal(signal.SIGINT) is handler
     finally:
         signal.signal(signal.SIGTERM, sigterm_handler)  # the hook's, left as a process ending at once would leave it
+
+
+class _SignalledInsideAWrite(io.RawIOBase):
+    """A standard output whose first write is interrupted by a SIGTERM to this process: as a signal can land while
+    the main thread prints a log line, inside the output's buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.written = b''
+        self.signalled = False
+
+    def writable(self):
+        return True
+
+    def write(self, data):
+        if not self.signalled:
+            self.signalled = True
+            os.kill(os.getpid(), signal.SIGTERM)  # Python runs the handler here, the buffer still held by this write
+        self.written += bytes(data)
+        return len(data)
+
+
+def test_a_signal_that_lands_inside_a_print_stops_training_and_is_said_once_the_step_ends(monkeypatch):
+    output = _SignalledInsideAWrite()
+    monkeypatch.setattr(sys, 'stdout', io.TextIOWrapper(io.BufferedWriter(output), write_through=True))
+    sigterm_handler = signal.getsignal(signal.SIGTERM)
+    stop = onu_training.StopOnSignalHook()
+    stop.begin()
+    try:
+        print('step 1, loss = 0.5', flush=True)  # before the fix: RuntimeError, reentrant call, and the run died
+        run_context = tf.compat.v1.train.SessionRunContext(original_args=None, session=None)
+        stop.after_run(run_context, None)
+    finally:
+        stop.restore()
+    assert stop.received == signal.SIGTERM and run_context.stop_requested
+    assert output.written.decode() == 'step 1, loss = 0.5\nSIGTERM received: stopping after this step.\n'
+    assert signal.getsignal(signal.SIGTERM) is sigterm_handler
 
 
 def test_the_conversion_line_names_a_command_the_shell_takes_back(make_tiny_dataset, capsys):
