@@ -9,7 +9,10 @@ onu_sample_data with make_sample_data, onu_serving with onu_export, run_local_cl
   tiny_data_dir     session-wide, read-only: a sample dataset (4 train + 2 val JPEGs of 64x48 per class)
                     already converted to both record kinds in tiny_data_dir/tfrecords (2 shards per split).
   tiny_records_dir  session-wide, read-only: tiny_data_dir/tfrecords (shards, labels.txt, manifest.json).
-  tiny_run          session-wide, read-only (copy it into tmp_path before changing anything): one real
+  built_once(tmp_path_factory, name)  context: (folder, build) for a fixture the test processes of one pytest run
+                    share: the first builds it (build True), the others wait, then read it.
+  tiny_run          session-wide (built once for all test processes: built_once), read-only (copy it into tmp_path
+                    before changing anything): one real
                     onu_train.py run (TINY_RUN_FLAGS: default model, i.e. small; 32x32, batch 8, seed 1) of 12
                     steps on 8 train + 4 val JPEGs of 96x72 per class. An epoch is 2 steps; checkpoints at 0,
                     2, ..., 12; SavedModels exported at 4, 8, 12; the encoded records made by that run; a
@@ -19,10 +22,18 @@ onu_sample_data with make_sample_data, onu_serving with onu_export, run_local_cl
                     run (flags, steps, data) with --model, made once per session; read-only too, same attributes.
   script_tested_models()  the registered models the script tests train, evaluate and export for real: all but
                     HEAVY_MODELS, which test_onu_model.py builds and trains in-process.
-  run_script(script, *args, timeout=300, env=None) -> CompletedProcess
+  run_script(script, *args, timeout=300, env=None, fresh_process=False) -> CompletedProcess
                     runs `python REPO_ROOT/script *args` (a name without .py: that tool on PATH) in
                     REPO_ROOT, output as text; env None: this process's environment, as it is.
-  script_command(script, *args)  the command line run_script runs, for a test that needs a Popen.
+  start_script(script, *args, env=None, fresh_process=False, **popen_options) -> a Popen, or a ScriptProcess with
+                    the same calls (poll, wait, communicate, send_signal, kill, pid, returncode, stdout, stderr):
+                    a script that loads TensorFlow is forked from the tests' script server (tests/script_server.py),
+                    which loaded TensorFlow once for this test process, so a run costs its work and not 3.5 s of
+                    start. The child is the script as a fresh process would run it: its argv, environment, folder,
+                    streams, signals and exit status. fresh_process: a new Python process all the same, for a test of
+                    the start itself (--verbose, -X options and a TensorFlow log level of another environment are
+                    always fresh: TensorFlow reads those as it loads).
+  script_command(script, *args)  the command line run_script runs.
   run_on_a_terminal(script, *args) -> (exit code, output): a script run with stdout and stderr on a pseudo-terminal.
   ProcessOutput(process)  a Popen's output read by a thread: .text so far, .wait_for(pattern, timeout_secs) -> the
                     first match once printed, .finish() -> all of it.
@@ -63,13 +74,13 @@ from onu_lib import onu_dataset  # noqa: E402
 from onu_lib import onu_run_config  # noqa: E402
 from onu_lib import onu_sample_data  # noqa: E402
 
-# The test files that take longest (seconds in one suite run, 2026-12-03), longest first. pytest-xdist hands out
+# The test files that take longest (seconds in one suite run, 2026-12-04), longest first. pytest-xdist hands out
 # whole files (--dist loadfile) in collection order, so these go first: left to the alphabet, test_onu_train.py
 # started last and ran alone for minutes while the other worker had nothing left to do.
-LONGEST_FILES = ('test_onu_train.py', 'test_onu_benchmark.py', 'test_onu_cluster.py', 'test_onu_eval.py',
-                 'test_onu_checkpoint.py', 'test_onu_run_folder.py', 'test_onu_data_service.py',
-                 'test_onu_decoded_cache.py', 'test_onu_model.py', 'test_onu_layouts.py', 'test_onu_hparams.py',
-                 'test_onu_input.py')
+LONGEST_FILES = ('test_onu_benchmark.py', 'test_onu_train.py', 'test_onu_cluster.py', 'test_onu_eval.py',
+                 'test_onu_model.py', 'test_onu_decoded_cache.py', 'test_onu_input.py', 'test_onu_data_service.py',
+                 'test_onu_layouts.py', 'test_onu_run_folder.py', 'test_onu_hparams.py', 'test_onu_checkpoint.py',
+                 'test_onu_export.py', 'test_onu_multi_gpu_train.py', 'test_onu_cli.py', 'test_onu_tflite.py')
 
 
 def pytest_collection_modifyitems(items):

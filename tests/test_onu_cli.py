@@ -6,7 +6,7 @@ import sys
 from absl import flags
 import pytest
 
-from conftest import REPO_ROOT, SCRIPT_TIMEOUT_SECS, run_script
+from conftest import REPO_ROOT, SCRIPT_TIMEOUT_SECS, ScriptProcess, run_script, start_script
 from onu_lib import onu_cli
 from onu_lib import onu_dataset
 
@@ -53,6 +53,11 @@ def test_a_script_starts_quietly_whatever_the_users_log_level(tmp_path, level):
     assert result.stderr.splitlines() == [f'error: {tmp_path}/run_config.json not found: pass the --checkpoint_dir '
                                           '(train_dir) that onu_train.py wrote, which holds the model, image size '
                                           'and class names']
+    if level != '0':  # the tests' script server runs it as this fresh process did: the same output and exit status
+        forked = start_script('onu_export.py', f'--checkpoint_dir={tmp_path}', env=env_with_log_level(level),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert isinstance(forked, ScriptProcess)
+        assert (forked.communicate(timeout=60), forked.returncode) == ((result.stdout, result.stderr), result.returncode)
 
 
 # After start-up, TensorFlow's C++ WARNING that a dataset's cache was read in part: shown at levels 0 and 1 only.
