@@ -48,9 +48,7 @@ def calibration(run_config):
     """The uint8 pixels of --calibration_examples train photos of the run's data; DataError when there are none."""
     data_dir = onu_flags.value_or_saved('data_dir', run_config)
     try:
-        info = run_config.split_info('train', data_dir)
-        pixels, _ = onu_tflite.eval_pixels(info, run_config.image_size, FLAGS.calibration_examples)
-        return pixels
+        return onu_tflite.calibration_pixels(run_config, data_dir, FLAGS.calibration_examples)
     except onu_dataset.DataError as e:
         raise onu_dataset.DataError(
             f'--tflite={FLAGS.tflite} calibrates on photos of the train split, and there are none at hand '

@@ -1,6 +1,7 @@
 """TensorFlow Lite models of an exported ONU classifier, for phones and small boxes (the TFLite part of onu_export.py).
 
-    path = write_tflite(version_dir, 'int8', calibration)   # version_dir/model_int8.tflite, beside labels.txt
+    calibration = calibration_pixels(run_config, data_dir, 300)        # photos of the train split
+    path = write_tflite(version_dir, 'int8', run_config, calibration)  # version_dir/model_int8.tflite, labels.txt
 
 Every format takes the same input and gives the same output, so an app swaps one for another unchanged:
   input   uint8 [1, size, size, 3]: RGB resized to the model's size, as a camera gives them. The scaling to the
@@ -8,7 +9,7 @@ Every format takes the same input and gives the same output, so an app swaps one
   output  float32 [1, num_classes]: the probabilities, in the order of labels.txt (one class name per line).
 The formats are TFLITE_FORMATS: one entry each, with what the converter is told. int8 is full-integer
 post-training quantization, calibrated on photos of the train split as eval preprocesses them
-(eval_pixels). A model file is written beside the SavedModel it was converted from, under a temporary name
+(calibration_pixels). A model file is written beside the SavedModel it was converted from, under a temporary name
 renamed when complete, so a .tflite in a version folder is always whole.
 
 A library module: explicit arguments only, no flags.
@@ -101,6 +102,13 @@ def eval_pixels(info, image_size, num_examples):
             except tf.errors.OutOfRangeError:
                 pass
     return np.concatenate([pixels for pixels, _ in batches]), np.concatenate([labels for _, labels in batches])
+
+
+def calibration_pixels(run_config, data_dir, num_examples):
+    """Returns the uint8 pixels int8 calibrates on: up to num_examples photos of the train split of data_dir (the
+    run's data, read as the run read it), spread over it, as eval preprocesses them; DataError when it has none.
+    Never the val split: the int8 model's precision is measured there."""
+    return eval_pixels(run_config.split_info('train', data_dir), run_config.image_size, num_examples)[0]
 
 
 def _probabilities_function(version_dir, image_size):

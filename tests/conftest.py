@@ -471,8 +471,7 @@ def tiny_tflite_of(tiny_run_of, tmp_path_factory):
             run = tiny_run_of(model_name)
             version_dir = str(tmp_path_factory.mktemp(f'tflite_{model_name}') / str(TINY_RUN_STEPS))
             shutil.copytree(os.path.join(run.export_dir, str(TINY_RUN_STEPS)), version_dir)
-            info = onu_dataset.describe(run.data_dir).split('train', run.config.data_format)
-            calibration, _ = onu_tflite.eval_pixels(info, run.config.image_size, 8)
+            calibration = onu_tflite.calibration_pixels(run.config, run.data_dir, 8)
             for entry in onu_tflite.TFLITE_FORMATS:
                 onu_tflite.write_tflite(version_dir, entry.name, run.config, calibration)
             versions[model_name] = version_dir
