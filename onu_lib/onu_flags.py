@@ -59,7 +59,7 @@ def define_seed_flag():
                          'task index and start step). The same seed repeats a run.')
 
 
-def model_defaults(field):
+def model_defaults(field):  # pragma: no mutate block (a help text's)
     """Returns each registered model's ModelSpec field for a help text: 'inception_resnet_v2 299, small 64'."""
     import onu_model  # pylint: disable=import-outside-toplevel  (TensorFlow: not for the data scripts)
     return ', '.join(f'{name} {getattr(spec, field):g}' for name, spec in onu_model.MODELS.items())
