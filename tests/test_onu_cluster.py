@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -100,6 +101,77 @@ def test_training_refuses_sync_without_a_cluster_and_a_worker_without_model():
     assert onu_cluster.resolve_task(['p:1'], ['w:1'], 'worker', 0, None, model_given=True).is_chief
     assert onu_cluster.resolve_task(['p:1'], ['w:1'], 'ps', 0, None, model_given=False).job_name == 'ps'
     assert onu_cluster.resolve_task([], [], None, 0, None) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# The ps watch, in-process: a real port that answers or not, the process exit caught
+
+def _listener():
+    """A socket listening on a free loopback port: a ps that answers (close it: a lost ps)."""
+    return socket.create_server(('127.0.0.1', 0))
+
+
+def _watch(monkeypatch, hosts, wait_secs):
+    """Starts a worker's PsWatch over ps hosts, probing every 20 ms; returns (watch, exits: the statuses it would
+    have ended the process with, each with the seconds since the start)."""
+    started, exits = time.monotonic(), []
+    task = onu_cluster.ClusterTask(tuple(hosts), ('127.0.0.1:1',), 'worker', 0)
+    watch = onu_cluster.PsWatch(task, wait_secs, None, probe_secs=0.02)
+
+    def exit_process(status):
+        exits.append((status, time.monotonic() - started))
+        watch.stop()  # the watch ends, as the exit would end the process
+    monkeypatch.setattr(onu_cluster.os, '_exit', exit_process)
+    return watch.start(), exits
+
+
+def test_a_worker_exits_only_when_a_ps_that_answered_stays_away_its_wait(monkeypatch, capsys):
+    never = _listener()
+    never_host = f'127.0.0.1:{never.getsockname()[1]}'
+    never.close()  # a ps not started yet: waited for without end, as before the watch
+    ps = _listener()
+    host = f'127.0.0.1:{ps.getsockname()[1]}'
+    watch, exits = _watch(monkeypatch, [never_host, host], wait_secs=0.6)
+    time.sleep(0.2)
+    assert watch.lost() == [onu_cluster.ps_name(0, never_host)]
+    port = ps.getsockname()[1]
+    ps.close()  # lost, then back within its wait: training goes on
+    time.sleep(0.3)
+    assert watch.lost() == [onu_cluster.ps_name(0, never_host), onu_cluster.ps_name(1, host)]
+    ps = socket.create_server(('127.0.0.1', port))
+    time.sleep(0.5)  # past the wait since the first loss: it came back, so it is not lost
+    assert exits == []
+    lost_at = time.monotonic()
+    ps.close()  # lost for good
+    deadline = time.monotonic() + 5
+    while not exits and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert [status for status, _ in exits] == [onu_cluster.LOST_PS_EXIT_STATUS], capsys.readouterr()
+    assert 0.6 <= time.monotonic() - lost_at < 5
+    assert f'lost {onu_cluster.ps_name(1, host)}' in capsys.readouterr().err
+
+
+def test_a_stopped_watch_lets_the_ps_go(monkeypatch):
+    ps = _listener()
+    watch, exits = _watch(monkeypatch, [f'127.0.0.1:{ps.getsockname()[1]}'], wait_secs=0.1)
+    time.sleep(0.1)
+    watch.stop()  # the worker is done: the ps stops once every worker said so
+    ps.close()
+    time.sleep(0.4)
+    assert exits == []
+
+
+def test_a_ps_answers_at_an_ipv4_or_ipv6_address():
+    for family, host in ((socket.AF_INET, '127.0.0.1'), (socket.AF_INET6, '::1')):
+        try:
+            listener = socket.create_server((host, 0), family=family)
+        except OSError:
+            continue  # no IPv6 on this machine
+        address = f'[{host}]' if ':' in host else host
+        port = listener.getsockname()[1]
+        assert onu_cluster.ps_answers(f'{address}:{port}')
+        listener.close()
+        assert not onu_cluster.ps_answers(f'{address}:{port}')
 
 
 # ---------------------------------------------------------------------------------------------

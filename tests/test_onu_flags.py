@@ -64,7 +64,8 @@ EVERY_TRAINING_FLAG = (
     '--ps_wait_secs=29', '--data_service=localhost:5050')
 
 
-def test_each_training_option_is_its_own_flags_value(parsed):
+def test_each_training_option_is_its_own_flags_value(parsed, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a script started from another folder
     options = parsed(*EVERY_TRAINING_FLAG)
     read = {'augmentations': onu_input.AugmentOptions({'hue', 'rotation'}), 'profile_steps': (3, 5),
             'data_service': 'grpc://localhost:5050'}  # the options the flags' values are parsed into
@@ -75,13 +76,20 @@ def test_each_training_option_is_its_own_flags_value(parsed):
         assert flag.value != flag.default, f'--{field.name} is not given a value of its own'
         expected = read.get(field.name, tuple(flag.value) if isinstance(flag.value, list) else flag.value)
         assert getattr(options, field.name) == expected, field.name
+    # What the run records: the flags by their names, not the deprecated aliases of some.
     assert options.flag_values['max_steps'] == 9 and options.flag_values['ps_wait_secs'] == 29
+    assert 'checkpoint_path' not in options.flag_values and options.flag_values['fine_tune_checkpoint'] == '/tmp/f'
 
 
-def test_the_old_spelling_of_a_cache_choice_reads_as_its_new_one_and_a_bad_service_address_is_refused(parsed):
+def test_a_value_no_option_can_take_is_refused_and_the_old_cache_spelling_reads_as_the_new(parsed):
     assert parsed('--cache_decoded_epoch=on').cache_decoded_epoch == 'memory'
-    with pytest.raises(flags.IllegalFlagValueError, match='--data_service takes'):
-        parsed('--data_service=localhost')
+    assert parsed('--profile_steps=1,2').profile_steps == (1, 2)  # from the first step
+    for refused in (['--data_service=localhost'], ['--profile_steps=9,3'],
+                    ['--data_service=localhost:5050', '--cache_decoded_epoch=disk'],
+                    ['--data_service=localhost:5050', '--cache_decoded_epoch=on']):
+        with pytest.raises(flags.IllegalFlagValueError):
+            parsed(*refused)
+    assert parsed('--data_service=localhost:5050', '--cache_decoded_epoch=auto').data_service
 
 
 def test_a_flag_given_wins_over_the_training_runs_value_and_the_default_is_used_without_a_run(parsed):
