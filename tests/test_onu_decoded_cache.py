@@ -2,6 +2,7 @@
 fault (killed mid-epoch, a full disk, a read-only folder, a damaged shard) one line with training going on."""
 import collections
 import contextlib
+import dataclasses
 import hashlib
 import json
 import math
@@ -10,6 +11,7 @@ import shutil
 import signal
 import subprocess
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -17,6 +19,7 @@ from conftest import REPO_ROOT, mount, read_only_bind_mount, run_script, script_
 from onu_lib import onu_dataset
 from onu_lib import onu_decoded_cache
 from onu_lib import onu_sample_data
+from onu_lib import onu_tfrecord
 import onu_input
 
 IMAGE_SIZE = 32
@@ -88,6 +91,66 @@ def test_each_example_once_per_epoch_in_a_new_order_each_epoch_and_a_second_run_
     assert capsys.readouterr().out.strip() == f'Decoded-epoch cache: reading {cache.folder}, written by an earlier run.'
     read = epochs(stream(info, again, 2 * size, SEED + 1), size)
     assert all(collections.Counter(epoch) == expected for epoch in read)
+
+
+# The cache's Python side as tf.numpy_function calls it, without a pipeline: what is on disk, block by block.
+SMALL = 4  # image side: 48 bytes of pixels, several images in a block
+
+
+def _images(count):
+    """count distinct (uint8 SMALL x SMALL x 3 image, int64 label) examples."""
+    return [(np.full((SMALL, SMALL, 3), index, np.uint8), np.int64(index % 3)) for index in range(count)]
+
+
+def _read_back(folder, manifest):
+    """[(pixel bytes, label)] of every image in the cache's shards, read as its record format says: each record the
+    pixels of its images, then their little-endian int64 labels."""
+    example_bytes, found = SMALL * SMALL * 3, []
+    for name, images, records in manifest['shards']:
+        payloads = list(onu_tfrecord.read_records(os.path.join(folder, name), 'NONE'))
+        assert len(payloads) == records
+        in_shard = []
+        for payload in payloads:
+            count = len(payload) // (example_bytes + onu_decoded_cache.LABEL_BYTES)
+            labels = np.frombuffer(payload[count * example_bytes:], '<i8')
+            assert len(payload) == count * (example_bytes + 8) and len(labels) == count
+            in_shard += [(payload[i * example_bytes:(i + 1) * example_bytes], int(labels[i])) for i in range(count)]
+        assert len(in_shard) == images
+        found += in_shard
+    return found
+
+
+def test_the_first_epoch_is_written_whole_in_shards_read_in_a_new_order_and_a_damaged_one_is_never_read(
+        tiny_data_dir, tmp_path, capsys):
+    info = dataclasses.replace(onu_dataset.describe(tiny_data_dir).split('train', 'images'), num_examples=40)
+    root = str(tmp_path / 'cache')
+    cache = onu_decoded_cache.DiskCache.open(root, info, SMALL, False, SEED)
+    examples = _images(40)
+    for image, label in examples:
+        assert cache._write(image, label) == label
+    assert not os.path.exists(cache.folder)  # killed now, it is never read as whole
+    cache._finish()
+    manifest = onu_decoded_cache.read_manifest(cache.folder)
+    # 40 images: at least MIN_SHARDS shards (a new order each epoch), of 3 images each, the last one of 1.
+    assert [images for _, images, _ in manifest['shards']] == [3] * 13 + [1]
+    assert (manifest['examples'], manifest['image_size']) == (40, SMALL)
+    written = sorted((image.tobytes(), int(label)) for image, label in examples)
+    assert sorted(_read_back(cache.folder, manifest)) == written
+    assert os.listdir(root) == [os.path.basename(cache.folder)]
+
+    again = onu_decoded_cache.DiskCache.open(root, info, SMALL, False, SEED)  # a later run reads it
+    assert again._manifest == manifest and again._partial is None
+    orders = [list(again._epoch_shards()) for _ in range(3)]
+    paths = sorted(os.path.join(cache.folder, name).encode() for name, _, _ in manifest['shards'])
+    assert all(sorted(order) == paths for order in orders) and len({tuple(order) for order in orders}) == 3
+    assert [again._checked(path) for path in paths[:5]] == paths[:5]
+    with open(paths[5], 'r+b') as f:  # a shard not read yet cut short
+        f.truncate(os.path.getsize(paths[5]) - 1)
+    capsys.readouterr()
+    assert again._checked(paths[5]) == b'' and again._checked(paths[6]) == b''  # no shard after a damaged one
+    assert again._checked(paths[4]) == paths[4]  # checked already: its readers may still be reading it
+    assert len(again._epoch_shards()) == 0 and onu_decoded_cache.read_manifest(cache.folder) is None
+    assert capsys.readouterr().out.count('is damaged') == 1
 
 
 def test_a_changed_data_folder_or_image_size_gets_a_cache_of_its_own_and_the_old_one_is_left(make_tiny_dataset,
