@@ -21,6 +21,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import REPO_ROOT, ProcessOutput, run_script, script_command
+from test_onu_run_folder import _checkpoint
 from test_onu_train import checkpoint_step
 
 from onu_lib import onu_sample_data
@@ -64,6 +65,10 @@ def test_tf_config_describes_the_task_a_separate_chief_becomes_worker_0():
     assert onu_cluster.resolve_task(['x:1'], ['y:1'], 'ps', 0, as_json({'type': 'chief'})).ps_hosts == ('x:1',)
     single = json.dumps({'cluster': {'chief': ['c:1']}, 'task': {'type': 'chief', 'index': 0}})
     assert onu_cluster.resolve_task([], [], None, 0, single) is None
+    del cluster['chief']
+    assert onu_cluster.resolve_task([], [], None, 0, as_json({'type': 'worker'})).task_index == 0  # no index: 0
+    ipv6 = onu_cluster.resolve_task(['[::1]:2222'], ['[::1]:2223'], 'ps', 0)
+    assert ipv6.ps_hosts == ('[::1]:2222',)
 
 
 @pytest.mark.parametrize('args, message', [
@@ -73,6 +78,10 @@ def test_tf_config_describes_the_task_a_separate_chief_becomes_worker_0():
     ((['p:1'], ['w:1'], None, 0), 'set --job_name=ps or --job_name=worker'),
     ((['p:1'], ['w'], 'worker', 0), "'w' is not host:port"),
     ((['p:1'], ['p:1'], 'worker', 0), 'p:1 listed twice'),
+    ((['p:1'], ['w:1', 'w:2'], 'ps', 1), 'task index 1 but the ps job has 1 task(s)'),
+    ((['p:1'], ['w:port'], 'worker', 0), "'w:port' is not host:port"),
+    (([], ['w:1', 'w:2'], None, 0), 'set --job_name'),  # not one machine: the flags describe a cluster
+    (([], [], None, 0, '{"cluster": {"worker": ["w:1", "w:2"]}, "task": {"type": "worker"}}'), 'no parameter servers'),
     (([], [], None, 0, '{"cluster": '), 'TF_CONFIG is not a cluster description'),
     (([], [], None, 0, '{"cluster": {"ps": ["p:1"], "worker": ["w:1"]}, "task": {"type": "evaluator"}}'),
      'run onu_eval.py'),
@@ -149,6 +158,14 @@ def test_a_worker_exits_only_when_a_ps_that_answered_stays_away_its_wait(monkeyp
     assert [status for status, _ in exits] == [onu_cluster.LOST_PS_EXIT_STATUS], capsys.readouterr()
     assert 0.6 <= time.monotonic() - lost_at < 5
     assert f'lost {onu_cluster.ps_name(1, host)}' in capsys.readouterr().err
+
+
+def test_a_lost_ps_names_the_newest_checkpoint_to_resume_from(tmp_path):
+    train_dir = str(tmp_path / 'train')
+    assert onu_cluster.newest_checkpoint_line(train_dir) == f'no checkpoint in {train_dir} yet'
+    for step in (2, 4, 6):
+        newest = _checkpoint(train_dir, step)
+    assert onu_cluster.newest_checkpoint_line(train_dir) == f'{newest} (step 6)'
 
 
 def test_a_stopped_watch_lets_the_ps_go(monkeypatch):
