@@ -153,7 +153,7 @@ def train():
     else:
         print(f'{len(devices)} towers on {", ".join(devices)}, variables on {VARIABLE_DEVICE}.', flush=True)
     print(f'{options.batch_size} examples per tower, {options.batch_size * len(devices)} per step.', flush=True)
-    examples_per_step = options.batch_size * len(devices) * role.num_replicas
+    examples_per_step = onu_training.examples_per_step(options, role, len(devices))
 
     with tf.Graph().as_default():
         # The graph: one input pipeline, a tower per device, the averaged update.

@@ -52,7 +52,7 @@ def train():
     if role.is_ps:
         return role.serve()
     run_config, train_data, resume_from = onu_training.begin_training_run(options, precision, role)
-    examples_per_step = options.batch_size * role.num_replicas
+    examples_per_step = onu_training.examples_per_step(options, role)
 
     with tf.Graph().as_default():
         # The graph: input, inference, loss, train op (its variables on the ps tasks of a cluster).

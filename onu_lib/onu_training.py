@@ -756,6 +756,13 @@ def begin_training_run(options, precision, role, towers=1):
     return run_config, info, resume_from
 
 
+def examples_per_step(options, role, towers=1):
+    """Returns how many examples one global step trains on: --batch_size on each of towers, on each worker whose
+    batch the step averages (every worker with --sync_replicas, else this one alone). The learning rate's epoch is
+    the train split's examples over it, in steps; examples/sec counts it for each step."""
+    return options.batch_size * towers * role.num_replicas
+
+
 def learning_rate(options, global_step, run_config, examples_per_step):
     """Returns the learning-rate tensor of options, an epoch being run_config's examples (the train split's)."""
     return onu_model.make_learning_rate(

@@ -21,8 +21,9 @@ import pytest
 import tensorflow as tf
 
 from conftest import REPO_ROOT, ProcessOutput, run_script, script_command
+from test_onu_eval import event_summaries
 from test_onu_run_folder import _checkpoint
-from test_onu_train import checkpoint_step
+from test_onu_train import assert_logged_speeds_count, checkpoint_step
 
 from onu_lib import onu_sample_data
 from onu_lib import onu_cluster
@@ -35,6 +36,9 @@ PROCESS_TIMEOUT_SECS = 300
 SYNC_RUN_TIMEOUT_SECS = 150  # the synchronous run takes 30 s alone, about twice that beside other tests
 CLUSTER_FLAGS = ['--model=small', '--image_size=32', '--batch_size=2', '--log_frequency=1',
                  '--save_checkpoint_secs=600']
+# The learning rate halves after each epoch of examples, written at every step.
+SYNC_DECAY_FLAGS = ['--learning_rate=0.01', '--num_epochs_per_decay=1', '--learning_rate_decay_factor=0.5',
+                    '--save_summaries_steps=1']
 
 
 # ---------------------------------------------------------------------------------------------
@@ -346,7 +350,7 @@ def test_synchronous_workers_configured_by_tf_config_all_exit_promptly(cluster_d
             logs.append(log)
             processes.append(subprocess.Popen(
                 script_command('onu_train.py', *CLUSTER_FLAGS, '--sync_replicas', f'--data_dir={cluster_data_dir}',
-                               f'--train_dir={train_dir}', '--max_steps=12'),
+                               f'--train_dir={train_dir}', '--max_steps=12', *SYNC_DECAY_FLAGS),
                 stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT, start_new_session=True))
         deadline = time.time() + SYNC_RUN_TIMEOUT_SECS
         exit_times = {}
@@ -383,6 +387,15 @@ def test_synchronous_workers_configured_by_tf_config_all_exit_promptly(cluster_d
     reader = tf.train.load_checkpoint(train_dir)
     shadow = reader.get_tensor('SmallNet/Logits/biases/ExponentialMovingAverage')
     assert np.any(shadow != 0)  # the biases start at 0: the averages moved
+    # A step trains on both workers' batches, 2 x 2 examples: the 16 photos' epoch is 4 steps, after each of which
+    # the learning rate halves; examples/sec counts both batches; the HParams row says 4 examples of 2 replicas.
+    # (A summary goes under the step after the one it was computed at, or under that one.)
+    rates = {step: value for (tag, step), value in event_summaries(train_dir)[0].items() if tag == 'learning_rate'}
+    assert max(rates) >= 9 and all(round(value, 6) in {round(0.01 * 0.5 ** (at // 4), 6) for at in (step - 1, step)}
+                                   for step, value in rates.items()), rates
+    assert_logged_speeds_count(outputs[('worker', 0)] + outputs[('worker', 1)], 4)
+    (kind, settings), _ = onu_hparams.session_events(train_dir)
+    assert (kind, settings['batch_size'], settings['replicas']) == ('start', 4, 2)
 
 
 def test_workers_started_by_hand_stop_with_one_line_when_their_ps_is_lost_and_sigterm_ends_a_blocked_one(

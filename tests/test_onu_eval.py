@@ -1,4 +1,5 @@
 """Tests of onu_eval.py: real checkpoints of tiny runs, checked against an independent computation."""
+import contextlib
 import glob
 import json
 import os
@@ -168,15 +169,11 @@ def polled_run(tmp_path_factory):
         evaluator.args, evaluator.returncode, stdout, stderr)
 
 
-@pytest.fixture(scope='module')
-def handmade_checkpoints(tmp_path_factory):
-    """Two checkpoints (step 7) of the small model at 32x32 with the same raw weights.
+@contextlib.contextmanager
+def small_model_session(step):
+    """A session of the small model at IMAGE_SIZE for CLASS_NAMES, with moving averages and its global step at step.
 
-    Returns {'averaged': path whose moving averages differ clearly from the raw weights,
-             'raw_only': path without moving averages}.
-    """
-    root = tmp_path_factory.mktemp('handmade')
-    rng = np.random.default_rng(0)
+    Yields (session, the averaged model variables, the ExponentialMovingAverage)."""
     with tf.Graph().as_default():
         tf.compat.v1.set_random_seed(0)
         onu_model.inference(tf.zeros([1, IMAGE_SIZE, IMAGE_SIZE, 3]), len(CLASS_NAMES), 'small',
@@ -187,19 +184,45 @@ def handmade_checkpoints(tmp_path_factory):
         moving_average.apply(model_variables)
         with tf.compat.v1.Session() as session:
             session.run(tf.compat.v1.global_variables_initializer())
-            global_step.load(7, session)
-            for var in model_variables:
-                initial = session.run(var)
-                for target in (var, moving_average.average(var)):
-                    if 'moving_variance' in var.op.name:
-                        target.load(rng.uniform(0.5, 2.0, initial.shape), session)
-                    else:
-                        target.load(initial + rng.normal(0.0, 0.3, initial.shape), session)
-            paths = {'averaged': str(root / 'averaged' / 'model.ckpt-7'),
-                     'raw_only': str(root / 'raw_only' / 'model.ckpt-7')}
-            tf.compat.v1.train.Saver().save(session, paths['averaged'])
-            tf.compat.v1.train.Saver(model_variables + [global_step]).save(session, paths['raw_only'])
+            global_step.load(step, session)
+            yield session, model_variables, moving_average
+
+
+@pytest.fixture(scope='module')
+def handmade_checkpoints(tmp_path_factory):
+    """Two checkpoints (step 7) of the small model at 32x32 with the same raw weights.
+
+    Returns {'averaged': path whose moving averages differ clearly from the raw weights,
+             'raw_only': path without moving averages}.
+    """
+    root = tmp_path_factory.mktemp('handmade')
+    rng = np.random.default_rng(0)
+    with small_model_session(7) as (session, model_variables, moving_average):
+        for var in model_variables:
+            initial = session.run(var)
+            for target in (var, moving_average.average(var)):
+                if 'moving_variance' in var.op.name:
+                    target.load(rng.uniform(0.5, 2.0, initial.shape), session)
+                else:
+                    target.load(initial + rng.normal(0.0, 0.3, initial.shape), session)
+        paths = {'averaged': str(root / 'averaged' / 'model.ckpt-7'),
+                 'raw_only': str(root / 'raw_only' / 'model.ckpt-7')}
+        tf.compat.v1.train.Saver().save(session, paths['averaged'])
+        global_step = tf.compat.v1.train.get_global_step()
+        tf.compat.v1.train.Saver(model_variables + [global_step]).save(session, paths['raw_only'])
     return paths
+
+
+def one_class_checkpoint(train_dir, step, logits_biases):
+    """Writes train_dir/model.ckpt-<step> of the small model whose logits are logits_biases whatever the photo (the
+    Logits layer's weights 0, moving averages as the weights): it predicts one class, as sure as the biases say."""
+    with small_model_session(step) as (session, model_variables, moving_average):
+        for var in model_variables:
+            if var.op.name.startswith(f'{onu_model.SMALL_SCOPE}/Logits/'):
+                value = logits_biases if 'biases' in var.op.name else np.zeros(var.shape)
+                for target in (var, moving_average.average(var)):
+                    target.load(value, session)
+        tf.compat.v1.train.Saver().save(session, os.path.join(train_dir, f'model.ckpt-{step}'))
 
 
 def handmade_run_config(data_dir, data_format='encoded'):
@@ -384,6 +407,34 @@ def test_the_best_checkpoint_is_kept_and_evaluates_and_exports_without_the_train
     assert exported.returncode == 0, exported.stderr[-3000:]
     assert os.listdir(tmp_path / 'export') == [str(best['step'])]  # TF Serving's version: the best's step
     assert os.path.isfile(tmp_path / 'export' / str(best['step']) / 'saved_model.pb')
+
+
+def test_a_worse_checkpoint_never_replaces_the_best_without_export_best(make_tiny_dataset, tmp_path):
+    data_dir = make_tiny_dataset(train_per_class=1, val_per_class=2)
+    os.remove(sorted(glob.glob(os.path.join(data_dir, 'val', CLASS_NAMES[1], '*')))[0])  # val: 2 F603, 1 F663N
+    train_dir, eval_dir = str(tmp_path / 'train'), str(tmp_path / 'eval')
+    # Each predicts one class: precision is that class's share of val, 1/3 or 2/3. Step 4 is the best; step 6, later
+    # and worse, is as precise as step 2 with a lower loss (less sure of F663N, which 2 of 3 photos are not).
+    biases = {2: [0.0, 1.0], 4: [0.7, 0.0], 6: [0.0, 0.2]}
+    for step, logits_biases in biases.items():
+        one_class_checkpoint(train_dir, step, logits_biases)
+    onu_run_config.RunConfig(model='small', image_size=IMAGE_SIZE, class_names=CLASS_NAMES, data_dir=data_dir,
+                             data_format='images', max_steps=6,
+                             moving_average_decay=onu_model.DEFAULT_MOVING_AVERAGE_DECAY).save(train_dir)
+    result = run_eval(f'--checkpoint_dir={train_dir}', f'--eval_dir={eval_dir}', '--max_mistakes=0',
+                      '--eval_interval_secs=0.2', '--timeout_secs=60')
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = read_results(eval_dir)
+    assert [(record['step'], record['precision_at_1']) for record in records] == [
+        (2, pytest.approx(1 / 3)), (4, pytest.approx(2 / 3)), (6, pytest.approx(1 / 3))]
+    assert records[2]['loss'] < records[0]['loss']
+    # best/ holds step 4: not the later, worse step 6, nor the last to beat the first.
+    best, best_dir = onu_best.read_best(eval_dir), onu_best.best_dir(eval_dir)
+    assert (best['step'], best['precision_at_1'], best['loss']) == (4, records[1]['precision_at_1'], records[1]['loss'])
+    assert tf.train.latest_checkpoint(best_dir) == os.path.join(best_dir, 'model.ckpt-4')
+    kept = tf.train.load_checkpoint(os.path.join(best_dir, 'model.ckpt-4'))
+    np.testing.assert_array_equal(kept.get_tensor(f'{onu_model.SMALL_SCOPE}/Logits/biases'), np.float32(biases[4]))
+    assert 'export' not in os.listdir(eval_dir)  # no --export_best: nothing exported
 
 
 def test_a_restarted_evaluator_keeps_the_best_an_earlier_run_kept(tiny_run, tmp_path):

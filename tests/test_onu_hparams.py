@@ -7,8 +7,10 @@ import shutil
 import pytest
 
 from conftest import run_script
+from test_onu_flags import parsed  # noqa: F401  (a fixture: the training flags parsed in this process)
 
 from onu_lib import onu_hparams
+from onu_lib import onu_run_config
 from onu_lib import onu_sample_data
 
 ALL_STATUSES = ['STATUS_UNKNOWN', 'STATUS_SUCCESS', 'STATUS_FAILURE', 'STATUS_RUNNING']
@@ -118,3 +120,12 @@ def test_a_measured_session_takes_only_the_tables_settings_and_its_training_metr
         onu_hparams.write_measured_session(str(tmp_path), {'model': 'small', 'feeding': 'x'},
                                            {onu_hparams.PRECISION_TAG: 1.0})
     assert os.listdir(tmp_path) == []
+
+
+def test_the_batch_size_setting_is_the_examples_one_step_trains_on(parsed):  # noqa: F811  (the fixture)
+    options = parsed('--batch_size=3', '--model=small')
+    run_config = onu_run_config.RunConfig(model='small', image_size=32)
+    # 4 replicas: 2 towers on each of 2 synchronous workers (the training scripts pass towers x workers).
+    settings = onu_hparams.settings(options, run_config, 4)
+    assert (settings['batch_size'], settings['replicas']) == (12, 4)
+    assert onu_hparams.settings(options, run_config, 1)['batch_size'] == 3

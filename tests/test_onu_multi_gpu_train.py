@@ -12,9 +12,10 @@ import tensorflow as tf
 import tf_slim as slim
 
 from conftest import LAYOUT_CLASSES, layout_photos, run_script, write_layout
-from test_onu_train import (SCRIPT_OPTION_FLAGS, TIMEOUT_SECS, assert_the_run_used_the_script_options, checkpoint_step,
-                             event_tags)
+from test_onu_train import (SCRIPT_OPTION_FLAGS, TIMEOUT_SECS, assert_logged_speeds_count,
+                             assert_the_run_used_the_script_options, checkpoint_step, event_tags)
 
+from onu_lib import onu_hparams
 from onu_lib import onu_sample_data
 import onu_input
 import onu_model
@@ -132,13 +133,9 @@ def test_two_towers_on_the_cpu_train_once_per_step_with_the_effective_batch(mult
     assert '2 towers on the CPU (TensorFlow sees no GPU)' in result.stdout
     assert '2 examples per tower, 4 per step.' in result.stdout
     assert checkpoint_step(train_dir) == 6  # one global step per synchronous step of both towers
-    speeds = re.findall(r'\(([\d.]+) examples/sec; ([\d.]+) sec/batch; (\d+)% waiting for input', result.stdout)
-    assert speeds and all(0 <= int(wait) <= 100 for _, _, wait in speeds)
-    for examples_per_sec, sec_per_batch, _ in speeds:
-        examples_per_sec, sec_per_batch = float(examples_per_sec), float(sec_per_batch)
-        # Both are printed rounded (0.1 examples/sec, 1 ms): allow exactly that rounding.
-        rounding = examples_per_sec * 0.0005 + sec_per_batch * 0.05 + 1e-9
-        assert abs(examples_per_sec * sec_per_batch - 4) <= rounding
+    waits = re.findall(r' sec/batch; (\d+)% waiting for input', result.stdout)
+    assert waits and all(0 <= int(wait) <= 100 for wait in waits)
+    assert_logged_speeds_count(result.stdout, 4)
     tags = event_tags(train_dir)
     rates = next(values for tag, values in tags.items() if tag.startswith('learning_rate'))
     assert set(np.round(rates, 6)) == {0.01, 0.005}  # decayed after 16 examples, i.e. 4 steps
@@ -147,6 +144,9 @@ def test_two_towers_on_the_cpu_train_once_per_step_with_the_effective_batch(mult
     assert 'losses_averaged/total' in tags and 'examples/sec' in tags and 'input/wait_fraction' in tags
     run_config = onu_run_config.RunConfig.load(train_dir)
     assert run_config.model == 'small' and run_config.flags['num_gpus'] == 2
+    # The HParams row: the examples a step trains on, of 2 towers.
+    (kind, settings), _ = onu_hparams.session_events(train_dir)
+    assert (kind, settings['batch_size'], settings['replicas']) == ('start', 4, 2)
 
 
 def test_checkpoint_evaluates_and_resumes_with_the_single_gpu_script(multi_gpu_run, tmp_path):

@@ -182,12 +182,12 @@ def test_export_script_writes_a_calibrated_int8_model_beside_the_saved_model(tin
     assert sorted(os.listdir(version_dir)) == ['assets.extra', 'labels.txt', 'model_int8.tflite', 'saved_model.pb',
                                                'variables']
     assert f'Wrote {path} (int8, calibrated on 4 train photos, ' in result.stdout
+    assert 'uint8 pixels 32x32 in, probabilities out' in result.stdout
     # The model is the one calibrated on the 4 train photos calibration_pixels picks, converted here again.
     calibration = onu_tflite.calibration_pixels(tiny_run.config, tiny_run.data_dir, 4)
     with open(path, 'rb') as f:
         assert f.read() == onu_tflite.convert(version_dir, 'int8', tiny_run.config.image_size, calibration), (
             'not the model calibrated on those train photos')
-    assert 'uint8 pixels 32x32 in, probabilities out' in result.stdout
 
     # Another format for the same version: the SavedModel is kept, the new .tflite added.
     before = file_states(version_dir)

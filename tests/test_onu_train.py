@@ -38,6 +38,17 @@ def logged_steps(stdout):
     return [int(line.split('step ')[1].split(',')[0]) for line in stdout.splitlines() if ', loss = ' in line]
 
 
+def assert_logged_speeds_count(stdout, examples_per_step):
+    """Asserts that stdout has log lines and that each one's examples/sec times its sec/batch is examples_per_step."""
+    speeds = re.findall(r'\(([\d.]+) examples/sec; ([\d.]+) sec/batch', stdout)
+    assert speeds
+    for examples_per_sec, sec_per_batch in speeds:
+        examples_per_sec, sec_per_batch = float(examples_per_sec), float(sec_per_batch)
+        # Both are printed rounded (0.1 examples/sec, 1 ms): allow exactly that rounding.
+        rounding = examples_per_sec * 0.0005 + sec_per_batch * 0.05 + 1e-9
+        assert abs(examples_per_sec * sec_per_batch - examples_per_step) <= rounding, (examples_per_sec, sec_per_batch)
+
+
 def checkpoint_step(train_dir):
     """Returns the global step stored in train_dir's latest checkpoint."""
     return int(tf.train.load_checkpoint(tf.train.latest_checkpoint(train_dir)).get_tensor('global_step'))

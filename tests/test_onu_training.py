@@ -1,15 +1,18 @@
 """Tests of onu_training: the hooks that measure the input wait and profile steps, and the checkpoint saver's
-period, in real monitored sessions; the data made ready on demand."""
+period, in real monitored sessions; the data made ready on demand; the examples a step trains on (the learning
+rate's epoch)."""
 import glob
 import os
 import shlex
 import time
+import types
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from onu_lib import onu_checkpoint
+from onu_lib import onu_cluster
 from onu_lib import onu_training
 
 
@@ -99,3 +102,32 @@ def test_the_conversion_line_names_a_command_the_shell_takes_back(make_tiny_data
     line = next(line for line in capsys.readouterr().out.splitlines() if 'converting them now' in line)
     command = line[line.index('(') + 1:line.rindex(')')]
     assert shlex.split(command) == ['python', 'convert_to_tfrecord.py', f'--data_dir={data_dir}', '--format=encoded']
+
+
+def worker_role(workers, sync_replicas):
+    """The Role of worker 1 of a cluster of 1 ps and that many workers (no server started); one machine's for 1."""
+    task = onu_cluster.resolve_task(['ps:1'], [f'w{index}:1' for index in range(workers)], 'worker', 1) \
+        if workers > 1 else None
+    return onu_cluster.Role(None, task, replicas=onu_cluster.SyncReplicas(task) if sync_replicas else None)
+
+
+@pytest.mark.parametrize('workers, sync_replicas, towers, steps_per_epoch', [
+    (1, False, 1, 24),  # one machine: a step is a batch of 2 of the 48 examples
+    (3, False, 1, 24),  # asynchronous workers: each step is one worker's batch
+    (3, True, 1, 8),    # synchronous: each step averages the 3 workers' batches
+    (3, True, 2, 4),    # ... of 2 towers each
+])
+def test_the_learning_rate_decays_per_epoch_of_the_examples_every_step_trains_on(workers, sync_replicas, towers,
+                                                                                 steps_per_epoch):
+    options = types.SimpleNamespace(batch_size=2, learning_rate=0.1, learning_rate_schedule='exponential',
+                                    num_epochs_per_decay=1.0, learning_rate_decay_factor=0.5)
+    run_config = types.SimpleNamespace(model='small', num_examples_per_epoch=48)
+    examples_per_step = onu_training.examples_per_step(options, worker_role(workers, sync_replicas), towers)
+    with tf.Graph().as_default():
+        step = tf.compat.v1.placeholder(tf.int64, [])
+        rate = onu_training.learning_rate(options, step, run_config, examples_per_step)
+        with tf.compat.v1.Session() as session:
+            rates = [session.run(rate, {step: value}) for value in (steps_per_epoch - 1, steps_per_epoch,
+                                                                     2 * steps_per_epoch)]
+    np.testing.assert_allclose(rates, [0.1, 0.05, 0.025], rtol=1e-6)
+    assert examples_per_step * steps_per_epoch == 48  # what examples/sec counts
