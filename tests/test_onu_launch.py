@@ -21,14 +21,17 @@ def test_free_ports_are_distinct_and_free():
             pass
 
 
-def test_a_started_process_runs_in_its_folder_without_tf_config_its_lines_named(tmp_path, monkeypatch, capsys):
+def test_a_started_process_runs_in_its_folder_without_tf_config_all_its_lines_named(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv('TF_CONFIG', '{"cluster": {}}')  # the launcher's own: flags describe each task
-    command = [sys.executable, '-c', 'import os; print(os.getcwd()); print(os.environ.get("TF_CONFIG"))']
-    process, printer = onu_launch.start_process('worker 1', command, str(tmp_path))
-    assert process.wait(timeout=30) == 0
-    printer.join(timeout=10)
+    command = [sys.executable, '-c', 'import os, sys; print(os.getcwd()); print(os.environ.get("TF_CONFIG")); '
+               'sys.stdout.flush(); sys.stdout.buffer.write(b"caf\\xe9\\n"); sys.stdout.flush(); '
+               'print("error: lost", file=sys.stderr)']
+    launched = onu_launch.Launched(str(tmp_path))
+    with launched.running([('worker 1', command)]):
+        assert launched.processes[0][1].wait(timeout=30) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[-2:] == [f'[worker 1] {tmp_path}', '[worker 1] None']
+    # Its output and errors, even a line that is not UTF-8, each line named.
+    assert lines[-4:] == [f'[worker 1] {tmp_path}', '[worker 1] None', '[worker 1] caf\ufffd', '[worker 1] error: lost']
 
 
 def test_stop_ends_every_process_killing_one_that_ignores_sigterm(tmp_path, monkeypatch, capsys):
