@@ -4,8 +4,10 @@ import dataclasses
 import json
 import os
 import shutil
+import time
 
 import pytest
+import tensorflow as tf
 from tensorboard.plugins.hparams import metadata as hparams_metadata
 
 from conftest import run_script
@@ -174,3 +176,27 @@ def test_a_sessions_start_and_end_read_back_with_its_settings_declared_in_the_ex
     assert [(metric.name.group, metric.name.tag) for metric in declared.metric_infos] == [
         (group, tag) for group, tag, _ in onu_hparams.METRICS]
     assert onu_hparams.row_eval_dir(train_dir) == os.path.join(train_dir, 'eval')  # the evaluator's: beside it
+    written = _summaries(train_dir)  # each run declares the table (its runs share one), and says when it ran
+    assert hparams_metadata.EXPERIMENT_TAG in written
+    start = hparams_metadata.parse_session_start_info_plugin_data(written[hparams_metadata.SESSION_START_INFO_TAG])
+    end = hparams_metadata.parse_session_end_info_plugin_data(written[hparams_metadata.SESSION_END_INFO_TAG])
+    assert abs(start.start_time_secs - time.time()) < 60 and abs(end.end_time_secs - time.time()) < 60
+
+
+def _summaries(train_dir):
+    """{tag: plugin content} of the HParams summaries in train_dir's event files, and {tag: value} of its scalars."""
+    found = {}
+    for name in os.listdir(train_dir):
+        for event in tf.compat.v1.train.summary_iterator(os.path.join(train_dir, name)):
+            for value in event.summary.value:
+                found[value.tag] = (value.metadata.plugin_data.content if value.HasField('metadata')
+                                    else value.simple_value)
+    return found
+
+
+def test_a_measured_session_is_a_finished_row_of_its_settings_and_training_figures(tmp_path):
+    onu_hparams.write_measured_session(str(tmp_path), MEASURED_SETTINGS, MEASURED_METRICS)
+    assert onu_hparams.session_events(str(tmp_path)) == [('start', MEASURED_SETTINGS), ('end', 'success')]
+    written = _summaries(str(tmp_path))
+    assert hparams_metadata.EXPERIMENT_TAG in written
+    assert {tag: written[tag] for tag in MEASURED_METRICS} == MEASURED_METRICS
