@@ -211,6 +211,7 @@ def task_session_config(base_config, task):
     return config
 
 
+# pragma: no mutate start (servers and sessions of a cluster: its process tests, not mutation testing, reach them)
 def start_server(task, config):
     """Starts this task's server; a port in use or an unknown host is a ClusterConfigError."""
     host = (task.ps_hosts if task.job_name == PS_JOB else task.worker_hosts)[task.task_index]
@@ -287,6 +288,7 @@ def wait_for_chief(target, config, poll_secs=CHIEF_POLL_SECS, timeout_secs=CHIEF
         print(f'The chief is ready (waited {time.time() - started:.1f} s).', flush=True)
 
 
+# pragma: no mutate end
 def newest_checkpoint_line(train_dir):
     """Returns where a run in train_dir resumes from, for a line: 'PATH (step N)' or that there is none yet."""
     listed = onu_checkpoint.list_checkpoints(train_dir) if train_dir else []
@@ -365,6 +367,7 @@ class PsWatch:
         os._exit(LOST_PS_EXIT_STATUS)  # pylint: disable=protected-access
 
 
+# pragma: no mutate block (the role of a process in a cluster, its servers and sessions: the process tests)
 class Role:
     """This process's part in training: the one worker of a single machine, or one task of a cluster.
 

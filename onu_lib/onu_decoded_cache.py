@@ -249,6 +249,7 @@ class DiskCache:
                   f'({_size(manifest["examples"] * self._example_bytes)}); later epochs read them back.', flush=True)
         return np.int32(0)
 
+    # pragma: no mutate start (the tf.data pipeline around the Python side: its tests run TensorFlow pipelines)
     def _written(self, image, label):
         """The example, once appended to the cache."""
         label = tf.numpy_function(self._write, [image, label], label.dtype, stateful=True)
@@ -265,6 +266,7 @@ class DiskCache:
 
     # Reading: every later epoch.
 
+    # pragma: no mutate end
     def _epoch_shards(self):
         """Returns this epoch's shard paths in a new order; none when the cache is not there or is damaged."""
         with self._lock:
@@ -302,6 +304,7 @@ class DiskCache:
                       f'epoch; the next run writes the cache again.', flush=True)
         return b''
 
+    # pragma: no mutate block (the tf.data pipeline that reads the cache back: its TensorFlow pipeline tests)
     def _parsed(self, record):
         """Returns (uint8 images, int32 labels) of one record's block, in a new order every epoch."""
         if self._images_per_block == 1:  # large images: no count to compute, no order to draw, one copy less

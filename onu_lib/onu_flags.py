@@ -20,6 +20,7 @@ DEPRECATED_CACHE_CHOICES = {'on': 'memory'}  # --cache_decoded_epoch: the old sp
 FLAGS = flags.FLAGS
 
 
+# pragma: no mutate start (declarations, run once as a script starts: the checks they register are mutated below)
 def _declared(name):
     """True when --name is declared already (by another script imported into this process: the tests)."""
     return name in FLAGS
@@ -177,7 +178,7 @@ def define_training_flags():
                         'START,STOP: write a TensorBoard profile of global steps START to STOP into --train_dir, '
                         'with step markers, for the Profile tab (overview, input pipeline analyzer, trace viewer); '
                         'on a cluster the chief profiles.')
-    flags.register_validator('profile_steps', lambda value: value is None or parse_profile_steps(value) is not None,
+    flags.register_validator('profile_steps', _is_profile_steps,
                              message='--profile_steps takes START,STOP: two global steps with 1 <= START <= STOP, '
                                      'e.g. --profile_steps=100,110')
     flags.DEFINE_enum('augment_on', 'input', onu_input.AUGMENT_PLACEMENTS,
@@ -196,8 +197,7 @@ def define_training_flags():
                              message=f'--data_service takes {onu_data_service.ADDRESS_FORM}, '
                                      f'e.g. --data_service=grpc://localhost:{onu_data_service.DEFAULT_PORT}')
     flags.register_multi_flags_validator(
-        ['data_service', 'cache_decoded_epoch'],
-        lambda values: not (values['data_service'] and values['cache_decoded_epoch'] not in ('auto', 'off')),
+        ['data_service', 'cache_decoded_epoch'], _no_local_cache_with_a_service,
         message='--cache_decoded_epoch=memory or disk keeps the decoded epoch on this machine: not with '
                 '--data_service, whose workers each see only their share of an epoch')
     define_precision_flag(
@@ -229,6 +229,7 @@ def define_num_gpus_flag():
                          'towers run on the CPU.', lower_bound=1)
 
 
+# pragma: no mutate end
 def _is_service_address(value):
     """Returns whether value is None or an address of a tf.data service (onu_data_service.service_address)."""
     from onu_lib import onu_data_service  # pylint: disable=import-outside-toplevel  (TensorFlow)
@@ -236,6 +237,17 @@ def _is_service_address(value):
         return value is None or bool(onu_data_service.service_address(value))
     except onu_data_service.ServiceError:
         return False
+
+
+def _no_local_cache_with_a_service(values):
+    """Returns whether --data_service and --cache_decoded_epoch (in values) go together: no memory or disk cache with a
+    service, whose workers each see only their share of an epoch."""
+    return not (values['data_service'] and values['cache_decoded_epoch'] not in ('auto', 'off'))
+
+
+def _is_profile_steps(value):
+    """Returns whether value is None or a --profile_steps value (parse_profile_steps)."""
+    return value is None or parse_profile_steps(value) is not None
 
 
 def parse_profile_steps(value):

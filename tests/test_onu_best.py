@@ -29,6 +29,7 @@ def _record(step, precision, loss, eval_data='val', num_examples=4):
     (_record(4, 0.75, 0.6), _record(2, 0.75, 0.5), False),
     (_record(4, 0.75, 0.5), _record(2, 0.75, 0.5), False),  # tie on both: the earlier step stays
     (_record(2, 0.75, 0.5), _record(4, 0.75, 0.5), True),
+    (_record(2, 0.75, 0.5), _record(2, 0.75, 0.5), False),  # the best evaluated again (a restarted evaluator)
     (_record(4, 0.25, 0.9, eval_data='train'), _record(2, 0.75, 0.5), True),  # other eval data: not comparable
     (_record(4, 0.25, 0.9, num_examples=2), _record(2, 0.75, 0.5), True),
 ])
@@ -76,11 +77,23 @@ def test_a_deleted_checkpoint_leaves_the_previous_best_and_no_partial_copy(tmp_p
     train_dir, paths = _train_dir(tmp_path)
     eval_dir = str(tmp_path / 'eval')
     onu_best.keep(eval_dir, paths[2], _record(2, 0.5, 0.5), train_dir)
-    os.remove(paths[4] + '.index')  # deleted by the trainer after it was evaluated
-    with pytest.raises(onu_checkpoint.CheckpointGone):
-        onu_best.keep(eval_dir, paths[4], _record(4, 0.75, 0.5), train_dir)
-    assert onu_best.read_best(eval_dir)['step'] == 2
-    assert sorted(os.listdir(eval_dir)) == ['best']
+    for gone in ('.index', '.data-00000-of-00001'):  # deleted by the trainer after it was evaluated
+        os.remove(paths[4] + gone)
+        with pytest.raises(onu_checkpoint.CheckpointGone, match=paths[4]):
+            onu_best.keep(eval_dir, paths[4], _record(4, 0.75, 0.5), train_dir)
+        assert sorted(os.listdir(eval_dir)) == ['best']
+        assert onu_best.read_best(eval_dir)['step'] == 2
+        _checkpoint(train_dir, 4)
+
+
+def test_no_best_yet_or_an_unreadable_best_json_reads_as_none(tmp_path):
+    eval_dir = str(tmp_path / 'eval')
+    assert onu_best.read_best(eval_dir) is None  # the evaluator's first start: no eval_dir yet
+    os.makedirs(onu_best.best_dir(eval_dir))
+    for content in ('{"step": 4, "precision_at_1"', '[4]', '{"precision_at_1": 0.75}', '{"step": "4"}'):
+        with open(os.path.join(onu_best.best_dir(eval_dir), onu_best.BEST_FILENAME), 'w', encoding='utf-8') as f:
+            f.write(content)
+        assert onu_best.read_best(eval_dir) is None, content
 
 
 class Killed(BaseException):

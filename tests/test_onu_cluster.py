@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -21,6 +22,7 @@ import tensorflow as tf
 
 from conftest import ProcessOutput, run_script, start_script
 from test_onu_eval import event_summaries
+from test_onu_run_folder import _checkpoint
 from test_onu_train import assert_logged_speeds_count, checkpoint_step
 
 from onu_lib import onu_sample_data
@@ -67,6 +69,10 @@ def test_tf_config_describes_the_task_a_separate_chief_becomes_worker_0():
     assert onu_cluster.resolve_task(['x:1'], ['y:1'], 'ps', 0, as_json({'type': 'chief'})).ps_hosts == ('x:1',)
     single = json.dumps({'cluster': {'chief': ['c:1']}, 'task': {'type': 'chief', 'index': 0}})
     assert onu_cluster.resolve_task([], [], None, 0, single) is None
+    del cluster['chief']
+    assert onu_cluster.resolve_task([], [], None, 0, as_json({'type': 'worker'})).task_index == 0  # no index: 0
+    ipv6 = onu_cluster.resolve_task(['[::1]:2222'], ['[::1]:2223'], 'ps', 0)
+    assert ipv6.ps_hosts == ('[::1]:2222',)
 
 
 @pytest.mark.parametrize('args, message', [
@@ -76,6 +82,10 @@ def test_tf_config_describes_the_task_a_separate_chief_becomes_worker_0():
     ((['p:1'], ['w:1'], None, 0), 'set --job_name=ps or --job_name=worker'),
     ((['p:1'], ['w'], 'worker', 0), "'w' is not host:port"),
     ((['p:1'], ['p:1'], 'worker', 0), 'p:1 listed twice'),
+    ((['p:1'], ['w:1', 'w:2'], 'ps', 1), 'task index 1 but the ps job has 1 task(s)'),
+    ((['p:1'], ['w:port'], 'worker', 0), "'w:port' is not host:port"),
+    (([], ['w:1', 'w:2'], None, 0), 'set --job_name'),  # not one machine: the flags describe a cluster
+    (([], [], None, 0, '{"cluster": {"worker": ["w:1", "w:2"]}, "task": {"type": "worker"}}'), 'no parameter servers'),
     (([], [], None, 0, '{"cluster": '), 'TF_CONFIG is not a cluster description'),
     (([], [], None, 0, '{"cluster": {"ps": ["p:1"], "worker": ["w:1"]}, "task": {"type": "evaluator"}}'),
      'run onu_eval.py'),
@@ -104,6 +114,87 @@ def test_training_refuses_sync_without_a_cluster_and_a_worker_without_model():
     assert onu_cluster.resolve_task(['p:1'], ['w:1'], 'worker', 0, None, model_given=True).is_chief
     assert onu_cluster.resolve_task(['p:1'], ['w:1'], 'ps', 0, None, model_given=False).job_name == 'ps'
     assert onu_cluster.resolve_task([], [], None, 0, None) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# The ps watch, in-process: a real port that answers or not, the process exit caught
+
+def _listener():
+    """A socket listening on a free loopback port: a ps that answers (close it: a lost ps)."""
+    return socket.create_server(('127.0.0.1', 0))
+
+
+def _watch(monkeypatch, hosts, wait_secs):
+    """Starts a worker's PsWatch over ps hosts, probing every 20 ms; returns (watch, exits: the statuses it would
+    have ended the process with, each with the seconds since the start)."""
+    started, exits = time.monotonic(), []
+    task = onu_cluster.ClusterTask(tuple(hosts), ('127.0.0.1:1',), 'worker', 0)
+    watch = onu_cluster.PsWatch(task, wait_secs, None, probe_secs=0.02)
+
+    def exit_process(status):
+        exits.append((status, time.monotonic() - started))
+        watch.stop()  # the watch ends, as the exit would end the process
+    monkeypatch.setattr(onu_cluster.os, '_exit', exit_process)
+    return watch.start(), exits
+
+
+def test_a_worker_exits_only_when_a_ps_that_answered_stays_away_its_wait(monkeypatch, capsys):
+    never = _listener()
+    never_host = f'127.0.0.1:{never.getsockname()[1]}'
+    never.close()  # a ps not started yet: waited for without end, as before the watch
+    ps = _listener()
+    host = f'127.0.0.1:{ps.getsockname()[1]}'
+    watch, exits = _watch(monkeypatch, [never_host, host], wait_secs=0.6)
+    time.sleep(0.2)
+    assert watch.lost() == [onu_cluster.ps_name(0, never_host)]
+    port = ps.getsockname()[1]
+    ps.close()  # lost, then back within its wait: training goes on
+    time.sleep(0.3)
+    assert watch.lost() == [onu_cluster.ps_name(0, never_host), onu_cluster.ps_name(1, host)]
+    ps = socket.create_server(('127.0.0.1', port))
+    time.sleep(0.5)  # past the wait since the first loss: it came back, so it is not lost
+    assert exits == []
+    lost_at = time.monotonic()
+    ps.close()  # lost for good
+    deadline = time.monotonic() + 5
+    while not exits and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert [status for status, _ in exits] == [onu_cluster.LOST_PS_EXIT_STATUS], capsys.readouterr()
+    assert 0.6 <= time.monotonic() - lost_at < 5
+    lost_line = rf'lost {re.escape(onu_cluster.ps_name(1, host))}: it did not answer for (\d+) s'
+    waited = re.search(lost_line, capsys.readouterr().err)
+    assert waited and 0 < int(waited.group(1)) < 5  # the time it waited, said in the line
+
+
+def test_a_lost_ps_names_the_newest_checkpoint_to_resume_from(tmp_path):
+    train_dir = str(tmp_path / 'train')
+    assert onu_cluster.newest_checkpoint_line(train_dir) == f'no checkpoint in {train_dir} yet'
+    for step in (2, 4, 6):
+        newest = _checkpoint(train_dir, step)
+    assert onu_cluster.newest_checkpoint_line(train_dir) == f'{newest} (step 6)'
+
+
+def test_a_stopped_watch_lets_the_ps_go(monkeypatch):
+    ps = _listener()
+    watch, exits = _watch(monkeypatch, [f'127.0.0.1:{ps.getsockname()[1]}'], wait_secs=0.1)
+    time.sleep(0.1)
+    watch.stop()  # the worker is done: the ps stops once every worker said so
+    ps.close()
+    time.sleep(0.4)
+    assert exits == []
+
+
+def test_a_ps_answers_at_an_ipv4_or_ipv6_address():
+    for family, host in ((socket.AF_INET, '127.0.0.1'), (socket.AF_INET6, '::1')):
+        try:
+            listener = socket.create_server((host, 0), family=family)
+        except OSError:
+            continue  # no IPv6 on this machine
+        address = f'[{host}]' if ':' in host else host
+        port = listener.getsockname()[1]
+        assert onu_cluster.ps_answers(f'{address}:{port}')
+        listener.close()
+        assert not onu_cluster.ps_answers(f'{address}:{port}')
 
 
 # ---------------------------------------------------------------------------------------------

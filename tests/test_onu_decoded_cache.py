@@ -2,6 +2,7 @@
 fault (killed mid-epoch, a full disk, a read-only folder, a damaged shard) one line with training going on."""
 import collections
 import contextlib
+import dataclasses
 import hashlib
 import json
 import math
@@ -10,6 +11,7 @@ import shutil
 import signal
 import subprocess
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -17,6 +19,7 @@ from conftest import mount, read_only_bind_mount, run_script, start_script
 from onu_lib import onu_dataset
 from onu_lib import onu_decoded_cache
 from onu_lib import onu_sample_data
+from onu_lib import onu_tfrecord
 import onu_input
 
 IMAGE_SIZE = 32
@@ -90,6 +93,113 @@ def test_each_example_once_per_epoch_in_a_new_order_each_epoch_and_a_second_run_
     assert all(collections.Counter(epoch) == expected for epoch in read)
 
 
+# The cache's Python side as tf.numpy_function calls it, without a pipeline: what is on disk, block by block.
+SMALL = 4  # image side: 48 bytes of pixels, several images in a block
+
+
+def _images(count):
+    """count distinct (uint8 SMALL x SMALL x 3 image, int64 label) examples."""
+    return [(np.full((SMALL, SMALL, 3), index, np.uint8), np.int64(index % 3)) for index in range(count)]
+
+
+def _read_back(folder, manifest):
+    """[(pixel bytes, label)] of every image in the cache's shards, read as its record format says: each record the
+    pixels of its images, then their little-endian int64 labels."""
+    example_bytes, found = SMALL * SMALL * 3, []
+    for name, images, records in manifest['shards']:
+        payloads = list(onu_tfrecord.read_records(os.path.join(folder, name), 'NONE'))
+        assert len(payloads) == records
+        in_shard = []
+        for payload in payloads:
+            count = len(payload) // (example_bytes + onu_decoded_cache.LABEL_BYTES)
+            labels = np.frombuffer(payload[count * example_bytes:], '<i8')
+            assert len(payload) == count * (example_bytes + 8) and len(labels) == count
+            in_shard += [(payload[i * example_bytes:(i + 1) * example_bytes], int(labels[i])) for i in range(count)]
+        assert len(in_shard) == images
+        found += in_shard
+    return found
+
+
+def _write_cache(tiny_data_dir, tmp_path, examples):
+    """Writes examples as the first epoch of a disk cache of 40 images under tmp_path/cache; returns the DiskCache."""
+    info = dataclasses.replace(onu_dataset.describe(tiny_data_dir).split('train', 'images'), num_examples=40)
+    cache = onu_decoded_cache.DiskCache.open(str(tmp_path / 'cache'), info, SMALL, False, SEED)
+    for image, label in examples:
+        assert cache._write(image, label) == label
+    assert not os.path.exists(cache.folder)  # killed now, it is never read as whole
+    cache._finish()
+    return cache
+
+
+def test_the_first_epoch_is_written_whole_in_shards_read_back_in_a_new_order_each_epoch(tiny_data_dir, tmp_path):
+    examples = _images(40)
+    cache = _write_cache(tiny_data_dir, tmp_path, examples)
+    manifest = onu_decoded_cache.read_manifest(cache.folder)
+    # 40 images: at least MIN_SHARDS shards (a new order each epoch), of 3 images each, the last one of 1.
+    assert [images for _, images, _ in manifest['shards']] == [3] * 13 + [1]
+    assert (manifest['examples'], manifest['image_size']) == (40, SMALL)
+    written = sorted((image.tobytes(), int(label)) for image, label in examples)
+    assert sorted(_read_back(cache.folder, manifest)) == written
+    assert os.listdir(tmp_path / 'cache') == [os.path.basename(cache.folder)]
+
+    info = dataclasses.replace(onu_dataset.describe(tiny_data_dir).split('train', 'images'), num_examples=40)
+    again = onu_decoded_cache.DiskCache.open(str(tmp_path / 'cache'), info, SMALL, False, SEED)  # a later run
+    assert again._manifest == manifest and again._partial is None
+    orders = [list(again._epoch_shards()) for _ in range(3)]
+    paths = sorted(os.path.join(cache.folder, name).encode() for name, _, _ in manifest['shards'])
+    assert all(sorted(order) == paths for order in orders) and len({tuple(order) for order in orders}) == 3
+    assert [again._checked(path) for path in paths] == paths
+
+
+def _flip_a_bit(path):
+    """Flips a bit of the pixels of path's first record."""
+    with open(path, 'r+b') as f:
+        f.seek(20)
+        byte = f.read(1)
+        f.seek(20)
+        f.write(bytes([byte[0] ^ 1]))
+
+
+def _cut_short(path):
+    """Cuts path's last byte."""
+    with open(path, 'r+b') as f:
+        f.truncate(os.path.getsize(path) - 1)
+
+
+def _empty(path):
+    """Cuts path at its first record boundary: no record left."""
+    open(path, 'wb').close()
+
+
+@pytest.mark.parametrize('damage', [_flip_a_bit, _cut_short, _empty])
+def test_a_damaged_shard_is_never_read_nor_any_unchecked_one_after_it(tiny_data_dir, tmp_path, capsys, damage):
+    cache = _write_cache(tiny_data_dir, tmp_path, _images(40))
+    paths = sorted(os.path.join(cache.folder, name).encode() for name in os.listdir(cache.folder)
+                   if name.startswith('shard-'))
+    assert [cache._checked(path) for path in paths[:5]] == paths[:5]
+    damage(paths[5])  # a shard not read yet
+    capsys.readouterr()
+    assert cache._checked(paths[5]) == b'' and cache._checked(paths[6]) == b''
+    assert cache._checked(paths[4]) == paths[4]  # checked already: its readers may still be reading it
+    assert len(cache._epoch_shards()) == 0 and onu_decoded_cache.read_manifest(cache.folder) is None
+    assert len([line for line in capsys.readouterr().out.splitlines() if 'is damaged' in line]) == 1  # one line
+
+
+def test_what_killed_processes_left_of_a_cache_is_removed_and_a_running_ones_is_left(tmp_path):
+    folder = str(tmp_path / 'cache' / 'data-train-32-0123456789abcdef')
+    onu_decoded_cache.remove_abandoned(folder)  # no cache folder yet: nothing to do
+    ended = subprocess.Popen(['true'])
+    ended.wait()
+    left = {name: os.path.join(tmp_path, 'cache', f'data-train-32-0123456789abcdef{onu_decoded_cache.PARTIAL}{name}')
+            for name in (str(ended.pid), str(os.getpid()), 'x')}
+    other = str(tmp_path / 'cache' / f'data-train-64-fedcba9876543210{onu_decoded_cache.PARTIAL}{ended.pid}')
+    for path in list(left.values()) + [other]:
+        os.makedirs(os.path.join(path, 'shard'))
+    onu_decoded_cache.remove_abandoned(folder)
+    assert sorted(os.listdir(tmp_path / 'cache')) == sorted(os.path.basename(path) for path in (
+        left[str(os.getpid())], other))  # this process's, writing still, and another cache's
+
+
 def test_a_changed_data_folder_or_image_size_gets_a_cache_of_its_own_and_the_old_one_is_left(make_tiny_dataset,
                                                                                              tmp_path, capsys):
     data_dir = make_tiny_dataset(train_per_class=3, val_per_class=1)
@@ -128,6 +238,10 @@ def test_auto_keeps_the_epoch_in_memory_when_it_fits_else_on_a_disk_with_room_el
     for mode in ('memory', 'disk', 'off'):
         assert onu_decoded_cache.choose(mode, 10**9, 299, root) == (
             mode, f'the decoded epoch (1000000000 images at 299x299: 268.2 TB): --cache_decoded_epoch={mode}')
+    for count, size, shown in ((10, 64, '123 kB'), (100, 1000, '300 MB'), (10**5, 100, '3.0 GB')):
+        assert f'({count} images at {size}x{size}: {shown})' in onu_decoded_cache.choose('memory', count, size, root)[1]
+    monkeypatch.setattr(onu_input, 'DECODED_CACHE_BYTES', 1000 * 64 * 64 * 3)  # just fits
+    assert onu_decoded_cache.choose('auto', 1000, 64, root)[0] == 'memory'
     monkeypatch.setattr(onu_input, 'DECODED_CACHE_BYTES', 1000 * 64 * 64 * 3 - 1)  # one byte short
     kind, why = onu_decoded_cache.choose('auto', 1000, 64, root)
     assert kind == 'disk' and why.startswith('the decoded epoch (1000 images at 64x64: 12 MB) is over the 12 MB memory '

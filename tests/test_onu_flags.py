@@ -9,6 +9,7 @@ import onu_input
 from onu_lib import onu_dataset
 from onu_lib import onu_flags
 from onu_lib import onu_precision
+from onu_lib import onu_run_config
 from onu_lib import onu_training
 
 FLAGS = flags.FLAGS
@@ -50,3 +51,56 @@ def test_the_model_and_its_image_size_default_to_the_models_own(parsed, tiny_dat
                                                   data.split('train', 'encoded'))
     assert (run_config.model, run_config.image_size) == (model or model_flag, image_size)
     assert run_config.flags['image_size'] is None  # chosen, not given
+
+
+# Every training flag given a value of its own, none its default (and no two numbers alike): an option read from
+# another flag, or left at its default, shows.
+EVERY_TRAINING_FLAG = (
+    '--train_dir=/tmp/t', '--data_dir=/tmp/d', '--data_format=raw', '--validation_percent=15', '--labels_offset=1',
+    '--model=small', '--image_size=40', '--batch_size=7', '--max_steps=9', '--precision=float32', '--xla',
+    '--seed=11', '--augmentations=hue,rotation', '--augment_on=model', '--cache_decoded_epoch=off',
+    '--cache_dir=/tmp/c', '--reduced_decode', '--optimizer=adam', '--learning_rate=0.03',
+    '--learning_rate_schedule=fixed', '--num_epochs_per_decay=3.5', '--learning_rate_decay_factor=0.5',
+    '--moving_average_decay=0.99', '--weight_decay=0.0002', '--label_smoothing=0.1', '--trainable_scopes=A,B',
+    '--fine_tune_checkpoint=/tmp/f', '--checkpoint_exclude_scopes=A/Logits,C', '--log_frequency=3',
+    '--save_checkpoint_secs=13', '--save_checkpoint_steps=17', '--keep_checkpoint_max=19',
+    '--save_summaries_steps=23', '--export_every_n_epochs=2', '--profile_steps=3,5', '--histograms',
+    '--ps_hosts=p:1', '--worker_hosts=w:1,w:2', '--job_name=worker', '--task_index=1', '--sync_replicas',
+    '--ps_wait_secs=29', '--data_service=localhost:5050')
+
+
+def test_each_training_option_is_its_own_flags_value(parsed, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a script started from another folder
+    options = parsed(*EVERY_TRAINING_FLAG)
+    read = {'augmentations': onu_input.AugmentOptions({'hue', 'rotation'}), 'profile_steps': (3, 5),
+            'data_service': 'grpc://localhost:5050'}  # the options the flags' values are parsed into
+    for field in dataclasses.fields(onu_training.TrainingOptions):
+        if field.name == 'flag_values':
+            continue
+        flag = FLAGS[field.name]
+        assert flag.value != flag.default, f'--{field.name} is not given a value of its own'
+        expected = read.get(field.name, tuple(flag.value) if isinstance(flag.value, list) else flag.value)
+        assert getattr(options, field.name) == expected, field.name
+    # What the run records: the flags by their names, not the deprecated aliases of some.
+    assert options.flag_values['max_steps'] == 9 and options.flag_values['ps_wait_secs'] == 29
+    assert 'checkpoint_path' not in options.flag_values and options.flag_values['fine_tune_checkpoint'] == '/tmp/f'
+
+
+def test_a_value_no_option_can_take_is_refused_and_the_old_cache_spelling_reads_as_the_new(parsed):
+    assert parsed('--cache_decoded_epoch=on').cache_decoded_epoch == 'memory'
+    assert parsed('--profile_steps=1,2').profile_steps == (1, 2)  # from the first step
+    for refused in (['--data_service=localhost'], ['--profile_steps=9,3'],
+                    ['--data_service=localhost:5050', '--cache_decoded_epoch=disk'],
+                    ['--data_service=localhost:5050', '--cache_decoded_epoch=on']):
+        with pytest.raises(flags.IllegalFlagValueError):
+            parsed(*refused)
+    assert parsed('--data_service=localhost:5050', '--cache_decoded_epoch=auto').data_service
+
+
+def test_a_flag_given_wins_over_the_training_runs_value_and_the_default_is_used_without_a_run(parsed):
+    run_config = onu_run_config.RunConfig(model='small', image_size=48)
+    parsed()
+    assert onu_flags.value_or_saved('image_size', run_config) == 48
+    assert onu_flags.value_or_saved('image_size', None) is None
+    parsed('--image_size=40')
+    assert onu_flags.value_or_saved('image_size', run_config) == 40

@@ -1,16 +1,22 @@
 """Tests of onu_hparams: real training runs and evaluations under one logdir, read back through a real TensorBoard's
 HParams plugin (its HTTP API)."""
+import dataclasses
 import json
 import os
 import shutil
+import time
 
 import pytest
+import tensorflow as tf
+from tensorboard.plugins.hparams import metadata as hparams_metadata
 
 from conftest import run_script
+from test_onu_flags import EVERY_TRAINING_FLAG
 
 from onu_lib import onu_hparams
 from onu_lib import onu_run_config
 from onu_lib import onu_sample_data
+import onu_model
 
 ALL_STATUSES = ['STATUS_UNKNOWN', 'STATUS_SUCCESS', 'STATUS_FAILURE', 'STATUS_RUNNING']
 TRAIN_FLAGS = ('--model=small', '--image_size=32', '--batch_size=4', '--seed=0', '--log_frequency=2')
@@ -128,3 +134,69 @@ def test_the_batch_size_setting_is_the_examples_one_step_trains_on(parsed):
     settings = onu_hparams.settings(options, run_config, 4)
     assert (settings['batch_size'], settings['replicas']) == (12, 4)
     assert onu_hparams.settings(options, run_config, 1)['batch_size'] == 3
+
+
+def test_each_setting_is_read_from_its_own_option_or_the_runs_config(parsed):
+    options = parsed(*EVERY_TRAINING_FLAG)  # every option its own value, none its default
+    run_config = onu_run_config.RunConfig(model='inception_resnet_v2', image_size=48, data_format='images',
+                                          layout='class_folders', cache_decoded_epoch='disk',
+                                          precision='mixed', compute_dtype='bfloat16')
+    assert onu_hparams.settings(options, run_config, 3) == {
+        'model': 'inception_resnet_v2', 'image_size': 48, 'data_format': 'images', 'layout': 'class_folders',
+        'batch_size': 21, 'replicas': 3, 'learning_rate': 0.03, 'learning_rate_schedule': 'fixed',
+        'optimizer': 'adam', 'precision': 'bfloat16', 'xla': True, 'augmentations': 'hue,rotation',
+        'augment_on': 'model', 'decoded_epoch_cache': 'disk', 'data_service': True, 'label_smoothing': 0.1,
+        'weight_decay': 0.0002, 'seed': '11'}
+    # Left to the model, or off: the model's own learning rate and weight decay, and words for what is not there.
+    defaults = parsed('--augmentations=', '--seed=-1')
+    defaults = dataclasses.replace(defaults, seed=None)  # a run without a seed (the library's default)
+    spec = onu_model.model_spec('small')
+    settings = onu_hparams.settings(defaults, onu_run_config.RunConfig(model='small', image_size=32), 1)
+    assert (settings['learning_rate'], settings['weight_decay']) == (spec.learning_rate, spec.weight_decay)
+    assert (settings['augmentations'], settings['seed'], settings['decoded_epoch_cache']) == ('none', 'none', 'off')
+    assert (settings['xla'], settings['data_service']) == (False, False)
+
+
+def test_a_sessions_start_and_end_read_back_with_its_settings_declared_in_the_experiment(
+        tmp_path, parsed):
+    options = parsed('--batch_size=3', '--model=small')
+    run_config = onu_run_config.RunConfig(model='small', image_size=32)
+    train_dir = str(tmp_path)
+    onu_hparams.write_session_start(train_dir, options, run_config, 2)
+    onu_hparams.write_session_end(train_dir, 'failure')
+    events = onu_hparams.session_events(train_dir)  # (written within one second: in either order)
+    assert len(events) == 2 and dict(events) == {'start': onu_hparams.settings(options, run_config, 2),
+                                                 'end': 'failure'}
+    declared = hparams_metadata.parse_experiment_plugin_data(
+        onu_hparams.experiment_config().value[0].metadata.plugin_data.content)
+    assert [hparam.name for hparam in declared.hparam_infos] == [setting.name for setting in onu_hparams.SETTINGS]
+    choices = {hparam.name: [value.string_value or value.bool_value for value in hparam.domain_discrete.values]
+               for hparam in declared.hparam_infos if hparam.HasField('domain_discrete')}
+    assert choices['model'] == list(onu_model.MODEL_NAMES) and choices['xla'] == [False, True]
+    assert [(metric.name.group, metric.name.tag) for metric in declared.metric_infos] == [
+        (group, tag) for group, tag, _ in onu_hparams.METRICS]
+    assert onu_hparams.row_eval_dir(train_dir) == os.path.join(train_dir, 'eval')  # the evaluator's: beside it
+    written = _summaries(train_dir)  # each run declares the table (its runs share one), and says when it ran
+    assert hparams_metadata.EXPERIMENT_TAG in written
+    start = hparams_metadata.parse_session_start_info_plugin_data(written[hparams_metadata.SESSION_START_INFO_TAG])
+    end = hparams_metadata.parse_session_end_info_plugin_data(written[hparams_metadata.SESSION_END_INFO_TAG])
+    assert abs(start.start_time_secs - time.time()) < 60 and abs(end.end_time_secs - time.time()) < 60
+
+
+def _summaries(train_dir):
+    """{tag: plugin content} of the HParams summaries in train_dir's event files, and {tag: value} of its scalars."""
+    found = {}
+    for name in os.listdir(train_dir):
+        for event in tf.compat.v1.train.summary_iterator(os.path.join(train_dir, name)):
+            for value in event.summary.value:
+                found[value.tag] = (value.metadata.plugin_data.content if value.HasField('metadata')
+                                    else value.simple_value)
+    return found
+
+
+def test_a_measured_session_is_a_finished_row_of_its_settings_and_training_figures(tmp_path):
+    onu_hparams.write_measured_session(str(tmp_path), MEASURED_SETTINGS, MEASURED_METRICS)
+    assert onu_hparams.session_events(str(tmp_path)) == [('start', MEASURED_SETTINGS), ('end', 'success')]
+    written = _summaries(str(tmp_path))
+    assert hparams_metadata.EXPERIMENT_TAG in written
+    assert {tag: written[tag] for tag in MEASURED_METRICS} == MEASURED_METRICS
