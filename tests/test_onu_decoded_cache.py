@@ -97,15 +97,15 @@ def test_each_example_once_per_epoch_in_a_new_order_each_epoch_and_a_second_run_
 SMALL = 4  # image side: 48 bytes of pixels, several images in a block
 
 
-def _images(count):
-    """count distinct (uint8 SMALL x SMALL x 3 image, int64 label) examples."""
-    return [(np.full((SMALL, SMALL, 3), index, np.uint8), np.int64(index % 3)) for index in range(count)]
+def _images(count, side=SMALL):
+    """count distinct (uint8 side x side x 3 image, int64 label) examples."""
+    return [(np.full((side, side, 3), index % 256, np.uint8), np.int64(index % 3)) for index in range(count)]
 
 
-def _read_back(folder, manifest):
+def _read_back(folder, manifest, side=SMALL):
     """[(pixel bytes, label)] of every image in the cache's shards, read as its record format says: each record the
-    pixels of its images, then their little-endian int64 labels."""
-    example_bytes, found = SMALL * SMALL * 3, []
+    pixels of its images, then their little-endian int64 labels; and the images of each record."""
+    example_bytes, found, blocks = side * side * 3, [], []
     for name, images, records in manifest['shards']:
         payloads = list(onu_tfrecord.read_records(os.path.join(folder, name), 'NONE'))
         assert len(payloads) == records
@@ -115,15 +115,21 @@ def _read_back(folder, manifest):
             labels = np.frombuffer(payload[count * example_bytes:], '<i8')
             assert len(payload) == count * (example_bytes + 8) and len(labels) == count
             in_shard += [(payload[i * example_bytes:(i + 1) * example_bytes], int(labels[i])) for i in range(count)]
+            blocks.append(count)
         assert len(in_shard) == images
         found += in_shard
-    return found
+    return found, blocks
 
 
-def _write_cache(tiny_data_dir, tmp_path, examples):
-    """Writes examples as the first epoch of a disk cache of 40 images under tmp_path/cache; returns the DiskCache."""
-    info = dataclasses.replace(onu_dataset.describe(tiny_data_dir).split('train', 'images'), num_examples=40)
-    cache = onu_decoded_cache.DiskCache.open(str(tmp_path / 'cache'), info, SMALL, False, SEED)
+def _open_cache(tiny_data_dir, tmp_path, count=40, side=SMALL, reduced_decode=False, seed=SEED):
+    """DiskCache.open of count images of tiny_data_dir's train split at side under tmp_path/cache."""
+    info = dataclasses.replace(onu_dataset.describe(tiny_data_dir).split('train', 'images'), num_examples=count)
+    return onu_decoded_cache.DiskCache.open(str(tmp_path / 'cache'), info, side, reduced_decode, seed)
+
+
+def _write_cache(tiny_data_dir, tmp_path, examples, side=SMALL):
+    """Writes examples as the first epoch of a disk cache of as many images under tmp_path/cache; returns it."""
+    cache = _open_cache(tiny_data_dir, tmp_path, len(examples), side)
     for image, label in examples:
         assert cache._write(image, label) == label
     assert not os.path.exists(cache.folder)  # killed now, it is never read as whole
@@ -131,24 +137,43 @@ def _write_cache(tiny_data_dir, tmp_path, examples):
     return cache
 
 
-def test_the_first_epoch_is_written_whole_in_shards_read_back_in_a_new_order_each_epoch(tiny_data_dir, tmp_path):
-    examples = _images(40)
-    cache = _write_cache(tiny_data_dir, tmp_path, examples)
+# At least MIN_SHARDS shards where there are as many images (a new order each epoch); records of a block of images.
+@pytest.mark.parametrize('count, side, shards, blocks', [
+    (40, SMALL, [3] * 13 + [1], [3] * 13 + [1]),
+    (10, SMALL, [1] * 10, [1] * 10),
+    (480, 64, [30] * 16, [21, 9] * 16),  # 12 kB images: 21 to a block of BLOCK_BYTES
+])
+def test_the_first_epoch_is_written_whole_in_shards_read_back_in_a_new_order_each_epoch(
+        tiny_data_dir, tmp_path, count, side, shards, blocks):
+    examples = _images(count, side)
+    cache = _write_cache(tiny_data_dir, tmp_path, examples, side)
     manifest = onu_decoded_cache.read_manifest(cache.folder)
-    # 40 images: at least MIN_SHARDS shards (a new order each epoch), of 3 images each, the last one of 1.
-    assert [images for _, images, _ in manifest['shards']] == [3] * 13 + [1]
-    assert (manifest['examples'], manifest['image_size']) == (40, SMALL)
-    written = sorted((image.tobytes(), int(label)) for image, label in examples)
-    assert sorted(_read_back(cache.folder, manifest)) == written
+    assert [images for _, images, _ in manifest['shards']] == shards
+    assert (manifest['examples'], manifest['image_size']) == (count, side)
+    read, read_blocks = _read_back(cache.folder, manifest, side)
+    assert sorted(read) == sorted((image.tobytes(), int(label)) for image, label in examples)
+    assert read_blocks == blocks
     assert os.listdir(tmp_path / 'cache') == [os.path.basename(cache.folder)]
 
-    info = dataclasses.replace(onu_dataset.describe(tiny_data_dir).split('train', 'images'), num_examples=40)
-    again = onu_decoded_cache.DiskCache.open(str(tmp_path / 'cache'), info, SMALL, False, SEED)  # a later run
+    again = _open_cache(tiny_data_dir, tmp_path, count, side)  # a later run reads it
     assert again._manifest == manifest and again._partial is None
     orders = [list(again._epoch_shards()) for _ in range(3)]
     paths = sorted(os.path.join(cache.folder, name).encode() for name, _, _ in manifest['shards'])
     assert all(sorted(order) == paths for order in orders) and len({tuple(order) for order in orders}) == 3
     assert [again._checked(path) for path in paths] == paths
+    rerun = _open_cache(tiny_data_dir, tmp_path, count, side)  # the same seed: the same orders
+    assert [list(rerun._epoch_shards()) for _ in range(3)] == orders
+
+
+def test_a_cache_of_another_image_size_decode_or_version_is_not_read(tiny_data_dir, tmp_path):
+    cache = _write_cache(tiny_data_dir, tmp_path, _images(40))
+    assert _open_cache(tiny_data_dir, tmp_path)._manifest is not None
+    assert _open_cache(tiny_data_dir, tmp_path, side=SMALL + 1)._partial is not None  # written anew
+    assert _open_cache(tiny_data_dir, tmp_path, reduced_decode=True)._partial is not None
+    manifest = onu_decoded_cache.read_manifest(cache.folder)
+    with open(os.path.join(cache.folder, onu_decoded_cache.MANIFEST), 'w', encoding='utf-8') as f:
+        json.dump(dict(manifest, version=onu_decoded_cache.CACHE_VERSION + 1), f)
+    assert onu_decoded_cache.read_manifest(cache.folder) is None  # another version's: not read
 
 
 def _flip_a_bit(path):
@@ -171,7 +196,7 @@ def _empty(path):
     open(path, 'wb').close()
 
 
-@pytest.mark.parametrize('damage', [_flip_a_bit, _cut_short, _empty])
+@pytest.mark.parametrize('damage', [_flip_a_bit, _cut_short, _empty, os.remove])
 def test_a_damaged_shard_is_never_read_nor_any_unchecked_one_after_it(tiny_data_dir, tmp_path, capsys, damage):
     cache = _write_cache(tiny_data_dir, tmp_path, _images(40))
     paths = sorted(os.path.join(cache.folder, name).encode() for name in os.listdir(cache.folder)
@@ -183,6 +208,8 @@ def test_a_damaged_shard_is_never_read_nor_any_unchecked_one_after_it(tiny_data_
     assert cache._checked(paths[4]) == paths[4]  # checked already: its readers may still be reading it
     assert len(cache._epoch_shards()) == 0 and onu_decoded_cache.read_manifest(cache.folder) is None
     assert len([line for line in capsys.readouterr().out.splitlines() if 'is damaged' in line]) == 1  # one line
+    assert _write_cache(tiny_data_dir, tmp_path, _images(40)).folder == cache.folder  # the next run writes it again
+    assert onu_decoded_cache.read_manifest(cache.folder)['examples'] == 40
 
 
 def test_what_killed_processes_left_of_a_cache_is_removed_and_a_running_ones_is_left(tmp_path):
