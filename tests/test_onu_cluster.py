@@ -388,10 +388,11 @@ def test_synchronous_workers_configured_by_tf_config_all_exit_promptly(cluster_d
     assert np.any(shadow != 0)  # the biases start at 0: the averages moved
     # A step trains on both workers' batches, 2 x 2 examples: the 16 photos' epoch is 4 steps, after each of which
     # the learning rate halves; examples/sec counts both batches; the HParams row says 4 examples of 2 replicas.
-    # (A summary goes under the step after the one it was computed at, or under that one.)
+    # (A summary goes under the step it was computed at or up to two after: the other worker's update can land
+    # between the computation and the summary's reading of the step, on a busy machine.)
     rates = {step: value for (tag, step), value in event_summaries(train_dir)[0].items() if tag == 'learning_rate'}
-    assert max(rates) >= 9 and all(round(value, 6) in {round(0.01 * 0.5 ** (at // 4), 6) for at in (step - 1, step)}
-                                   for step, value in rates.items()), rates
+    computed = {step: {round(0.01 * 0.5 ** (at // 4), 6) for at in range(step - 2, step + 1)} for step in rates}
+    assert max(rates) >= 9 and all(round(value, 6) in computed[step] for step, value in rates.items()), rates
     assert_logged_speeds_count(outputs[('worker', 0)] + outputs[('worker', 1)], 4)
     (kind, settings), _ = onu_hparams.session_events(train_dir)
     assert (kind, settings['batch_size'], settings['replicas']) == ('start', 4, 2)
