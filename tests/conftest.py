@@ -332,7 +332,12 @@ def start_script(script, *args, env=None, fresh_process=False, **popen_options):
     loaded it once: the run costs its work, not 3.5 s of start. Unless fresh_process, or --verbose or a TensorFlow
     log level of the environment differs from the server's (TensorFlow's C++ reads those once, as it loads).
     """
-    command = script_command(script, *args)
+    return start_command(script_command(script, *args), env=env, fresh_process=fresh_process, **popen_options)
+
+
+def start_command(command, env=None, fresh_process=False, **popen_options):
+    """start_script's way for a whole command line: forked by the tests' script server when it runs command as a
+    fresh process would (a repo script that loads TensorFlow, or `python -m tensorboard.main`), else a Popen."""
     environment = dict(os.environ if env is None else env)
     popen_options['text'] = True
     if fresh_process or not _SCRIPT_SERVER.serves(command, environment):
@@ -364,10 +369,13 @@ class ScriptServer:
 
     def serves(self, command, environment):
         """True when the server runs command as a fresh process would (starting the server if needed)."""
-        if len(command) < 2 or command[0] != sys.executable or not command[1].endswith('.py') or '--verbose' in command:
+        if len(command) < 2 or command[0] != sys.executable or '--verbose' in command:
             return False
-        if not self._uses_tensorflow.setdefault(command[1], _loads_tensorflow(command[1])):
-            return False  # a data script starts quickly, without TensorFlow: run it as it is
+        if command[1:3] != ['-m', 'tensorboard.main']:  # TensorBoard loads TensorFlow too
+            if not command[1].endswith('.py'):
+                return False  # a Python option (-X, -c): a fresh process
+            if not self._uses_tensorflow.setdefault(command[1], _loads_tensorflow(command[1])):
+                return False  # a data script starts quickly, without TensorFlow: run it as it is
         if self._process is None:
             self._start()
         return (_tensorflow_log_level(environment) == _tensorflow_log_level(self.environment) and
@@ -429,7 +437,7 @@ class ScriptProcess:
                 return write_end, open(read_end, encoding='utf-8', errors='replace')  # pylint: disable=consider-using-with
             return (choice if isinstance(choice, int) else choice.fileno()), None
 
-        assert stdin is None, 'ScriptProcess gives the script no input'
+        assert stdin in (None, subprocess.DEVNULL), 'ScriptProcess gives the script no input'
         sent.append(stream(subprocess.DEVNULL, 0)[0])
         stdout_fd, self.stdout = stream(stdout, 1)
         sent.append(stdout_fd)
@@ -762,7 +770,7 @@ class TensorBoardServer:
     def __init__(self, logdir_args, log_path, timeout=TENSORBOARD_TIMEOUT_SECS):
         self.log_path = log_path
         with open(log_path, 'wb') as log:  # a file, not a pipe: nobody has to drain it
-            self.process = subprocess.Popen(
+            self.process = start_command(
                 [sys.executable, '-m', 'tensorboard.main', *logdir_args, '--host', '127.0.0.1',
                  '--port', '0', '--reload_interval', '1'],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

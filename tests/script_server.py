@@ -69,15 +69,19 @@ def become_the_script(request, fds):
     os.environ.clear()
     os.environ.update(request['env'])
     os.chdir(request['cwd'])
-    script = request['argv'][1]
-    sys.argv = request['argv'][1:]
-    sys.path[0] = os.path.dirname(os.path.abspath(script))
     for number in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
         signal.signal(number, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     if os.environ.get('PYTHONFAULTHANDLER'):
         faulthandler.enable()
-    runpy.run_path(script, run_name='__main__')
+    if request['argv'][1] == '-m':  # python -m MODULE ARGS: the current folder first on the path, as Python puts it
+        sys.argv = request['argv'][2:]
+        sys.path[0] = os.getcwd()
+        runpy.run_module(request['argv'][2], run_name='__main__', alter_sys=True)
+    else:  # python SCRIPT ARGS: the script's folder first on the path
+        sys.argv = request['argv'][1:]
+        sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))
+        runpy.run_path(sys.argv[0], run_name='__main__')
     raise SystemExit(0)  # out through serve(): the interpreter ends as a script's does
 
 
