@@ -403,9 +403,10 @@ class ScriptServer:
 
 
 def _loads_tensorflow(script_path):
-    """True when the script loads TensorFlow at start (onu_cli.import_tensorflow)."""
+    """True when the script loads TensorFlow (onu_cli.import_tensorflow, or a test's own script importing it)."""
     with open(script_path, encoding='utf-8') as source:
-        return 'onu_cli.import_tensorflow()' in source.read()
+        text = source.read()
+    return 'onu_cli.import_tensorflow()' in text or 'import tensorflow' in text
 
 
 _SCRIPT_SERVER = ScriptServer()
