@@ -48,16 +48,20 @@ onu_sample_data with make_sample_data, onu_serving with onu_export, run_local_cl
   mid_colour_image() and colour_effect(name, before, after): the parameter of a colour augmentation, measured per image.
 """
 
+import atexit
 import contextlib
 import io
 import json
 import math
 import os
 import re
+import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import types
@@ -383,7 +387,6 @@ class ScriptServer:
 
     def _start(self):
         """Starts the server; returns once it has loaded TensorFlow and listens."""
-        import tempfile  # pylint: disable=import-outside-toplevel
         folder = tempfile.mkdtemp(prefix='onu-script-server-')
         self.path = os.path.join(folder, 'socket')
         self.environment = dict(os.environ)
@@ -392,7 +395,6 @@ class ScriptServer:
                                          stderr=open(os.path.join(folder, 'log'), 'w'))  # pylint: disable=consider-using-with
         ready = self._process.stdout.readline()
         assert ready == 'ready\n', f'the script server did not start: {open(os.path.join(folder, "log")).read()}'
-        import atexit  # pylint: disable=import-outside-toplevel
         atexit.register(self._stop, folder)
 
     def _stop(self, folder):
@@ -447,13 +449,10 @@ class ScriptProcess:
         else:
             stderr_fd, self.stderr = stream(stderr, 2)
             sent.append(stderr_fd)
-        import json as json_  # pylint: disable=import-outside-toplevel
-        import socket as socket_  # pylint: disable=import-outside-toplevel
-        self._json = json_
-        self._connection = socket_.socket(socket_.AF_UNIX, socket_.SOCK_STREAM)
+        self._connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._connection.connect(server_path)
         request = {'argv': command, 'env': environment, 'cwd': REPO_ROOT, 'new_session': start_new_session}
-        socket_.send_fds(self._connection, [json_.dumps(request).encode() + b'\n'], sent)
+        socket.send_fds(self._connection, [json.dumps(request).encode() + b'\n'], sent)
         for fd in closed_after_send:
             os.close(fd)
         self._replies = b''
@@ -461,7 +460,6 @@ class ScriptProcess:
 
     def _reply(self, timeout):
         """The server's next reply; None when none came within timeout seconds."""
-        import select  # pylint: disable=import-outside-toplevel
         deadline = None if timeout is None else time.monotonic() + timeout
         while b'\n' not in self._replies:
             wait = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -471,7 +469,7 @@ class ScriptProcess:
             assert chunk, f'the script server lost {self.args}'
             self._replies += chunk
         line, self._replies = self._replies.split(b'\n', 1)
-        return self._json.loads(line)
+        return json.loads(line)
 
     def poll(self):
         """The exit status once the script has exited, else None."""
@@ -873,7 +871,6 @@ def tensorboard_server(tmp_path):
 #   CHROMIUM_FLAGS  the flags of a quiet, offline headless Chromium.
 
 import base64  # noqa: E402
-import socket  # noqa: E402
 import struct  # noqa: E402
 
 CHROMIUM_FLAGS = ('--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
