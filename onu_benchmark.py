@@ -5,7 +5,7 @@ slower (the GPU idle ~90% of the time). This script repeats that comparison on a
 one run, and shows where the time goes:
   storage      bytes on disk and the ratio to the photos; seconds to convert, next to the seconds
                to read the photos once (both from a cold page cache);
-  pipelines    images/sec of the tf.data pipelines (onu_input.make_dataset) with eval preprocessing
+  pipelines    images/sec of the tf.data pipelines (onu_input.eval_batches, training_batches) with eval preprocessing
                and with every training augmentation, next to the study's serial cv2 loop, Keras's
                image_dataset_from_directory + the same augmentations (as Keras layers, and as
                onu_input's own function), and the decode limit (cores x the one-core decode+resize

@@ -227,7 +227,8 @@ def evaluate(checkpoint_path, run_config, info, batch_size=32, num_examples=None
     class_names = check_class_names(run_config, info)
     limit = min(num_examples or info.num_examples, info.num_examples)
     with tf.Graph().as_default():
-        images, labels, filenames = onu_input.inputs(info, batch_size, run_config.image_size, with_filenames=True)
+        images, labels, filenames = onu_input.next_batch(
+            onu_input.eval_batches(info, batch_size, run_config.image_size, with_filenames=True))
         logits, _ = onu_model.inference(images, len(class_names), run_config.model,
                                         is_training=False, create_aux_logits=False)
         fetches = {'labels': labels, 'filenames': filenames,

@@ -9,21 +9,22 @@ inside the caller's tf.compat.v1 graph. It opens no folder and knows no layout. 
 All three give the same pixels for the same photo: upright (EXIF applied), RGB, same resize.
 
     info = onu_dataset.describe(data_dir).split('train', 'encoded')     # what to read, found once
-    images, labels = distorted_inputs(info, batch_size=32, image_size=299)
-    images, labels = inputs(onu_dataset.describe(data_dir).split('val', 'encoded'), 32, 299)
+    cache = onu_decoded_cache.MemoryCache(info.num_examples)            # where the decoded epoch is kept
+    images, labels = distorted_inputs(training_batches(info, 32, 299, cache, augment=AugmentOptions.default()))
+    images, labels = next_batch(eval_batches(onu_dataset.describe(data_dir).split('val', 'encoded'), 32, 299))
 
 Images are float32 [batch, size, size, 3] in [-1, 1] (what Inception checkpoints expect), labels
 int32 [batch]. preprocess_for_eval is the one eval/serving preprocessing; export reuses it with
 decode_image_bytes. Training decodes and resizes each photo to uint8, keeps the decoded epoch in
 memory when it fits, and augments whole batches with augment_batch (one XLA function, per-image
-draws; the augmentations are the entries of AUGMENTATIONS), in the pipeline or, with augment_on='model',
+draws; the augmentations are the entries of AUGMENTATIONS), in the pipeline or, with --augment_on=model,
 on the model's device:
 
-    images, labels, draws = undistorted_inputs(info, 32, 299)   # uint8, for the model
-    images = augment_batch(images, draws)
+    batches = training_batches(info, 32, 299, cache)            # uint8 images, labels and draws, for the model
+    images, labels = distorted_inputs(batches, AugmentOptions.default())   # augmented in the caller's device scope
 
-With data_service (grpc://HOST:PORT), a tf.data service's workers make the same training batches
-(_service_batches) and the trainer only receives them.
+A tf.data service's workers can make the same training batches (service_batches, for a ServiceJob) and the trainer
+only receives them.
 """
 import dataclasses
 import functools
@@ -34,7 +35,6 @@ import zlib
 
 import numpy as np
 import tensorflow as tf
-from tqdm import tqdm
 from tensorflow.core.framework import model_pb2
 
 from onu_lib import onu_dataset  # the one constant of the label check, shared with its error's translation
@@ -72,16 +72,14 @@ DECODED_CACHE_BYTES = 2 * 2**30
 class Augmentation:
     """One training augmentation (an entry of AUGMENTATIONS): its name, as --augmentations spells it; the range
     [low, high] its per-image parameter is drawn from, uniformly; where its batched op runs (one of
-    AUGMENTATION_SPACES) and the op; and whether training applies it when --augmentations is not given."""
+    AUGMENTATION_SPACES: an op that moves pixels is 'geometry', the others act on each pixel where it is) and the op;
+    and whether training applies it when --augmentations is not given."""
     name: str
     low: float
     high: float
     space: str
     apply: typing.Callable
     on_by_default: bool = True
-
-    def __post_init__(self):
-        _check_choice(f'the space of augmentation {self.name}', self.space, AUGMENTATION_SPACES)
 
     @property
     def stream(self):
@@ -140,12 +138,6 @@ def augmentation_named(name):
         if augmentation.name == name:
             return augmentation
     raise ValueError(f'unknown augmentation {name}; the augmentations are {", ".join(augmentation_names())}')
-
-
-def _check_choice(name, value, choices):
-    """Raises ValueError unless value is one of choices."""
-    if value not in choices:
-        raise ValueError(f'{name}={value!r}; expected one of {", ".join(choices)}')
 
 
 # ----------------------------------------------------------------------------------------------
@@ -564,14 +556,15 @@ def _shuffle_buffer_size(info):
     return max(1, min(info.num_examples, MAX_SHUFFLE_BUFFER, by_memory))
 
 
-def _decoded_records(info, training, seed, deterministic, at_least=None, repeat=True):
+def _decoded_records(info, training, seed, at_least=None, repeat=True):
     """Returns a dataset of (uint8 image, int32 label, file name) from the record shards of info.
 
     Training interleaves the shards in a shuffled order (a new one each epoch; forever when
-    repeat) and shuffles records in a buffer; eval reads the shards one after the other, in the
-    order info lists them in. at_least: decode_image_bytes's.
+    repeat) and shuffles records in a buffer, in an order a seed repeats; eval reads the shards one after the other,
+    in the order info lists them in. at_least: decode_image_bytes's.
     """
     if training:
+        deterministic = seed is not None
         files = tf.data.Dataset.from_tensor_slices(list(info.files))
         files = files.shuffle(len(info.files), seed=seed, reshuffle_each_iteration=True)
         if repeat:
@@ -591,134 +584,89 @@ def _decoded_records(info, training, seed, deterministic, at_least=None, repeat=
     records = tf.data.Dataset.from_tensor_slices((list(info.files), list(info.record_name_prefixes)))
     records = records.flat_map(named_records)
     return records.map(lambda record, name: _parse_record(record, info, at_least, name),
-                       num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+                       num_parallel_calls=tf.data.AUTOTUNE)
 
 
 # ----------------------------------------------------------------------------------------------
-# Pipelines.
+# Pipelines: training examples and batches, eval batches. A dataset is built on PIPELINE_DEVICE and not converted by
+# AutoGraph: its functions are plain TensorFlow ops (tf.cond, not Python if), and converting its dozens of functions
+# would cost seconds at every start-up.
+
+def _pipeline(build):
+    """Returns build (a function that builds a dataset) building on PIPELINE_DEVICE, without AutoGraph."""
+    @functools.wraps(build)
+    def on_pipeline_device(*args, **kwargs):
+        with tf.device(PIPELINE_DEVICE):
+            return build(*args, **kwargs)
+    return tf.autograph.experimental.do_not_convert(on_pipeline_device)
+
 
 def decoded_epoch_bytes(num_examples, image_size):
     """Returns the bytes one epoch of num_examples resized uint8 training images takes in memory."""
     return num_examples * image_size * image_size * 3
 
 
-def uses_decoded_cache(info, image_size):
-    """Returns whether training keeps the decoded epoch in memory when not told: when it fits DECODED_CACHE_BYTES."""
-    return decoded_epoch_bytes(info.num_examples, image_size) <= DECODED_CACHE_BYTES
-
-
-def _cache_fill_progress(num_examples):
-    """Returns a function (for tf.numpy_function) that counts the examples decoded into the cache on a progress bar,
-    shown from the first of them on."""
-    bars = []
-
-    def tick():
-        if not bars:
-            bars.append(tqdm(total=num_examples, unit='photo', desc='decoding the first epoch into memory',
-                             leave=False))
-        bars[0].update()
-        if bars[0].n >= num_examples:
-            bars[0].close()
-        return np.int64(bars[0].n)
-    return tick
-
-
-def _decoded_examples(info, image_size, seed, deterministic, reduced_decode, repeat):
+def _decoded_examples(info, image_size, reduced_decode, seed, repeat):
     """Returns shuffled (uint8 [size, size, 3] image, label) training examples decoded from info: one epoch, or
-    endless (repeat)."""
+    endless (repeat). reduced_decode: decode JPEGs at a reduced DCT scale (decode_image_bytes)."""
     at_least = image_size if reduced_decode else None
     if info.data_format == 'images':
         examples = _decoded_files(info, True, seed, at_least=at_least, repeat=repeat)
     else:
-        examples = _decoded_records(info, True, seed, deterministic, at_least=at_least, repeat=repeat)
+        examples = _decoded_records(info, True, seed, at_least=at_least, repeat=repeat)
     return examples.map(lambda image, label, name: (resize_for_training(image, image_size), label),
-                        num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+                        num_parallel_calls=tf.data.AUTOTUNE, deterministic=seed is not None)
 
 
-def _training_examples(info, image_size, seed, deterministic, cache, reduced_decode, cache_progress=False):
-    """Returns an endless shuffled dataset of (uint8 [size, size, 3] image, label) for training.
+def training_examples(info, image_size, cache, seed=None, reduced_decode=False):
+    """Returns endless shuffled (uint8 [size, size, 3] image, int32 label) training examples of info.
 
-    cache: True decodes one epoch, keeps it in memory and reshuffles it every epoch, instead of reading and
-    decoding every epoch (the epoch is the shuffle buffer, so the first batch waits for all of it;
-    cache_progress: show that on a progress bar); an onu_decoded_cache.DiskCache writes the first epoch to local
-    disk while training on it and reads the later ones back. reduced_decode: decode JPEGs at a reduced DCT scale
-    (decode_image_bytes).
+    cache: where the decoded epoch is kept (onu_decoded_cache's memory, disk or none): its training_examples turns
+    the decoded examples into these. reduced_decode: decode JPEGs at a reduced DCT scale: cheaper, but the pixels
+    differ from eval's (see README).
     """
-    if cache is not True and cache:  # on disk: the first epoch written, later ones read back (decoded if it fails)
-        later_seed = None if seed is None else seed + 1  # a failed cache's next epochs: not the first one's order
-        return cache.training_examples(
-            _decoded_examples(info, image_size, seed, deterministic, reduced_decode, repeat=False),
-            _decoded_examples(info, image_size, later_seed, deterministic, reduced_decode, repeat=True))
-    examples = _decoded_examples(info, image_size, seed, deterministic, reduced_decode, repeat=not cache)
-    if cache:
-        if cache_progress:  # before the cache: each example passes here once, while the first epoch is decoded
-            tick = _cache_fill_progress(info.num_examples)
-
-            def counted(image, label):
-                with tf.control_dependencies([tf.numpy_function(tick, [], tf.int64, stateful=True)]):
-                    return tf.identity(image), label
-            examples = examples.map(counted)
-        examples = examples.cache().shuffle(info.num_examples, seed=seed,
-                                            reshuffle_each_iteration=True).repeat()
-    return examples
+    return cache.training_examples(functools.partial(_decoded_examples, info, image_size, reduced_decode), seed)
 
 
-# Not converted by AutoGraph: the functions of the pipeline are plain TensorFlow ops (tf.cond, not Python if), and
-# converting its dozens of functions took about 4 of a training script's 14 seconds of start-up on a tiny run.
-@tf.autograph.experimental.do_not_convert
-def make_dataset(info, batch_size, image_size, training, augment=True, seed=None,
-                 augment_on='input', cache=None, reduced_decode=False, with_filenames=False, cache_progress=False,
-                 data_service=None, service_job=None, num_epochs=None):
-    """Returns a tf.data.Dataset of batches for the split described by info.
+@_pipeline
+def training_batches(info, batch_size, image_size, cache, seed=None, reduced_decode=False, augment=None):
+    """Returns endless training batches of info: shuffled, a static batch size, each image with its own draws.
 
-    training: shuffle, repeat forever, drop the final partial batch, and give each image its
-    augmentation draws. With augment_on='input' the batches are augmented here: (images, labels);
-    with 'model' they are (uint8 images, labels, draws) for augment_batch on the model's device.
-    cache: keep the decoded epoch in memory (True; None: uses_decoded_cache decides; cache_progress: a progress
-    bar while the first epoch is decoded), or on disk (an onu_decoded_cache.DiskCache), or not (False).
-    reduced_decode: decode JPEGs at a reduced DCT scale: cheaper, but the pixels differ from eval's (see README).
-    Otherwise read each example once in order, eval preprocessing, keep the partial batch;
-    with_filenames: (images, labels, file names relative to the data dir).
-    seed: makes the order and the augmentations reproducible. data_service: grpc://HOST:PORT of a tf.data service
-    whose workers make the training batches (_service_batches; service_job: its job's name, None for this
-    trainer's own); no cache then. num_epochs: the service's epochs (None: endless, as training).
+    augment: the AugmentOptions applied here, in the pipeline: batches of (images in [-1, 1], labels); None: batches
+    of (uint8 images, labels, draws) for augment_batch on the model's device (--augment_on=model). seed: makes the
+    order and the augmentations reproducible. cache, reduced_decode: training_examples'.
     """
-    if batch_size < 1 or image_size < 1:
-        raise ValueError(f'batch_size={batch_size} and image_size={image_size} must be positive')
-    _check_choice('augment_on', augment_on, AUGMENT_PLACEMENTS)
-    deterministic = not training or seed is not None
-    if not training:
-        if info.data_format == 'images':
-            examples = _decoded_files(info, training, seed, repeat=False)
-        else:
-            examples = _decoded_records(info, training, seed, deterministic)
-
-        def preprocessed(image, label, name):
-            example = (preprocess_for_eval(image, image_size), label)
-            return example + (name,) if with_filenames else example
-        examples = examples.map(preprocessed, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
-        return examples.batch(batch_size).prefetch(tf.data.AUTOTUNE)
-    if data_service:
-        if cache:
-            raise ValueError('the decoded-epoch cache is local: not with a tf.data service')
-        return _service_batches(info, batch_size, image_size, seed, reduced_decode, AugmentOptions.of(augment),
-                                augment_on, data_service, service_job, num_epochs)
-    if cache is None:
-        cache = uses_decoded_cache(info, image_size)
-    batches = _training_examples(info, image_size, seed, deterministic, cache, reduced_decode,
-                                 cache_progress).batch(batch_size, drop_remainder=True)
-    options = AugmentOptions.of(augment)
+    batches = training_examples(info, image_size, cache, seed, reduced_decode).batch(batch_size, drop_remainder=True)
 
     def with_draws(batch, batch_seed):
         images, labels = batch
         draws = random_draws(batch_seed, batch_size)
-        if augment_on == 'model':
+        if augment is None:
             return images, labels, draws
-        return augment_batch(images, draws, options), labels
+        return augment_batch(images, draws, augment), labels
     seeds = tf.data.Dataset.random(seed=seed).batch(2)
     batches = tf.data.Dataset.zip((batches, seeds)).map(
-        with_draws, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+        with_draws, num_parallel_calls=tf.data.AUTOTUNE, deterministic=seed is not None)
     return batches.prefetch(tf.data.AUTOTUNE)
+
+
+@_pipeline
+def eval_batches(info, batch_size, image_size, with_filenames=False):
+    """Returns the eval batches of info's split: each example once, in order, with the eval preprocessing, then the
+    end; the final batch may be smaller, so the batch dimension is None.
+
+    Batches of (images, labels), or with_filenames: (images, labels, file names relative to the data dir, or
+    <shard>#<index> for records that name none).
+    """
+    if info.data_format == 'images':
+        examples = _decoded_files(info, False, None, repeat=False)
+    else:
+        examples = _decoded_records(info, False, None)
+
+    def preprocessed(image, label, name):
+        example = (preprocess_for_eval(image, image_size), label)
+        return example + (name,) if with_filenames else example
+    return examples.map(preprocessed, num_parallel_calls=tf.data.AUTOTUNE).batch(batch_size).prefetch(tf.data.AUTOTUNE)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -791,37 +739,47 @@ def _dequantized(images):
     return tf.cast(images, tf.float32) * (1.0 / 127.5) - 1.0
 
 
-def _service_batches(info, batch_size, image_size, seed, reduced_decode, options, augment_on, data_service,
-                     service_job, num_epochs=None):
-    """Returns make_dataset's training batches, made by the tf.data service at data_service (grpc://HOST:PORT).
+@dataclasses.dataclass(frozen=True)
+class ServiceJob:
+    """Where a tf.data service makes training batches: its dispatcher's address (grpc://HOST:PORT); the name of the
+    job trainers share (one epoch among them: a cluster's workers), None for this trainer's own; and the job's epochs
+    (None: endless, as training)."""
+    address: str
+    name: str = None
+    num_epochs: int = None
 
-    The workers read, decode, resize, batch, draw and (augment_on='input') augment; the trainer receives uint8
-    batches: augmented and rounded to uint8 (_quantized), or resized with their draws for augment_on='model'. service_job: the name of the job trainers
-    share (one epoch among them: a cluster's workers), None for this trainer's own. No decoded-epoch cache
-    (a worker sees only its share of each epoch), and nothing a worker cannot run (no py_function).
+
+@_pipeline
+def service_batches(info, batch_size, image_size, job, seed=None, reduced_decode=False, augment=None):
+    """Returns training_batches' batches of info (augment: the same), made by the workers of the tf.data service job
+    (a ServiceJob).
+
+    The workers read, decode, resize, batch, draw and (augment) augment; the trainer receives uint8 batches: augmented
+    and rounded to uint8 (_quantized), or resized with their draws. No decoded-epoch cache (a worker sees only its
+    share of each epoch), and nothing a worker cannot run (no py_function).
     """
     seed = 0 if seed is None else seed
-    examples = _service_examples(info, image_size, seed, reduced_decode, num_epochs)
+    examples = _service_examples(info, image_size, seed, reduced_decode, job.num_epochs)
 
     def with_draws(images, labels, keys, *gaps):
         draws = random_draws(tf.stack([tf.constant(seed, tf.int64), keys[0]]), batch_size)
-        if augment_on == 'model':
+        if augment is None:
             return (images, labels, draws) + gaps
-        return (_quantized(augment_batch(images, draws, options)), labels) + gaps
+        return (_quantized(augment_batch(images, draws, augment)), labels) + gaps
     batches = examples.batch(batch_size, drop_remainder=True).map(with_draws, num_parallel_calls=tf.data.AUTOTUNE,
                                                                   deterministic=False)
     with warnings.catch_warnings():  # distribute() reads the dataset's options, which graph mode warns about
         warnings.filterwarnings('ignore', 'To make it possible to preserve tf.data options', UserWarning)
         batches = batches.apply(tf.data.experimental.service.distribute(
-            processing_mode=tf.data.experimental.service.ShardingPolicy.DYNAMIC, service=data_service,
-            job_name=service_job))
+            processing_mode=tf.data.experimental.service.ShardingPolicy.DYNAMIC, service=job.address,
+            job_name=job.name))
     if info.data_format == 'images':  # what the workers could not decode is reported here, then batched again
         order = _photo_order(len(info.files), True, seed)
         examples = batches.unbatch().map(lambda images, labels, *rest: (images, labels, '') + rest[-3:] + rest[:-3])
         examples = _without_unreadable(examples, info, order)
         batches = examples.map(lambda images, labels, name, epoch, gap_start, position, *draws: (images, labels)
                                + draws).batch(batch_size, drop_remainder=True)
-    if augment_on == 'input':
+    if augment is not None:
         batches = batches.map(lambda images, labels: (_dequantized(images), labels))
     return batches.prefetch(tf.data.AUTOTUNE)
 
@@ -832,12 +790,14 @@ PIPELINE_MODEL_OPS = 'onu_input_pipeline_models'
 
 
 def next_batch(dataset):
-    """Returns the tensors of a one-shot iterator over dataset (its tf.data model's op goes to PIPELINE_MODEL_OPS)."""
-    iterator = tf.compat.v1.data.make_one_shot_iterator(dataset)
-    # pylint: disable=protected-access  (the v1 iterator's resource: the one handle to its tf.data model)
-    tf.compat.v1.add_to_collection(PIPELINE_MODEL_OPS,
-                                   tf.raw_ops.IteratorGetModelProto(iterator=iterator._iterator_resource))
-    return iterator.get_next()
+    """Returns the tensors of a one-shot iterator over dataset, on PIPELINE_DEVICE (its tf.data model's op goes to
+    PIPELINE_MODEL_OPS)."""
+    with tf.device(PIPELINE_DEVICE):
+        iterator = tf.compat.v1.data.make_one_shot_iterator(dataset)
+        # pylint: disable=protected-access  (the v1 iterator's resource: the one handle to its tf.data model)
+        tf.compat.v1.add_to_collection(PIPELINE_MODEL_OPS,
+                                       tf.raw_ops.IteratorGetModelProto(iterator=iterator._iterator_resource))
+        return iterator.get_next()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -871,45 +831,12 @@ def work_between(before, after):
     return grown, after.batches - before.batches
 
 
-def distorted_inputs(info, batch_size, image_size, augment=True, seed=None, summaries=True, augment_on='input',
-                     cache=None, reduced_decode=False, cache_progress=False, data_service=None, service_job=None):
-    """Returns training (images, labels) of info (a train DatasetInfo): shuffled, repeated, augmented, static batch.
-
-    augment: True, False or AugmentOptions. summaries: add an image summary of a few inputs.
-    augment_on='model': the pipeline stops at resized uint8 images, which are augmented here in the
-    caller's device scope (the model's) by the same augment_batch. cache, reduced_decode, cache_progress,
-    data_service, service_job: make_dataset's.
-    """
-    pipeline = dict(seed=seed, cache=cache, reduced_decode=reduced_decode, cache_progress=cache_progress,
-                    data_service=data_service, service_job=service_job)
-    if augment_on == 'model':
-        images, labels, draws = undistorted_inputs(info, batch_size, image_size, **pipeline)
-        images = augment_batch(images, draws, augment)
-    else:
-        with tf.device(PIPELINE_DEVICE):
-            images, labels = next_batch(make_dataset(info, batch_size, image_size, training=True, augment=augment,
-                                                     **pipeline))
-    if summaries:
-        add_input_summary(images)
+def distorted_inputs(batches, augment=True):
+    """Returns training (images in [-1, 1], labels) of batches (training_batches' or service_batches'), with an image
+    summary of the first few: as the pipeline augmented them, or, when the batches hold their draws (augment=None
+    there: --augment_on=model), augmented by augment here, in the caller's device scope (the model's)."""
+    images, labels, *draws = next_batch(batches)
+    if draws:
+        images = augment_batch(images, draws[0], augment)
+    add_input_summary(images)
     return images, labels
-
-
-def undistorted_inputs(info, batch_size, image_size, seed=None, cache=None, reduced_decode=False,
-                       cache_progress=False, data_service=None, service_job=None):
-    """Returns training (uint8 images, labels, draws) of info: resized, not augmented, for augment_batch."""
-    with tf.device(PIPELINE_DEVICE):
-        return next_batch(make_dataset(info, batch_size, image_size, training=True, seed=seed,
-                                        augment_on='model', cache=cache, reduced_decode=reduced_decode,
-                                        cache_progress=cache_progress, data_service=data_service,
-                                        service_job=service_job))
-
-
-def inputs(info, batch_size, image_size, with_filenames=False):
-    """Returns eval (images, labels) of info's split, each example once, then OutOfRangeError.
-
-    The final batch may be smaller, so the batch dimension is None. with_filenames: (images,
-    labels, file names relative to the data dir, or <shard>#<index> for records that name none).
-    """
-    with tf.device(PIPELINE_DEVICE):
-        return next_batch(make_dataset(info, batch_size, image_size, training=False,
-                                        with_filenames=with_filenames))

@@ -126,14 +126,12 @@ def _keep_first_tower_summaries(num_towers):
     summaries[:] = [summary for summary in summaries if not summary.op.name.startswith(others)]
 
 
-def tower_inputs(options, info, devices, run_config, pipeline):
-    """Returns the step's batch tuple of info (the train split): (images, labels), or (uint8 images, labels,
-    draws) to augment per tower. pipeline: onu_training.input_pipeline's."""
-    batch_size = options.batch_size * len(devices)
+def tower_inputs(options, batches):
+    """Returns the step's batch tuple of batches (onu_training.input_pipeline's): (images, labels), or (uint8 images,
+    labels, draws) to augment per tower."""
     if options.augment_on == 'model':  # each tower augments its own slice on its own device
-        return onu_input.undistorted_inputs(info, batch_size, run_config.image_size, **pipeline)
-    return onu_input.distorted_inputs(info, batch_size, run_config.image_size, augment=options.augmentations,
-                                      **pipeline)
+        return onu_input.next_batch(batches)
+    return onu_input.distorted_inputs(batches)
 
 
 def train():
@@ -161,9 +159,8 @@ def train():
             seed = onu_training.input_seed(options.seed, role.task_index, resume_from)
             tf.compat.v1.set_random_seed(seed)
             global_step = tf.compat.v1.train.get_or_create_global_step()
-            batch = tower_inputs(options, train_data, devices, run_config,
-                                 onu_training.input_pipeline(options, run_config, train_data, role, seed,
-                                                             onu_cli.show_progress()))
+            batch = tower_inputs(options, onu_training.input_pipeline(
+                options, run_config, train_data, role, seed, options.batch_size * len(devices), onu_cli.show_progress()))
             learning_rate = onu_training.learning_rate(options, global_step, run_config, examples_per_step)
             optimizer = onu_model.make_optimizer(options.optimizer, learning_rate, run_config.compute_dtype)
             tower_outputs = []

@@ -61,10 +61,8 @@ def train():
             tf.compat.v1.set_random_seed(seed)
             global_step = tf.compat.v1.train.get_or_create_global_step()
             images, labels = onu_input.distorted_inputs(
-                train_data, options.batch_size, run_config.image_size, augment=options.augmentations,
-                augment_on=options.augment_on,
-                **onu_training.input_pipeline(options, run_config, train_data, role, seed,
-                                              onu_cli.show_progress()))
+                onu_training.input_pipeline(options, run_config, train_data, role, seed, options.batch_size,
+                                            onu_cli.show_progress()), options.augmentations)
             logits, end_points = onu_model.inference(images, run_config.num_classes, run_config.model,
                                                      is_training=True, weight_decay=options.weight_decay)
             total_loss = onu_model.loss(logits, labels, end_points, options.label_smoothing)

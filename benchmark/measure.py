@@ -196,21 +196,40 @@ def cpu_ms_per_image(result):
     return 1000.0 * result['cores_busy'] / result['images_per_sec']
 
 
+def auto_cache(info, image_size):
+    """Returns the decoded-epoch cache of a measurement that names none: memory when the epoch fits
+    onu_input.DECODED_CACHE_BYTES, else none."""
+    fits = onu_input.decoded_epoch_bytes(info.num_examples, image_size) <= onu_input.DECODED_CACHE_BYTES
+    return onu_decoded_cache.MemoryCache(info.num_examples) if fits else onu_decoded_cache.NO_CACHE
+
+
+def _training_batches(info, batch_size, image_size, cache, on_model, data_service=None):
+    """Returns onu_input's training batches of info with every augmentation, made here with cache or by the tf.data
+    service at data_service; on_model: with their draws, for augment_batch after the pipeline (--augment_on=model)."""
+    augment = None if on_model else onu_input.AugmentOptions.default()
+    if data_service:
+        return onu_input.service_batches(info, batch_size, image_size, onu_input.ServiceJob(data_service),
+                                         augment=augment)
+    return onu_input.training_batches(info, batch_size, image_size, cache, augment=augment)
+
+
 def measure_pipeline(info, batch_size, image_size, augment, warmup, batches, cache=None, augment_on='input',
                      reduced_decode=False):
     """Images/sec of onu_input's pipeline over info: training (augment) or eval preprocessing.
 
     augment=False measures the eval pipeline (exact decode, resize, scale), restarted at each epoch
-    end. Training pipelines are shuffled and repeated; cache and reduced_decode: make_dataset's;
-    augment_on='model' runs augment_batch in the graph after the pipeline, as --augment_on=model does.
+    end. Training pipelines are shuffled and repeated; cache: an onu_decoded_cache cache (None: auto_cache's);
+    reduced_decode: onu_input.training_batches'; augment_on='model' runs augment_batch in the graph after the
+    pipeline, as --augment_on=model does.
     """
     with tf.Graph().as_default():
         with tf.device(onu_input.PIPELINE_DEVICE):
             if augment:
-                dataset = onu_input.make_dataset(info, batch_size, image_size, training=True, cache=cache,
-                                                 augment_on=augment_on, reduced_decode=reduced_decode)
+                dataset = onu_input.training_batches(
+                    info, batch_size, image_size, cache or auto_cache(info, image_size), reduced_decode=reduced_decode,
+                    augment=None if augment_on == 'model' else onu_input.AugmentOptions.default())
             else:
-                dataset = onu_input.make_dataset(info, batch_size, image_size, training=False).repeat()
+                dataset = onu_input.eval_batches(info, batch_size, image_size).repeat()
             batch = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
         images, labels = batch[:2]
         fetch = _consumed(images, labels)
@@ -227,12 +246,11 @@ def measure_cache_mode(data_dir, data_format, batch_size, image_size, mode, cach
     cache_root, or off), in a fresh process: its first epoch's seconds, then images/sec and CPU after a second epoch
     (the disk cache's first read) and a few batches more, and the process's peak resident memory."""
     info = onu_dataset.describe(data_dir).split('train', data_format)
-    cache = {'memory': True, 'off': False}.get(mode)
-    if mode == 'disk':
-        cache = onu_decoded_cache.DiskCache.open(cache_root, info, image_size, False, seed=0)
+    cache = onu_decoded_cache.open_cache(mode, info, image_size, cache_root, seed=0)
     with tf.Graph().as_default():
         with tf.device(onu_input.PIPELINE_DEVICE):
-            dataset = onu_input.make_dataset(info, batch_size, image_size, training=True, cache=cache, seed=0)
+            dataset = onu_input.training_batches(info, batch_size, image_size, cache, seed=0,
+                                                 augment=onu_input.AugmentOptions.default())
             fetch = _consumed(*tf.compat.v1.data.make_one_shot_iterator(dataset).get_next())
         with _session() as sess:
             epoch_batches = info.num_examples // batch_size
@@ -378,11 +396,9 @@ def training_inputs(way, info_of, batch_size, image_size, data_service=None):
         if way == 'plain_tf_image':
             dataset = benchmark_baselines.plain_tf_image_dataset(photos, batch_size, image_size)
         else:
-            reads = way.split('_')[0]
-            dataset = onu_input.make_dataset(
-                info_of(reads), batch_size, image_size, training=True,
-                cache=False if way == 'encoded_decoding' else None,
-                augment_on='model' if way == 'encoded_on_model' else 'input', data_service=data_service)
+            info = info_of(way.split('_')[0])
+            cache = onu_decoded_cache.NO_CACHE if way == 'encoded_decoding' else auto_cache(info, image_size)
+            dataset = _training_batches(info, batch_size, image_size, cache, way == 'encoded_on_model', data_service)
         batch = onu_input.next_batch(dataset)  # as training reads it (its tf.data model with it)
     if way == 'encoded_on_model':
         return onu_input.augment_batch(batch[0], batch[2]), batch[1], None
@@ -739,9 +755,8 @@ def _service_pipeline(way, info, batch_size, image_size, warmup, batches, addres
     CPU per image here and on the worker, and the bytes per example sent."""
     with tf.Graph().as_default():
         with tf.device(onu_input.PIPELINE_DEVICE):
-            dataset = onu_input.make_dataset(info, batch_size, image_size, training=True, cache=False,
-                                             augment_on='model' if way == 'encoded_on_model' else 'input',
-                                             data_service=address)
+            dataset = _training_batches(info, batch_size, image_size, onu_decoded_cache.NO_CACHE,
+                                        way == 'encoded_on_model', address)
             images, labels = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()[:2]
         fetch, accounting = _consumed(images, labels), _Accounting(worker_pid)
         with _session() as sess:

@@ -234,7 +234,7 @@ def _augmentation_run(info_of, way, variant, batch, size, warmup, batches, cache
                                                           cache=_disk_cache(info_of(way), size, cache_root))
     return lambda: benchmark_measure.measure_pipeline(
         info_of(way), batch, size, True, warmup, batches,
-        cache=False if variant in ('decoding', 'reduced_decode') else None,
+        cache=onu_decoded_cache.NO_CACHE if variant in ('decoding', 'reduced_decode') else None,
         augment_on='model' if variant == 'on_model' else 'input',
         reduced_decode=variant == 'reduced_decode')
 

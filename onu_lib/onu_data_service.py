@@ -2,7 +2,7 @@
 its workers are alive, and the dispatcher and worker servers run_data_service.py starts.
 
 A trainer with --data_service=grpc://HOST:PORT sends its input pipeline to the service's dispatcher; the dispatcher's
-workers (CPU machines) read, decode, resize (and augment) and send finished batches back (onu_input.make_dataset).
+workers (CPU machines) read, decode, resize (and augment) and send finished batches back (onu_input.service_batches).
 The dispatcher and the workers only need TensorFlow: the pipeline travels as a graph.
 
 Neither has authentication or encryption, and both listen on every interface of their machine (TensorFlow's servers

@@ -1,8 +1,12 @@
-"""Where training keeps its decoded epoch (--cache_decoded_epoch), and the cache on local disk.
+"""Where training keeps its decoded epoch (--cache_decoded_epoch): in memory, on local disk, or nowhere.
 
     kind, why = choose(mode, num_examples, image_size, root)       # 'memory', 'disk' or 'off', and a line saying why
-    disk = DiskCache.open(root, info, image_size, reduced_decode, seed)   # None, after one line, if it cannot be used
-    examples = disk.training_examples(first_epoch, decoded_later)   # endless (uint8 image, int32 label)
+    cache = open_cache(kind, info, image_size, root, reduced_decode, seed)   # MemoryCache, DiskCache or NO_CACHE
+    examples = cache.training_examples(decoded, seed)   # endless (uint8 image, int32 label)
+
+Each cache turns decoded(seed, repeat), the decoded training examples (one shuffled epoch, or endless when repeat),
+into the endless training examples (onu_input.training_examples): NO_CACHE decodes every epoch, a MemoryCache keeps
+the first epoch in memory and reshuffles it, a DiskCache writes it to disk and reads it back.
 
 The disk cache holds one epoch of resized uint8 training images, written while the first epoch trains on them and
 read back by every later epoch instead of decoding again. Its folder is named by a key of what it holds: the data's
@@ -16,6 +20,7 @@ and CRCs are checked before this process first reads it, so damaged pixels are n
 folder that cannot be written or a damaged shard each print one line; training goes on decoding every epoch, and
 the partial or damaged cache is removed (it is derived data: nothing the user had), a damaged one by the next run.
 """
+import dataclasses
 import hashlib
 import json
 import math
@@ -25,6 +30,7 @@ import threading
 
 import numpy as np
 import tensorflow as tf
+from tqdm import tqdm
 
 from onu_lib import onu_dataset
 from onu_lib import onu_run_folder
@@ -94,6 +100,64 @@ def choose(mode, num_examples, image_size, root):
         return 'disk', f'{what} is over the {budget} memory budget: cached on disk in {root} ({_size(free)} free)'
     return 'off', (f'{what} is over the {budget} memory budget and {root} has room for {_size(max(free, 0))} of the '
                    f'{_size(needed)} a disk cache takes: every epoch is decoded (--cache_dir elsewhere to cache it)')
+
+
+def open_cache(kind, info, image_size, root, reduced_decode=False, seed=None, progress=False):
+    """Returns the cache of kind ('memory', 'disk' or 'off', as choose says) for info's training images at image_size:
+    NO_CACHE when a DiskCache under root can be neither read nor written (after its one line). progress: a
+    MemoryCache's."""
+    if kind == 'memory':
+        return MemoryCache(info.num_examples, progress)
+    if kind == 'disk':
+        return DiskCache.open(root, info, image_size, reduced_decode, seed) or NO_CACHE
+    return NO_CACHE
+
+
+class NoCache:
+    """No cache (--cache_decoded_epoch=off): every epoch is read and decoded again."""
+
+    def training_examples(self, decoded, seed):
+        """Returns endless examples: decoded ones, every epoch."""
+        return decoded(seed, repeat=True)
+
+
+NO_CACHE = NoCache()
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryCache:
+    """The decoded epoch of num_examples kept in memory (tf.data's cache) and reshuffled every epoch. It is also the
+    shuffle buffer, so the first batch waits for all of it: progress shows that on a progress bar."""
+    num_examples: int
+    progress: bool = False
+
+    def training_examples(self, decoded, seed):
+        """Returns endless examples: the first decoded epoch, kept, in a new order every epoch."""
+        examples = decoded(seed, repeat=False)
+        if self.progress:  # before the cache: each example passes here once, while the first epoch is decoded
+            tick = _fill_progress(self.num_examples)
+
+            def counted(image, label):
+                with tf.control_dependencies([tf.numpy_function(tick, [], tf.int64, stateful=True)]):
+                    return tf.identity(image), label
+            examples = examples.map(counted)
+        return examples.cache().shuffle(self.num_examples, seed=seed, reshuffle_each_iteration=True).repeat()
+
+
+def _fill_progress(num_examples):
+    """Returns a function (for tf.numpy_function) that counts the examples decoded into the cache on a progress bar,
+    shown from the first of them on."""
+    bars = []
+
+    def tick():
+        if not bars:
+            bars.append(tqdm(total=num_examples, unit='photo', desc='decoding the first epoch into memory',
+                             leave=False))
+        bars[0].update()
+        if bars[0].n >= num_examples:
+            bars[0].close()
+        return np.int64(bars[0].n)
+    return tick
 
 
 def cache_folder(root, info, image_size, reduced_decode):
@@ -329,13 +393,14 @@ class DiskCache:
         records = shards.interleave(tf.data.TFRecordDataset, cycle_length=INTERLEAVED_SHARDS, block_length=1)
         return records.map(self._parsed).unbatch().shuffle(self._shuffle_buffer, seed=self._seed)
 
-    def training_examples(self, first_epoch, decoded_later):
-        """Returns endless (uint8 image, int32 label) training examples with this cache.
-
-        first_epoch: one epoch of decoded examples, written to the cache as training reads them (when it is not
-        complete yet); then the cache's epochs, each in a new order; then decoded_later (endless), reached only when
-        the cache could not be written or is found damaged.
+    def training_examples(self, decoded, seed):
+        """Returns endless examples: the first decoded epoch, written to the cache as training reads it (when it is
+        not complete yet); then the cache's epochs, each in a new order; then decoded ones, every epoch, reached only
+        when the cache could not be written or is found damaged.
         """
+        first_epoch = decoded(seed, repeat=False)
+        later_seed = None if seed is None else seed + 1  # a failed cache's next epochs: not the first one's order
+        decoded_later = decoded(later_seed, repeat=True)
         read_back = tf.data.Dataset.from_tensors(0).flat_map(self._one_epoch).repeat()
         examples = read_back.concatenate(decoded_later)
         if self._partial is not None:

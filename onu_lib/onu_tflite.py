@@ -91,7 +91,7 @@ def eval_pixels(info, image_size, num_examples):
         raise onu_dataset.DataError(f'{info.data_dir}: no {info.split} examples')
     every = max(1, info.num_examples // num_examples)  # across the split, so every class is among them
     with tf.Graph().as_default():
-        examples = onu_input.make_dataset(info, 32, image_size, training=False).unbatch()
+        examples = onu_input.eval_batches(info, 32, image_size).unbatch()
         examples = examples.shard(every, 0).take(num_examples).map(
             lambda image, label: (onu_input.to_pixels(image), label)).batch(32)
         batch = tf.compat.v1.data.make_one_shot_iterator(examples).get_next()

@@ -203,31 +203,29 @@ def input_seed(seed, task_index, resume_from):
     return (seed * 1000003 + task_index * 7919 + start_step) % (2 ** 31 - 1)
 
 
-def input_pipeline(options, run_config, info, role, seed, cache_progress):
-    """Returns the keyword arguments of onu_input.distorted_inputs / undistorted_inputs for options' input: the
-    local pipeline's cache and decode, or the tf.data service's.
+def input_pipeline(options, run_config, info, role, seed, batch_size, cache_progress):
+    """Returns the dataset of options' training batches of info (onu_input.training_batches'): made here, the decoded
+    epoch kept as run_config chose (cache_progress: a progress bar while memory's first epoch is decoded), or by the
+    tf.data service; augmented in the pipeline, or with their draws for the model's device (--augment_on=model).
 
     A cluster's workers on a service share one job, so that the cluster's epoch holds each example once; its
     workers then build the same pipeline, from the seed of task 0 at step 0 (a restarted cluster rejoins its
     job while the dispatcher keeps it, else starts the same order again).
     """
-    pipeline = dict(seed=seed, cache=decoded_epoch_cache(options, run_config, info, seed),
-                    reduced_decode=options.reduced_decode, cache_progress=cache_progress)
-    if options.data_service:
-        pipeline.update(cache_progress=False, data_service=options.data_service)
-        if role.num_replicas > 1:
-            pipeline.update(seed=input_seed(options.seed, 0, None),
-                            service_job=f'onu_train-{zlib.crc32(options.train_dir.encode()):08x}-{options.seed}')
-    return pipeline
-
-
-def decoded_epoch_cache(options, run_config, info, seed):
-    """Returns onu_input's cache argument for run_config's decoded-epoch cache: True (memory), False (none) or the
-    onu_decoded_cache.DiskCache of info (False, after its one line, when that can be neither read nor written)."""
-    if run_config.cache_decoded_epoch != 'disk':
-        return run_config.cache_decoded_epoch == 'memory'
-    root = options.cache_dir or onu_decoded_cache.default_root()
-    return onu_decoded_cache.DiskCache.open(root, info, run_config.image_size, options.reduced_decode, seed) or False
+    augment = options.augmentations if options.augment_on == 'input' else None
+    if not options.data_service:
+        cache = onu_decoded_cache.open_cache(run_config.cache_decoded_epoch, info, run_config.image_size,
+                                             options.cache_dir or onu_decoded_cache.default_root(),
+                                             options.reduced_decode, seed, cache_progress)
+        return onu_input.training_batches(info, batch_size, run_config.image_size, cache, seed, options.reduced_decode,
+                                          augment)
+    job = onu_input.ServiceJob(options.data_service)
+    if role.num_replicas > 1:
+        seed = input_seed(options.seed, 0, None)
+        job = onu_input.ServiceJob(options.data_service,
+                                   f'onu_train-{zlib.crc32(options.train_dir.encode()):08x}-{options.seed}')
+    return onu_input.service_batches(info, batch_size, run_config.image_size, job, seed, options.reduced_decode,
+                                     augment)
 
 
 def add_training_summaries(logits, labels, end_points, total_loss, losses=None, histograms=False):

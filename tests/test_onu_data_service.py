@@ -1,5 +1,5 @@
 """Tests of training on TensorFlow's tf.data service (onu_data_service.py, run_data_service.py, the service path of
-onu_input.make_dataset): real dispatcher and worker processes on 127.0.0.1, started here on free ports."""
+onu_input.service_batches): real dispatcher and worker processes on 127.0.0.1, started here on free ports."""
 import collections
 import hashlib
 import json
@@ -162,8 +162,7 @@ def test_a_finite_epoch_through_two_workers_holds_every_photo_once(service, tmp_
     info = onu_dataset.describe(data_dir, validation_percent=0).split('train', 'images')
     assert info.num_examples == 18
     with tf.Graph().as_default():  # one epoch, in batches of one (a worker's last partial batch would be dropped)
-        dataset = onu_input.make_dataset(info, 1, 32, training=True, augment_on='model', seed=3,
-                                         data_service=service.address, num_epochs=1)
+        dataset = onu_input.service_batches(info, 1, 32, onu_input.ServiceJob(service.address, num_epochs=1), seed=3)
         images = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()[0]
         seen = []
         with tf.compat.v1.Session() as session:

@@ -32,7 +32,7 @@ def stream(info, cache, count, seed=SEED):
     """The first count training examples of info with cache (onu_input's): [(md5 of the pixels, label)]."""
     with tf.Graph().as_default():
         example = tf.compat.v1.data.make_one_shot_iterator(
-            onu_input._training_examples(info, IMAGE_SIZE, seed, True, cache, False)).get_next()
+            onu_input.training_examples(info, IMAGE_SIZE, cache, seed)).get_next()
         with tf.compat.v1.Session() as session:
             examples = []
             for _ in range(count):
@@ -50,7 +50,7 @@ def epochs(examples, size):
 def decoded_epoch(info):
     """The multiset of one epoch of info decoded without a cache."""
     with tf.Graph().as_default():
-        dataset = onu_input._decoded_examples(info, IMAGE_SIZE, SEED, True, False, repeat=False)
+        dataset = onu_input._decoded_examples(info, IMAGE_SIZE, False, SEED, repeat=False)
         example = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
         with tf.compat.v1.Session() as session:
             return collections.Counter((hashlib.md5(image.tobytes()).hexdigest(), int(label))

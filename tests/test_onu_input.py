@@ -17,6 +17,7 @@ from PIL import ImageOps
 from conftest import STUDY_AUGMENTATION_RANGES, assert_spans, colour_effect, mid_colour_image
 from onu_lib import onu_photos
 from onu_lib import onu_dataset
+from onu_lib import onu_decoded_cache
 import onu_input
 from onu_lib import onu_converter
 
@@ -38,10 +39,26 @@ def _run_to_end(fetches):
                 return results
 
 
+def _eval_batch(info, batch_size, image_size=IMAGE_SIZE, with_filenames=False):
+    """Returns the tensors of info's eval batches."""
+    return onu_input.next_batch(onu_input.eval_batches(info, batch_size, image_size, with_filenames))
+
+
+def _in_memory(info):
+    """The decoded-epoch cache auto picks for the tiny data: memory."""
+    return onu_decoded_cache.MemoryCache(info.num_examples)
+
+
+def _augmented_inputs(info, batch_size, augment=onu_input.AugmentOptions.default(), **pipeline):
+    """Returns training (images, labels) of info, augmented in the pipeline, the decoded epoch in memory."""
+    return onu_input.distorted_inputs(
+        onu_input.training_batches(info, batch_size, IMAGE_SIZE, _in_memory(info), augment=augment, **pipeline))
+
+
 def _eval_examples(split, data_dir, data_format, batch_size=3, image_size=IMAGE_SIZE):
     """Returns (images, labels, batch sizes) of one full eval pass."""
     with tf.Graph().as_default():
-        batches = _run_to_end(onu_input.inputs(onu_dataset.describe(data_dir).split(split, data_format), batch_size, image_size))
+        batches = _run_to_end(_eval_batch(onu_dataset.describe(data_dir).split(split, data_format), batch_size, image_size))
     images = np.concatenate([images for images, _ in batches])
     labels = np.concatenate([labels for _, labels in batches])
     return images, labels, [len(labels) for _, labels in batches]
@@ -84,8 +101,7 @@ def messy_records_dir(messy_data_dir, tmp_path_factory):
 @pytest.mark.parametrize('data_format', FORMATS)
 def test_distorted_inputs_shapes_and_range(tiny_data_dir, data_format):
     with tf.Graph().as_default():
-        images, labels = onu_input.distorted_inputs(onu_dataset.describe(tiny_data_dir).split('train', data_format), batch_size=5,
-                                                    image_size=IMAGE_SIZE, seed=1)
+        images, labels = _augmented_inputs(onu_dataset.describe(tiny_data_dir).split('train', data_format), 5, seed=1)
         assert images.shape.as_list() == [5, IMAGE_SIZE, IMAGE_SIZE, 3]
         assert labels.shape.as_list() == [5]
         assert (images.dtype, labels.dtype) == (tf.float32, tf.int32)
@@ -100,7 +116,7 @@ def test_inputs_shapes_and_each_example_once(tiny_data_dir, data_format):
     info = onu_dataset.describe(tiny_data_dir).split('train', data_format)
     assert (info.num_examples, info.class_names) == (8, ('F603', 'F663N'))
     with tf.Graph().as_default():
-        images, labels = onu_input.inputs(onu_dataset.describe(tiny_data_dir).split('train', data_format), 3, IMAGE_SIZE)
+        images, labels = _eval_batch(onu_dataset.describe(tiny_data_dir).split('train', data_format), 3)
         assert images.shape.as_list() == [None, IMAGE_SIZE, IMAGE_SIZE, 3]
         assert (images.dtype, labels.dtype) == (tf.float32, tf.int32)
     images, labels, batch_sizes = _eval_examples('train', tiny_data_dir, data_format)
@@ -270,6 +286,28 @@ def test_what_a_geometry_augmentation_uncovers_is_grey_never_black(augmentation)
         assert unit.max() <= 1.0 + 1e-6
 
 
+NOT_GEOMETRY = [augmentation for augmentation in onu_input.AUGMENTATIONS if augmentation.space != 'geometry']
+
+
+@pytest.mark.parametrize('augmentation', NOT_GEOMETRY, ids=[augmentation.name for augmentation in NOT_GEOMETRY])
+def test_an_augmentation_not_declared_geometry_moves_no_pixel(augmentation):
+    """Declared in a colour space, an op does to each pixel what it would do anywhere else in the photo: shuffling the
+    pixels before it or after it gives the same images. One that moves pixels (a flip) belongs in 'geometry': in a
+    colour space the coverage would not move with them, and a rotation's uncovered corners would come out black."""
+    assert augmentation.space in onu_input.AUGMENTATION_SPACES
+    rng = np.random.default_rng(0)
+    photos = rng.integers(0, 256, (8, 24, 40, 3), dtype=np.uint8)
+    order = rng.permutation(24 * 40)
+
+    def shuffled(images):
+        return images.reshape(len(images), -1, 3)[:, order].reshape(images.shape)
+    options = onu_input.AugmentOptions({augmentation.name})
+    with tf.Graph().as_default():
+        augmented, of_shuffled = _evaluate((onu_input.augment_batch(photos, _draws(8), options),
+                                            onu_input.augment_batch(shuffled(photos), _draws(8), options)))
+    np.testing.assert_allclose(shuffled(augmented), of_shuffled, rtol=0, atol=1e-5, err_msg=augmentation.name)
+
+
 def test_adding_or_removing_augmentations_leaves_each_ones_draws(monkeypatch):
     def parameters():
         with tf.Graph().as_default():
@@ -291,8 +329,8 @@ def test_the_input_work_between_two_readings_is_never_negative(make_tiny_dataset
     still counts each node by how much it grew, never less than nothing."""
     info = onu_dataset.describe(make_tiny_dataset('four', train_per_class=2, val_per_class=1)).split('train', 'images')
     with tf.Graph().as_default():  # 4 photos a split, 2 a batch: an epoch ends every other batch
-        images, _ = onu_input.distorted_inputs(info, 2, IMAGE_SIZE, augment=False, seed=1, cache=False,
-                                               summaries=False)
+        images, _ = onu_input.distorted_inputs(onu_input.training_batches(
+            info, 2, IMAGE_SIZE, onu_decoded_cache.NO_CACHE, seed=1, augment=onu_input.AugmentOptions.none()))
         models = tf.compat.v1.get_collection(onu_input.PIPELINE_MODEL_OPS)
         with tf.compat.v1.Session() as session:
             readings = []
@@ -306,8 +344,8 @@ def test_the_input_work_between_two_readings_is_never_negative(make_tiny_dataset
 
 def test_model_placement_hands_over_uint8_images_and_draws_per_image(tiny_data_dir):
     with tf.Graph().as_default():
-        batch = onu_input.undistorted_inputs(onu_dataset.describe(tiny_data_dir).split('train', 'encoded'), batch_size=8,
-                                             image_size=IMAGE_SIZE, seed=5)
+        info = onu_dataset.describe(tiny_data_dir).split('train', 'encoded')
+        batch = onu_input.next_batch(onu_input.training_batches(info, 8, IMAGE_SIZE, _in_memory(info), seed=5))
         images, labels, draws = batch
         with tf.compat.v1.Session() as sess:
             runs = [sess.run({'images': images, 'labels': labels, 'draws': draws}) for _ in range(2)]
@@ -333,9 +371,10 @@ def test_both_placements_give_the_same_images_for_the_same_seed(tiny_data_dir, o
     outputs = {}
     for placement in onu_input.AUGMENT_PLACEMENTS:
         with tf.Graph().as_default():
-            images, labels = onu_input.distorted_inputs(onu_dataset.describe(tiny_data_dir).split('train', 'encoded'), batch_size=4,
-                                                        image_size=IMAGE_SIZE, seed=11, augment=options,
-                                                        augment_on=placement)
+            info = onu_dataset.describe(tiny_data_dir).split('train', 'encoded')
+            batches = onu_input.training_batches(info, 4, IMAGE_SIZE, _in_memory(info), seed=11,
+                                                 augment=options if placement == 'input' else None)
+            images, labels = onu_input.distorted_inputs(batches, options)
             with tf.compat.v1.Session() as sess:
                 outputs[placement] = [sess.run((images, labels)) for _ in range(3)]
     for (input_images, input_labels), (model_images, model_labels) in zip(outputs['input'], outputs['model']):
@@ -421,14 +460,14 @@ def test_cached_training_epochs_cover_every_photo_once(tiny_data_dir):
     info = onu_dataset.describe(tiny_data_dir).split('train', 'encoded')
     per_epoch = info.num_examples // 2
     pictures = {}
-    for cache in (True, False):
+    for cached, cache in ((True, _in_memory(info)), (False, onu_decoded_cache.NO_CACHE)):
         with tf.Graph().as_default():
-            dataset = onu_input.make_dataset(info, 2, IMAGE_SIZE, training=True, augment=False, seed=3,
-                                             cache=cache)
+            dataset = onu_input.training_batches(info, 2, IMAGE_SIZE, cache, seed=3,
+                                                 augment=onu_input.AugmentOptions.none())
             images, labels = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
             with tf.compat.v1.Session() as sess:
                 epochs = [np.concatenate([sess.run(images) for _ in range(per_epoch)]) for _ in range(3)]
-        pictures[cache] = [epoch.reshape(len(epoch), -1) for epoch in epochs]
+        pictures[cached] = [epoch.reshape(len(epoch), -1) for epoch in epochs]
     for epoch in pictures[True]:  # a cached epoch is one reshuffled pass over the photos
         assert len(np.unique(epoch, axis=0)) == info.num_examples
     assert not all(np.array_equal(pictures[True][0], other) for other in pictures[True][1:])
@@ -441,7 +480,8 @@ def test_images_mode_without_the_cache_reads_every_epoch_in_a_new_order(make_tin
     info = onu_dataset.describe(make_tiny_dataset('twelve', train_per_class=6, val_per_class=1)).split('train', 'images')
     assert info.num_examples == 12
     with tf.Graph().as_default():
-        dataset = onu_input.make_dataset(info, 4, IMAGE_SIZE, training=True, augment=False, seed=3, cache=False)
+        dataset = onu_input.training_batches(info, 4, IMAGE_SIZE, onu_decoded_cache.NO_CACHE, seed=3,
+                                             augment=onu_input.AugmentOptions.none())
         images, _ = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
         with tf.compat.v1.Session() as sess:
             epochs = [np.concatenate([sess.run(images) for _ in range(3)]) for _ in range(2)]
@@ -454,8 +494,8 @@ def test_augmentation_varies_per_image(make_tiny_dataset):
     data_dir = make_tiny_dataset('one_each', train_per_class=1, val_per_class=1)
     for augment, differ in ((True, True), (False, False)):
         with tf.Graph().as_default():
-            images, labels = onu_input.distorted_inputs(onu_dataset.describe(data_dir).split('train', 'images'), batch_size=8,
-                                                        image_size=IMAGE_SIZE, augment=augment)
+            images, labels = _augmented_inputs(onu_dataset.describe(data_dir).split('train', 'images'), 8,
+                                               augment=onu_input.AugmentOptions.of(augment))
             images, labels = _evaluate((images, labels))
         for label in (0, 1):
             same_photo = images[labels == label]
@@ -467,7 +507,7 @@ def test_augmentation_varies_per_image(make_tiny_dataset):
 def test_seed_makes_training_batches_reproducible(tiny_data_dir):
     def first_batch(seed):
         with tf.Graph().as_default():
-            return _evaluate(onu_input.distorted_inputs(onu_dataset.describe(tiny_data_dir).split('train', 'encoded'), 4, IMAGE_SIZE, seed=seed))
+            return _evaluate(_augmented_inputs(onu_dataset.describe(tiny_data_dir).split('train', 'encoded'), 4, seed=seed))
     first, again, other = first_batch(3), first_batch(3), first_batch(4)
     np.testing.assert_array_equal(first[0], again[0])
     np.testing.assert_array_equal(first[1], again[1])
@@ -476,7 +516,7 @@ def test_seed_makes_training_batches_reproducible(tiny_data_dir):
 
 def test_distorted_inputs_adds_image_summary(tiny_data_dir):
     with tf.Graph().as_default():
-        onu_input.distorted_inputs(onu_dataset.describe(tiny_data_dir).split('train', 'raw'), 4, IMAGE_SIZE)
+        _augmented_inputs(onu_dataset.describe(tiny_data_dir).split('train', 'raw'), 4)
         summaries = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SUMMARIES)
         assert [s.op.name for s in summaries] == ['augmented_inputs']
         summary = tf.compat.v1.Summary.FromString(_evaluate(summaries[0]))
@@ -520,7 +560,7 @@ def test_missing_records_say_how_to_convert(make_tiny_dataset):
     data_dir = make_tiny_dataset()
     assert not onu_dataset.describe(data_dir).has_records('raw')
     with pytest.raises(onu_dataset.DataError) as error:
-        onu_input.distorted_inputs(onu_dataset.describe(data_dir).split('train', 'raw'), 2, IMAGE_SIZE)
+        _augmented_inputs(onu_dataset.describe(data_dir).split('train', 'raw'), 2)
     message = str(error.value)
     assert 'manifest.json' in message and f'--data_dir={data_dir} --format=raw' in message
 
@@ -530,7 +570,7 @@ def test_records_of_the_other_kind(make_tiny_dataset):
     onu_converter.convert(onu_dataset.describe(data_dir), formats=('encoded',), processes=1)
     assert onu_dataset.describe(data_dir).has_records('encoded') and not onu_dataset.describe(data_dir).has_records('raw')
     with pytest.raises(onu_dataset.DataError) as error:
-        onu_input.inputs(onu_dataset.describe(data_dir).split('val', 'raw'), 2, IMAGE_SIZE)
+        _eval_batch(onu_dataset.describe(data_dir).split('val', 'raw'), 2)
     message = str(error.value)
     assert 'only encoded records' in message and '--format=raw' in message
     assert '--data_format=encoded' in message and '\n' not in message
@@ -553,7 +593,7 @@ def test_corrupted_record_names_the_shard(tiny_data_dir, tmp_path):
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([byte[0] ^ 0xFF]))
     with tf.Graph().as_default():
-        images, _ = onu_input.inputs(onu_dataset.describe(data_dir).split('train', 'encoded'), 2, IMAGE_SIZE)
+        images, _ = _eval_batch(onu_dataset.describe(data_dir).split('train', 'encoded'), 2)
         with pytest.raises(onu_dataset.DataError) as error:
             with onu_dataset.read_errors_as_data_error(onu_dataset.describe(data_dir).split('train', 'encoded')):
                 _run_to_end(images)
@@ -568,7 +608,7 @@ def test_truncated_record_file_names_the_shard(tiny_data_dir, tmp_path):
     with open(shard, 'r+b') as f:
         f.truncate(os.path.getsize(shard) - 100)
     with pytest.raises(onu_dataset.DataError) as error:
-        onu_input.inputs(onu_dataset.describe(data_dir).split('val', 'raw'), 2, IMAGE_SIZE)
+        _eval_batch(onu_dataset.describe(data_dir).split('val', 'raw'), 2)
     message = str(error.value)
     assert message.startswith(shard) and 'truncated' in message and '--format=raw' in message
 
@@ -584,7 +624,8 @@ def test_undecodable_image_is_skipped_warned_once_and_counted(make_tiny_dataset,
         assert len(labels) == info.num_examples - 1 and bad in onu_dataset.skipped_photos()
         with tf.Graph().as_default():  # two more epochs of training: no crash, no second warning
             train_info = onu_dataset.describe(data_dir).split('val', 'images')
-            dataset = onu_input.make_dataset(train_info, 2, IMAGE_SIZE, training=True, seed=0)
+            dataset = onu_input.training_batches(train_info, 2, IMAGE_SIZE, _in_memory(train_info), seed=0,
+                                                 augment=onu_input.AugmentOptions.default())
             batch = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
             with tf.compat.v1.Session() as sess:
                 for _ in range(train_info.num_examples):
@@ -599,7 +640,7 @@ def test_no_decodable_image_stops_training_with_a_data_error(tmp_path, pattern_i
         os.makedirs(os.path.join(data_dir, 'train', class_name))
         _write_jpeg_with_bad_scan(os.path.join(data_dir, 'train', class_name, 'bad.jpg'), pattern_image)
     with tf.Graph().as_default():
-        images, _ = onu_input.distorted_inputs(onu_dataset.describe(data_dir).split('train', 'images'), 2, IMAGE_SIZE)
+        images, _ = _augmented_inputs(onu_dataset.describe(data_dir).split('train', 'images'), 2)
         with pytest.raises(onu_dataset.DataError) as error:
             with onu_dataset.read_errors_as_data_error(onu_dataset.describe(data_dir).split('train', 'images')):
                 _evaluate(images)  # without the check this would wait forever
@@ -614,7 +655,7 @@ def test_no_decodable_image_stops_training_with_a_data_error(tmp_path, pattern_i
 def _eval_names(info):
     """The file names of one eval pass over info."""
     with tf.Graph().as_default():
-        _, _, names = onu_input.inputs(info, 4, IMAGE_SIZE, with_filenames=True)
+        _, _, names = _eval_batch(info, 4, with_filenames=True)
         return sorted(name.decode() for batch in _run_to_end(names) for name in batch)
 
 
