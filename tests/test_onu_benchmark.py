@@ -278,7 +278,8 @@ def test_keras_baseline_rotates_up_to_the_same_angle(keras_layers):
 def test_serial_cv2_baseline_matches_the_pipeline(tiny_data_dir):
     with tf.Graph().as_default():  # the 4 val photos: the eval pipeline's one batch
         with tf.compat.v1.Session() as sess:
-            reference, reference_labels = sess.run(onu_input.inputs(onu_dataset.describe(tiny_data_dir).split('val', 'images'), 4, IMAGE_SIZE))
+            reference, reference_labels = sess.run(onu_input.next_batch(onu_input.eval_batches(
+                onu_dataset.describe(tiny_data_dir).split('val', 'images'), 4, IMAGE_SIZE)))
     with tf.Graph().as_default():
         loader = benchmark_baselines.SerialCv2Loader(tiny_data_dir, 'val', batch_size=4, image_size=IMAGE_SIZE)
         feeds = list(loader.feed_dicts(epochs=1))

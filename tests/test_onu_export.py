@@ -46,7 +46,8 @@ def eval_graph_softmax(checkpoint_path, moving_average_decay, data_dir, data_for
                        split='val', model_name='small'):
     """Returns (softmax, images) of the eval input and model_name on a split, restored as eval does."""
     with tf.Graph().as_default():
-        images, _ = onu_input.inputs(onu_dataset.describe(data_dir).split(split, data_format), 64, IMAGE_SIZE)
+        images, _ = onu_input.next_batch(
+            onu_input.eval_batches(onu_dataset.describe(data_dir).split(split, data_format), 64, IMAGE_SIZE))
         logits, _ = onu_model.inference(images, 2, model_name, is_training=False, create_aux_logits=False)
         probabilities = tf.nn.softmax(logits)
         saver = tf.compat.v1.train.Saver(

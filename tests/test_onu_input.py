@@ -58,7 +58,8 @@ def _augmented_inputs(info, batch_size, augment=onu_input.AugmentOptions.default
 def _eval_examples(split, data_dir, data_format, batch_size=3, image_size=IMAGE_SIZE):
     """Returns (images, labels, batch sizes) of one full eval pass."""
     with tf.Graph().as_default():
-        batches = _run_to_end(_eval_batch(onu_dataset.describe(data_dir).split(split, data_format), batch_size, image_size))
+        info = onu_dataset.describe(data_dir).split(split, data_format)
+        batches = _run_to_end(_eval_batch(info, batch_size, image_size))
     images = np.concatenate([images for images, _ in batches])
     labels = np.concatenate([labels for _, labels in batches])
     return images, labels, [len(labels) for _, labels in batches]
@@ -507,7 +508,8 @@ def test_augmentation_varies_per_image(make_tiny_dataset):
 def test_seed_makes_training_batches_reproducible(tiny_data_dir):
     def first_batch(seed):
         with tf.Graph().as_default():
-            return _evaluate(_augmented_inputs(onu_dataset.describe(tiny_data_dir).split('train', 'encoded'), 4, seed=seed))
+            return _evaluate(_augmented_inputs(onu_dataset.describe(tiny_data_dir).split('train', 'encoded'), 4,
+                                               seed=seed))
     first, again, other = first_batch(3), first_batch(3), first_batch(4)
     np.testing.assert_array_equal(first[0], again[0])
     np.testing.assert_array_equal(first[1], again[1])

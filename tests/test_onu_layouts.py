@@ -40,7 +40,7 @@ def _one_line(error):
 def _eval_labels(info):
     """The labels of one eval pass over info, in order."""
     with tf.Graph().as_default():
-        _, labels, names = onu_input.inputs(info, 4, IMAGE_SIZE, with_filenames=True)
+        _, labels, names = onu_input.next_batch(onu_input.eval_batches(info, 4, IMAGE_SIZE, with_filenames=True))
         found, found_names = [], []
         with tf.compat.v1.Session() as sess:
             while True:
