@@ -221,7 +221,7 @@ def test_raw_records_of_one_three_and_four_bytes_per_pixel_read_as_rgb(tmp_path,
     info = onu_dataset.describe(str(tmp_path)).split('val', 'raw')
     size = photos[0].image.size
     with tf.Graph().as_default():
-        dataset = onu_input._decoded_records(info, training=False, seed=None, deterministic=True)
+        dataset = onu_input._decoded_records(info, training=False, seed=None)
         image, label, _ = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
         with tf.compat.v1.Session() as sess:
             got = [sess.run([image, label]) for _ in range(info.num_examples)]
@@ -233,7 +233,7 @@ def test_raw_records_of_one_three_and_four_bytes_per_pixel_read_as_rgb(tmp_path,
 def _val_pixels(info):
     """The decoded pixels of every val example of info, in eval's order (before resizing)."""
     with tf.Graph().as_default():
-        dataset = onu_input._decoded_records(info, training=False, seed=None, deterministic=True)
+        dataset = onu_input._decoded_records(info, training=False, seed=None)
         image, _, _ = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
         with tf.compat.v1.Session() as sess:
             return [sess.run(image) for _ in range(info.num_examples)]
