@@ -18,9 +18,10 @@ The layouts:
 Photos and bare class folders may have this repo's records beside them (converted once, on demand).
 
 Also where this repo's records are written (the manifest, labels.txt, shard names and record keys: read and
-written here), and the one report of a photo that is skipped (at listing, or when it fails to decode).
+written here), and the one line that reports skipped files (skipped_line).
 Pure Python, no TensorFlow at import: every script and worker process imports it cheaply.
 """
+import collections
 import contextlib
 import dataclasses
 import hashlib
@@ -28,10 +29,7 @@ import json
 import os
 import re
 import shlex
-import threading
 import unicodedata
-
-from absl import logging
 
 from onu_lib import onu_photos
 from onu_lib import onu_tfrecord
@@ -81,6 +79,8 @@ RAW_MODES = {1: 'L', 3: 'RGB', 4: 'RGBA'}
 RECORD_NAME_SEPARATOR = '#'
 # The first value of the message of the error a record's label outside the classes raises (onu_input's check).
 LABEL_OUT_OF_RANGE = 'label outside the classes:'
+# The first value of the message of the error a photo that does not decode raises in images mode (onu_input's).
+UNDECODABLE_PHOTO = 'photo does not decode:'
 # What TensorFlow's messages say of a record whose keys or values are not those of the first record.
 UNREADABLE_RECORD_SIGNS = ('is required but could not be found', 'Could not parse', 'Can\'t parse',
                            'Input to reshape')
@@ -251,27 +251,27 @@ def photo_folders(data_dir):
 
 
 # ----------------------------------------------------------------------------------------------
-# Skipped photos: one report, whether a photo is left out when listed or fails to decode while read
+# Skipped files: one line for every way in (training on photos, conversion), counted by kind of reason
 
-_skipped = {}  # path -> why, for every photo this process has left out
-_skipped_lock = threading.Lock()
-
-
-def report_skipped(path, reason, fix='fix or remove it'):
-    """Warns, the first time this process skips path, why and what to do; returns False if it was reported before."""
-    with _skipped_lock:
-        if path in _skipped:
-            return False
-        _skipped[path] = reason
-        count = len(_skipped)
-    logging.warning('skipping %s: %s; %s (%d file(s) skipped so far)', path, reason, fix, count)
-    return True
+def skipped_line(reasons, total, full_list):
+    """The one line that reports skipped files: how many of the total looked at, counted by the kind of their
+    reason (its words before ':' or '('), and where the full list is."""
+    kinds = collections.Counter(re.split(r'[:(]', reason, maxsplit=1)[0].strip() for reason in reasons)
+    counts = ', '.join(f'{count} {kind}' + ('s' if count > 1 and kind.endswith(('file', 'folder')) else '')
+                       for kind, count in sorted(kinds.items()))
+    return f'skipped {len(reasons)} of {total} files: {counts}; the list: {full_list}'
 
 
-def skipped_photos():
-    """Returns {path: reason} of the photos this process has skipped so far."""
-    with _skipped_lock:
-        return dict(_skipped)
+def _write_skipped_list(data_dir, split, skipped):
+    """Writes the (path, reason) of the photos of split left out of images mode to a file in the cache; returns its
+    path, or why it could not be written."""
+    path = os.path.join(cache_dir(), 'skipped', f'{folder_key(data_dir)}-{split}.txt')
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        write_text_atomic(path, ''.join(f'{photo}: {reason}\n' for photo, reason in skipped))
+    except OSError as error:
+        return f'not written ({error})'
+    return path
 
 
 # ----------------------------------------------------------------------------------------------
@@ -460,18 +460,6 @@ class DatasetInfo:
         """Returns '<shard file>#' of each shard: a record that names no file is named that and its index."""
         return tuple(os.path.basename(path) + RECORD_NAME_SEPARATOR for path in self.files)
 
-    def report_unreadable(self, index):
-        """Reports once that photo `index` of this split could not be decoded, and left out; DataError when none of
-        the split's photos decodes (training would wait for a batch forever)."""
-        path = self.files[index]
-        if path not in skipped_photos():
-            report_skipped(path, onu_photos.why_undecodable(path))
-        skipped = skipped_photos()
-        if all(path in skipped for path in self.files):
-            where = self.data_dir if self.layout == CLASS_FOLDERS else split_dir(self.data_dir, self.split)
-            raise DataError(f'{where}: none of the {len(self.files)} images decodes; replace them with '
-                            f'JPEG/PNG/GIF/BMP photos')
-
 
 # ----------------------------------------------------------------------------------------------
 # The data folder: found once
@@ -603,14 +591,15 @@ class DataDir:
         if not os.path.isdir(folder):
             raise DataError(f'{folder}: no {split} photos; put them in {folder}/<class>/ '
                             f'with the classes of {os.path.join(self.path, "train")}')
-        images, skipped = list_split_images(self.path, split, class_names, self.validation_percent)
-        for path, reason in skipped:
-            report_skipped(path, reason)
-        for image in images:
-            if image.image_format not in onu_photos.TF_DECODABLE_FORMATS:
-                report_skipped(image.path, f'a {image.image_format} file, which --data_format=images cannot decode',
-                               f'encoded and raw records include it: {self.convert_command("encoded")}')
-        images = [image for image in images if image.image_format in onu_photos.TF_DECODABLE_FORMATS]
+        listed, skipped = list_split_images(self.path, split, class_names, self.validation_percent)
+        total = len(listed) + len(skipped)
+        images = [image for image in listed if onu_photos.tensorflow_decodes(image)]
+        skipped += [(image.path, f'{image.image_format} file (--data_format=images cannot decode it; encoded and raw '
+                                 f'records include it: {self.convert_command("encoded")})')
+                    for image in listed if not onu_photos.tensorflow_decodes(image)]
+        if skipped:
+            print(skipped_line([reason for _, reason in skipped], total,
+                               _write_skipped_list(self.path, split, skipped)), flush=True)
         if not images:
             if bare:
                 raise DataError(
@@ -748,15 +737,10 @@ def find_damaged_shards(info):
     return damaged
 
 
-def _raised_data_error(message):
-    """Returns the message of a DataError raised inside the pipeline (by a numpy_function), or None."""
-    match = re.search(rf'(?:^|\W){DataError.__name__}: (.*)', str(message))
-    return match.group(1).strip() if match else None
-
-
-def _label_out_of_range(message):
-    """Returns the stored label of a LABEL_OUT_OF_RANGE error's message, or None if it is another error."""
-    match = re.search(re.escape(LABEL_OUT_OF_RANGE) + r'\]\s*\[(-?\d+)\]', str(message))
+def _asserted_number(sign, message):
+    """Returns the number an error of onu_input's checks starting with sign (LABEL_OUT_OF_RANGE, UNDECODABLE_PHOTO)
+    holds, or None if message is another error's."""
+    match = re.search(re.escape(sign) + r'\]\s*\[(-?\d+)\]', str(message))
     return int(match.group(1)) if match else None
 
 
@@ -771,7 +755,11 @@ def _translated(info, error):
                if info.layout == RECORDS else 're-create it with the tool that wrote it, or move it away')
         return DataError(f'{where}: damaged {info.data_format} record file ({problem}); {fix}')
     if isinstance(error, tf.errors.InvalidArgumentError):
-        label = _label_out_of_range(message)
+        label = _asserted_number(LABEL_OUT_OF_RANGE, message)
+        photo = _asserted_number(UNDECODABLE_PHOTO, message)
+        if photo is not None:
+            path = info.files[photo]
+            return DataError(f'{path}: {onu_photos.why_undecodable(path)}; fix or remove it, then start again')
         if label is not None:
             return DataError(
                 f'{info.data_dir}: a record of {info.split} has label {label}, not one of the {info.num_classes} '
@@ -782,9 +770,6 @@ def _translated(info, error):
                 f'{os.path.dirname(info.files[0])}: a {info.split} record lacks what the first one holds '
                 f'({_last_line(message)}); every record needs {info.image_key} and {info.label_key}: re-create the '
                 f'records, or move the odd file away')
-    if isinstance(error, tf.errors.UnknownError):
-        raised = _raised_data_error(message)
-        return DataError(raised) if raised is not None else None
     return None
 
 
@@ -793,9 +778,9 @@ def read_errors_as_data_error(info):
     """Re-raises the data errors of reading info through the input pipeline as one-line DataErrors.
 
     A damaged record becomes a message naming the shard and what is wrong; a label outside the classes one
-    naming --labels_offset; a record without the first one's keys one naming them; a DataError raised in the
-    pipeline (no photo of a split decodes) loses TensorFlow's traceback. Other errors pass. Wrap the loop that
-    runs the graph built from onu_input's pipelines of info.
+    naming --labels_offset; a record without the first one's keys one naming them; a photo that does not decode
+    one naming it and why. Other errors pass. Wrap the loop that runs the graph built from onu_input's pipelines
+    of info.
     """
     try:
         yield
