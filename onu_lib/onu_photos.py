@@ -117,7 +117,7 @@ def read_image_header(source):
                 image.load()
             orientation = _orientation(image)
     except Image.UnidentifiedImageError:
-        raise UnreadableImage('non-image file (not an image: content is not JPEG, PNG, BMP, GIF, ...)') from None
+        raise UnreadableImage('not an image Pillow can read (content is not JPEG, PNG, BMP, GIF, ...)') from None
     except Exception as error:  # Pillow reports damaged files with OSError, SyntaxError, ValueError, ...
         raise _damaged(image_format, error) from None
     return ImageHeader(image_format, mode, width, height, orientation)

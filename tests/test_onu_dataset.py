@@ -1,8 +1,10 @@
 """Tests of onu_dataset: what a data folder holds, described once (DataDir, DatasetInfo), class discovery, header-only
 image listing, skip reasons, labels and manifest files, this repo's records and their errors."""
 
+import io
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -14,6 +16,7 @@ from PIL import Image
 from PIL import ImageOps
 
 from conftest import REPO_ROOT
+from conftest import run_script
 from onu_lib import onu_photos
 from onu_lib import onu_dataset
 
@@ -436,24 +439,53 @@ def test_an_empty_folder_is_one_line_saying_what_was_looked_for(tmp_path):
     assert _one_line(error).startswith(f'{tmp_path / "nowhere"}: data dir not found; make sample data with ')
 
 
-def test_a_photo_that_does_not_decode_is_reported_once_and_none_decoding_is_an_error(make_tiny_dataset, caplog):
+def test_skipped_files_are_one_line_counted_by_kind_of_reason():
+    reasons = ['damaged JPEG file: image file is truncated (9 bytes not processed)', onu_photos.REASON_HIDDEN,
+               'subfolder (images in subfolders are not read; move them up into the class folder)',
+               onu_photos.REASON_HIDDEN, 'empty file']
+    assert onu_dataset.skipped_line(reasons, 12, 'DATA/tfrecords/manifest.json') == (
+        'skipped 5 of 12 files: 1 damaged JPEG file, 1 empty file, 2 hidden or system files, 1 subfolder; '
+        'the list: DATA/tfrecords/manifest.json')
+
+
+SKIPPED_LINE = re.compile(r'skipped (\d+) of (\d+) files: (.*); the list: (.*)$')
+
+
+def _skipped_lines(result):
+    """The skipped_line lines a script printed, as (skipped, total, counts, where)."""
+    return [match.groups() for match in map(SKIPPED_LINE.search, (result.stdout + result.stderr).splitlines())
+            if match]
+
+
+def test_every_way_in_prints_the_same_one_line_of_skipped_files(make_tiny_dataset, tmp_path):
     data_dir = make_tiny_dataset()
-    info = onu_dataset.describe(data_dir).split('val', 'images')
-    with open(info.files[0], 'r+b') as f:  # damaged after the listing: its header still reads
-        f.seek(os.path.getsize(info.files[0]) // 2)
-        f.write(bytes(64))
-    with caplog.at_level('WARNING'):
-        for _ in range(2):
-            info.report_unreadable(0)
-    lines = [record.getMessage() for record in caplog.records if info.files[0] in record.getMessage()]
-    assert len(lines) == 1 and lines[0].startswith(f'skipping {info.files[0]}: ') and 'fix or remove it' in lines[0]
-    assert info.files[0] in onu_dataset.skipped_photos()
-    assert onu_dataset.report_skipped(info.files[0], 'again') is False  # said once
-    assert onu_dataset.report_skipped(info.files[0] + '.other', 'a reason') is True
-    assert onu_dataset.skipped_photos()[info.files[0] + '.other'] == 'a reason'
-    for index in range(1, info.num_examples - 1):
-        info.report_unreadable(index)
-    with pytest.raises(onu_dataset.DataError) as error:
-        info.report_unreadable(info.num_examples - 1)
-    assert _one_line(error) == (f'{os.path.join(data_dir, "val")}: none of the {info.num_examples} images decodes; '
-                                f'replace them with JPEG/PNG/GIF/BMP photos')
+    noisy = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (60, 80, 3), np.uint8)).save(noisy, 'JPEG')
+    bad = {'.DS_Store': bytes(40), 'empty.jpg': b'', 'truncated.jpg': noisy.getvalue()[:noisy.tell() * 2 // 3]}
+    for name, data in bad.items():
+        with open(os.path.join(data_dir, 'train', 'F603', name), 'wb') as f:
+            f.write(data)
+    copies = {way: shutil.copytree(data_dir, str(tmp_path / way)) for way in ('images', 'converted', 'automatic')}
+    train = ('--max_steps=1', '--model=small', '--image_size=32', '--batch_size=2', '--precision=float32')
+    results = {
+        'images': run_script('onu_train.py', *train, '--data_format=images', f'--data_dir={copies["images"]}',
+                             f'--train_dir={tmp_path / "train_images"}'),
+        'converted': run_script('convert_to_tfrecord.py', f'--data_dir={copies["converted"]}', '--format=encoded',
+                                '--processes=1'),
+        'automatic': run_script('onu_train.py', *train, '--data_format=encoded', f'--data_dir={copies["automatic"]}',
+                                f'--train_dir={tmp_path / "train_automatic"}')}
+    counts = '1 damaged JPEG file, 1 empty file, 1 hidden or system file'
+    for way, result in results.items():
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert 'skipping' not in result.stderr  # no warning for each file
+        (line,) = _skipped_lines(result)
+        total = 4 * 2 + 3 if way == 'images' else (4 + 2) * 2 + 3  # images: training lists the train split only
+        assert line[:3] == ('3', str(total), counts), way
+        if way == 'images':
+            with open(line[3]) as f:
+                listed = [row.split(': ')[0] for row in f.read().splitlines()]
+            assert sorted(listed) == sorted(os.path.join(copies[way], 'train', 'F603', name) for name in bad)
+        else:
+            assert line[3] == os.path.join(copies[way], 'tfrecords', onu_dataset.MANIFEST_FILENAME)
+            listed = [s['path'] for s in onu_dataset.read_manifest(os.path.dirname(line[3]))['skipped']]
+            assert sorted(listed) == sorted(f'train/F603/{name}' for name in bad)
