@@ -476,7 +476,8 @@ def convert(data, output_dir=None, formats=onu_dataset.RECORD_FORMATS, num_shard
     Records already built from the same inputs with the same settings are kept (a re-run is a no-op);
     overwrite rebuilds the requested formats anyway. Records of other formats are kept while they match
     the inputs and compression, else removed. strict turns every skipped file (except hidden/system files)
-    into a DataError. Workers are spawned processes: a script calling this needs the usual
+    into a DataError; skipped files are said in one line (onu_dataset.skipped_line). Workers are spawned
+    processes: a script calling this needs the usual
     `if __name__ == '__main__':` guard.
     """
     known_formats = bool(formats) and set(formats) <= set(onu_dataset.RECORD_FORMATS)

@@ -592,8 +592,8 @@ def test_a_photo_that_does_not_decode_stops_eval_and_training_with_one_line_nami
                         for _ in range(info.num_examples):  # an epoch: never a batch without it, nor a silent gap
                             sess.run(batch)
         message = str(error.value)
-        assert message.startswith(f'{bad}: cannot be decoded (') and message.endswith('fix or remove it, then start again')
-        assert '\n' not in message
+        assert message.startswith(f'{bad}: cannot be decoded (') and '\n' not in message
+        assert message.endswith('fix or remove it, then start again')
 
 
 # ---------------------------------------------------------------------------------------------
