@@ -75,6 +75,8 @@ sys.path.insert(0, REPO_ROOT)
 
 from onu_lib import onu_converter  # noqa: E402  (needs REPO_ROOT on sys.path)
 from onu_lib import onu_dataset  # noqa: E402
+from onu_lib import onu_layout_writer  # noqa: E402
+from onu_lib import onu_layouts  # noqa: E402
 from onu_lib import onu_run_config  # noqa: E402
 from onu_lib import onu_sample_data  # noqa: E402
 
@@ -1025,7 +1027,7 @@ def chromium_page(tmp_path):
 #   layout_photos(classes=LAYOUT_CLASSES, train=4, val=2, val_classes=None, mode='RGB') -> [LayoutPhoto]
 #       tiny photos (distinct colour per class, JPEG unless mode says otherwise) of each split.
 #   write_layout(layout, folder, photos, classes=LAYOUT_CLASSES, data_format='encoded', **options) -> the data_dir to
-#       give --data_dir: the photos written as the layout's tool writes them (onu_layouts.write_records' options).
+#       give --data_dir: the photos written as the layout's tool writes them (onu_layout_writer.write_records' options).
 #   layout_class_names(layout, classes=LAYOUT_CLASSES)  the class names found in what write_layout wrote.
 #   write_tfrecord(path, serialized, compression) and _example(features): TensorFlow's own writer and Example, for
 #       records no tool would write (an independent check of onu_tfrecord).
@@ -1059,25 +1061,23 @@ def layout_photos(classes=LAYOUT_CLASSES, train=4, val=2, val_classes=None, mode
 
 
 def write_layout(layout, folder, photos, classes=LAYOUT_CLASSES, data_format='encoded', **options):
-    """Writes photos as the layout's tool does (onu_layouts.write_records of its entry); returns the data_dir.
+    """Writes photos as the layout's tool does (onu_layout_writer.write_records of its entry); returns the data_dir.
 
     Raw records hold PIL's tobytes of each photo as opened (grey, RGB or RGBA), as the study's converter wrote them.
     """
-    from onu_lib import onu_layouts  # pylint: disable=import-outside-toplevel
     def stored(photo):
         """The photo as its record holds it: the file's bytes, or the pixels of the file as opened."""
         with Image.open(io.BytesIO(photo.data)) as opened:
             data = opened.tobytes() if data_format == 'raw' else photo.data
-            return onu_layouts.StoredImage(photo.split, photo.label, data, opened.width, opened.height, photo.name)
+            return onu_layout_writer.StoredImage(photo.split, photo.label, data, opened.width, opened.height, photo.name)
     images = [stored(photo) for photo in photos]
-    return onu_layouts.write_records(onu_layouts.layout_named(layout), folder, images, classes, data_format,
-                                     **options)
+    return onu_layout_writer.write_records(onu_layouts.layout_named(layout), folder, images, classes, data_format,
+                                           **options)
 
 
 def layout_class_names(layout, classes=LAYOUT_CLASSES):
     """The class names found in write_layout's records of layout: the tool's names file or class texts, if it writes
     either, else class_<label>."""
-    from onu_lib import onu_layouts  # pylint: disable=import-outside-toplevel
     entry = onu_layouts.layout_named(layout)
     if entry.writes_names_file or entry.text_key in entry.written_keys:
         return tuple(classes)
