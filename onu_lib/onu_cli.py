@@ -24,7 +24,7 @@ import warnings
 from absl import flags
 from absl import logging
 
-from onu_lib import onu_dataset  # no TensorFlow there either
+from onu_lib import onu_errors
 
 FLAGS = flags.FLAGS
 VERBOSE_FLAG = 'verbose'
@@ -195,7 +195,7 @@ def apply_deprecated_aliases():
 def run_script(body, argv, takes_arguments=False, user_errors=(), failures=(), completions=()):
     """Runs body() for a script's main; a user error becomes one `error: <message>` line, exit 2.
 
-    user_errors: exception types whose message is for the user (onu_dataset.DataError and
+    user_errors: exception types whose message is for the user (onu_errors.UserError and
     flags.Error always are); failures: those that end a run that went wrong (one line, exit 1);
     completions: those that say there is nothing to do (their message on stdout, exit 0).
     """
@@ -209,7 +209,7 @@ def run_script(body, argv, takes_arguments=False, user_errors=(), failures=(), c
     try:
         apply_deprecated_aliases()
         return body() or 0
-    except (onu_dataset.DataError, flags.Error) + tuple(user_errors) as e:
+    except (onu_errors.UserError, flags.Error) + tuple(user_errors) as e:
         print(f'error: {e}', file=sys.stderr)
         return 2
     except tuple(failures) as e:

@@ -658,6 +658,29 @@ def file_states(*folders):
     return states
 
 
+def session_events(train_dir):
+    """[(kind, content)] of the HParams summaries in train_dir's event files, in the order they were written: 'start'
+    with the settings {name: value}, 'end' with its status ('success' or 'failure')."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from tensorboard.plugins.hparams import metadata  # pylint: disable=import-outside-toplevel
+    from onu_lib import onu_hparams  # pylint: disable=import-outside-toplevel
+    found = []  # (wall time, kind, content)
+    for name in (name for name in os.listdir(train_dir) if '.hparams-' in name):
+        for event in tf.compat.v1.train.summary_iterator(os.path.join(train_dir, name)):
+            for value in event.summary.value:
+                content = value.metadata.plugin_data.content
+                if value.tag == metadata.SESSION_START_INFO_TAG:
+                    start = metadata.parse_session_start_info_plugin_data(content)
+                    found.append((event.wall_time, 'start', {key: getattr(hparam, hparam.WhichOneof('kind'))
+                                                             for key, hparam in start.hparams.items()}))
+                elif value.tag == metadata.SESSION_END_INFO_TAG:
+                    status = metadata.parse_session_end_info_plugin_data(content).status
+                    found.append((event.wall_time, 'end', next(name for name, code in onu_hparams.STATUSES.items()
+                                                               if code == status)))
+    # By the events' times, not the files' names: those count whole seconds, and 'end' sorts before 'start'.
+    return [(kind, content) for _, kind, content in sorted(found, key=lambda item: item[0])]
+
+
 @contextlib.contextmanager
 def built_once(tmp_path_factory, name):
     """A folder that the test processes of one pytest run share: yields (its path, True for the one process that
