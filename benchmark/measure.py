@@ -527,7 +527,7 @@ def mixed_compute_dtype():
     The benchmark turns the rewrite on even where the hardware lacks the fast path (where training
     would warn and stay float32), so that it measures what the rewrite costs there.
     """
-    return 'float16' if tf.config.list_physical_devices('GPU') else 'bfloat16'
+    return 'float16' if onu_precision.visible_gpus() else 'bfloat16'
 
 
 def measure_training_variants(model_name, way, info_of, batch_size, image_size, warmup, steps, repeats,

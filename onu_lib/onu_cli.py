@@ -133,13 +133,14 @@ def import_tensorflow():
         return tf
     with native_lines_dropped(NATIVE_START_UP_LINE), keras_optional_imports_skipped():
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
-        tf.config.list_physical_devices('GPU')
+        from onu_lib import onu_precision  # pylint: disable=import-outside-toplevel  (it imports TensorFlow)
+        onu_precision.visible_gpus()
         # oneDNN says once per process, at its first uint8 transpose, that it leaves uint8 to Eigen: an error-level
         # line that would otherwise appear at the first step of images mode (EXIF orientation). Said here, dropped.
         # A graph session without GPUs: TensorFlow's eager runtime stays uninitialised, so a script can still
         # choose its devices (onu_eval's --device).
         with tf.Graph().as_default():
-            with tf.compat.v1.Session(config=tf.compat.v1.ConfigProto(device_count={'GPU': 0})) as session:
+            with tf.compat.v1.Session(config=onu_precision.session_config(hide_gpus=True)) as session:
                 session.run(tf.transpose(tf.zeros([1, 2, 1], tf.uint8), [1, 0, 2]))
     return tf
 
