@@ -32,10 +32,11 @@ from PIL import Image
 from tqdm import tqdm
 
 from onu_lib import onu_dataset
+from onu_lib import onu_layouts
 from onu_lib import onu_photos
 from onu_lib import onu_pool
 from onu_lib import onu_tfrecord
-from onu_lib.onu_dataset import DataError
+from onu_lib.onu_errors import DataError
 
 TARGET_SHARD_BYTES = 100 << 20  # automatic --num_shards: about this many bytes per shard
 RAW_TASK_BYTES = 8 << 20  # pixels decoded per worker task: fewer, larger tasks cost the writing process less
@@ -288,7 +289,7 @@ def _converted_payload(image_bytes, features, source, record_format):
     if source.data_format == 'raw':
         height = features[source.height_key].values[0]
         width = features[source.width_key].values[0]
-        mode = onu_dataset.RAW_MODES[len(image_bytes) // (height * width)]
+        mode = onu_layouts.RAW_MODES[len(image_bytes) // (height * width)]
         image = Image.frombytes(mode, (width, height), image_bytes)
         if record_format == 'raw':
             return onu_photos.to_rgb(image).tobytes(), onu_dataset.PAYLOAD_RAW, width, height

@@ -1,6 +1,8 @@
 """Tests of onu_dataset: what a data folder holds, described once (DataDir, DatasetInfo), class discovery, header-only
 image listing, skip reasons, labels and manifest files, this repo's records and their errors."""
 
+import ast
+import collections
 import io
 import json
 import os
@@ -15,10 +17,11 @@ import pytest
 from PIL import Image
 from PIL import ImageOps
 
-from conftest import REPO_ROOT
-from conftest import run_script
+from conftest import REPO_ROOT, layout_photos, run_script, write_layout
 from onu_lib import onu_photos
 from onu_lib import onu_dataset
+from onu_lib import onu_files
+from onu_lib import onu_layouts
 
 
 def _one_line(error):
@@ -203,6 +206,72 @@ def test_importing_onu_dataset_does_not_import_tensorflow():
     assert result.stdout.strip() == 'False'
 
 
+def _project_imports():
+    """{module: the project's modules it imports, at the top or inside a function}, read from every .py outside tests/."""
+    paths = {}
+    for folder, subfolders, files in os.walk(REPO_ROOT):
+        subfolders[:] = [name for name in subfolders if not name.startswith('.') and name not in ('tests', '__pycache__')]
+        for name in files:
+            if name.endswith('.py'):
+                module = os.path.relpath(os.path.join(folder, name), REPO_ROOT)[:-3].replace(os.sep, '.')
+                paths[module.removesuffix('.__init__')] = os.path.join(folder, name)
+    imports = {}
+    for module, path in paths.items():
+        names = set()
+        for node in ast.walk(ast.parse(open(path, encoding='utf-8').read())):
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names.update([node.module] + [f'{node.module}.{alias.name}' for alias in node.names])
+        imports[module] = names & set(paths) - {module}
+    return imports
+
+
+def test_the_project_has_no_import_loop():
+    imports = _project_imports()
+    assert 'onu_lib.onu_layouts' in imports['onu_lib.onu_dataset']  # `from onu_lib import onu_layouts` is seen
+    done, path = set(), []
+
+    def visit(module):
+        """Walks module's imports depth first; fails naming the loop when one leads back to a module on the path."""
+        assert module not in path, f'import loop: {" -> ".join(path[path.index(module):] + [module])}'
+        if module not in done:
+            path.append(module)
+            for imported in sorted(imports[module]):
+                visit(imported)
+            path.pop()
+            done.add(module)
+    for module in sorted(imports):
+        visit(module)
+
+
+def _listings(monkeypatch):
+    """Counts, by real path, the folders os.scandir and os.listdir list from now on."""
+    counts = collections.Counter()
+    for name in ('scandir', 'listdir'):
+        def counted(path='.', listing=getattr(os, name)):
+            counts[os.path.realpath(path)] += 1
+            return listing(path)
+        monkeypatch.setattr(os, name, counted)
+    return counts
+
+
+@pytest.mark.parametrize('layout', onu_layouts.LAYOUT_NAMES + (onu_dataset.CLASS_FOLDERS, onu_dataset.RECORDS))
+def test_describe_lists_each_folder_once(layout, tmp_path, monkeypatch):
+    data_dir = str(tmp_path / 'data')
+    if layout == onu_dataset.CLASS_FOLDERS:
+        for name in ('F603', 'F663N'):
+            os.makedirs(os.path.join(data_dir, name))
+    elif layout == onu_dataset.RECORDS:
+        os.makedirs(data_dir)
+        onu_dataset.write_manifest(data_dir, {'version': onu_dataset.MANIFEST_VERSION})
+    else:
+        data_dir = write_layout(layout, data_dir, layout_photos(train=1, val=1))
+    listings = _listings(monkeypatch)
+    assert onu_dataset.describe(data_dir).layout == layout
+    assert listings and max(listings.values()) == 1, listings
+
+
 # ---------------------------------------------------------------------------------------------
 # Bare class folders (PHOTOS/<class>/*, no split): the held-out split made by hashing each path.
 
@@ -263,7 +332,7 @@ def test_records_dir_is_found_in_the_folder_or_in_the_cache(tmp_path):
     os.makedirs(os.path.join(data_dir, 'F603'))
     assert onu_dataset.describe(data_dir).records_dir() == os.path.join(data_dir, onu_dataset.RECORDS_SUBDIR)
     cached = onu_dataset.cached_records_dir(data_dir)
-    assert cached.startswith(onu_dataset.cache_dir()) and os.path.basename(cached).startswith('data-')
+    assert cached.startswith(onu_files.cache_dir()) and os.path.basename(cached).startswith('data-')
     os.makedirs(cached)
     onu_dataset.write_manifest(cached, {'version': onu_dataset.MANIFEST_VERSION})
     assert onu_dataset.describe(data_dir).records_dir() == cached
