@@ -1,14 +1,10 @@
 """Flags shared by the onu scripts: every flag used by several scripts is declared here once, with one meaning.
 
-A setting's flag is declared with the setting itself (onu_settings.setting: onu_training.TrainingOptions, and
-onu_settings.SharedSettings for those the data scripts take too): define_settings() declares the flags of such a
-dataclass's fields, read_settings() reads the flags back into it. Each script declares the groups it takes:
-define_data_dir_flag, define_split_flags and define_seed_flag (also the data scripts, make_sample_data.py and
-convert_to_tfrecord.py, which never load TensorFlow: nothing imported here at the top loads it), define_model_flags
-(the model and data flags of the scripts that build a model), define_training_flags (onu_train.py,
-onu_multi_gpu_train.py, run_local_cluster.py); training_options() reads the training flags, once, into the
-TrainingOptions the training scripts pass to onu_training. Only flags live here: declaring and reading them.
-Scripts import onu_cli first.
+A setting's flag is declared with its field (onu_settings.setting): define_settings() declares the flags of a dataclass
+of settings (onu_training.TrainingOptions, onu_settings.SharedSettings), read_settings() reads them back into it. Each
+script declares the groups it takes; the data scripts (make_sample_data.py, convert_to_tfrecord.py) take only
+SharedSettings' and never load TensorFlow: nothing imported here at the top loads it. Only flags live here: declaring
+and reading them. Scripts import onu_cli first.
 """
 import dataclasses
 import os

@@ -12,7 +12,6 @@ from typing import Callable
 from onu_lib import onu_dataset
 
 DEFAULT_TRAIN_DIR = '/tmp/onu_train'  # --train_dir's, the run the scripts after training read by default
-SETTING = 'setting'  # the key of a setting's Flag in its field's metadata
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,12 +27,12 @@ class Flag:
 
 def setting(kind, default, help_text, read=None, validator=None, **arguments):
     """Returns a dataclass field declaring its flag (see Flag): the field's name is the flag's."""
-    return dataclasses.field(metadata={SETTING: Flag(kind, default, help_text, arguments, read, validator)})
+    return dataclasses.field(metadata={'flag': Flag(kind, default, help_text, arguments, read, validator)})
 
 
 def flag_of(field):
     """Returns the Flag a dataclass field declares, or None for a field that is not a setting."""
-    return field.metadata.get(SETTING)
+    return field.metadata.get('flag')
 
 
 @dataclasses.dataclass(frozen=True)

@@ -68,7 +68,6 @@ def _model_defaults(field):
     return ', '.join(f'{name} {getattr(spec, field):g}' for name, spec in onu_model.MODELS.items())
 
 
-# pragma: no mutate start (declarations: the checks they register and the reading are mutated in onu_flags)
 @dataclasses.dataclass(frozen=True)
 class TrainingOptions(onu_settings.SharedSettings):
     """What a training run is told: every training setting, each declared once, as its flag and its typed field.
@@ -128,16 +127,17 @@ class TrainingOptions(onu_settings.SharedSettings):
     label_smoothing: float = setting('float', 0.0, 'Label smoothing of the cross-entropy.')
     augmentations: onu_input.AugmentOptions = setting(
         'list', list(onu_input.default_augmentation_names()),
-        'Training augmentations to apply (empty: none); the choices: ' + ', '.join(onu_input.augmentation_names()) + '.',
-        read=onu_input.AugmentOptions,
+        'Training augmentations to apply (empty: none); the choices: '
+        + ', '.join(onu_input.augmentation_names()) + '.', read=onu_input.AugmentOptions,
         validator=(lambda names: set(names) <= set(onu_input.augmentation_names()),
                    '--augmentations takes a comma-separated subset of ' + ','.join(onu_input.augmentation_names())))
     cache_decoded_epoch: str = setting(
         'enum', 'auto', 'Where one epoch of decoded, resized training images is kept, so that later epochs train from '
-        'it instead of decoding again: memory (the first epoch is decoded before step 1), disk (in --cache_dir, written '
-        'while the first epoch trains), or off (every epoch decoded); auto: memory when the epoch fits '
-        f'{onu_input.DECODED_CACHE_BYTES // 2**30} GiB, else disk when --cache_dir\'s disk has room, else off. on: the '
-        'old spelling of memory.', read=cache_mode, enum_values=onu_decoded_cache.MODES + tuple(DEPRECATED_CACHE_CHOICES))
+        'it instead of decoding again: memory (the first epoch is decoded before step 1), disk (in --cache_dir, '
+        'written while the first epoch trains), or off (every epoch decoded); auto: memory when the epoch fits '
+        f'{onu_input.DECODED_CACHE_BYTES // 2**30} GiB, else disk when --cache_dir\'s disk has room, else off. on: '
+        'the old spelling of memory.', read=cache_mode,
+        enum_values=onu_decoded_cache.MODES + tuple(DEPRECATED_CACHE_CHOICES))
     cache_dir: str | None = setting(
         'string', None, 'Where --cache_decoded_epoch=disk keeps decoded epochs, one folder per data, image size and '
         'decode options (reused by later runs); default: $ONU_CACHE_DIR/decoded, else ~/.cache/onu-classifier/decoded. '
@@ -184,7 +184,6 @@ class TrainingOptions(onu_settings.SharedSettings):
         'float', onu_cluster.PS_WAIT_SECS, 'Multi-machine training: how long a worker waits for a parameter server '
         'that stopped answering (for a supervisor to restart it) before it exits with one line.', lower_bound=0)
     flag_values: dict  # not a setting: every flag's value, as run_config.json records them
-# pragma: no mutate end
 
 
 class NanLossError(Exception):
