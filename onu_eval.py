@@ -341,7 +341,7 @@ def append_line(path, line):
 
 def use_device(device):
     """Hides the GPUs for device cpu; lets TensorFlow take GPU memory only as needed for device gpu."""
-    gpus = tf.config.list_physical_devices('GPU')
+    gpus = onu_precision.visible_gpus()
     if device == 'gpu' and not gpus:
         print('--device=gpu but TensorFlow sees no GPU: evaluating on the CPU.', flush=True)
     try:

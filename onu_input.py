@@ -422,15 +422,10 @@ def add_input_summary(images):
 
 
 # ----------------------------------------------------------------------------------------------
-# Images mode. The photos are read in units of consecutive positions of an epoch's order: position p of epoch e
-# is photo order(e, p) (_photo_order: the listing's order for eval, a fresh permutation each epoch for training).
-# A photo that fails to decode is dropped and leaves a gap in the positions; the next photo of the unit (or its
-# end marker) carries the gap, and _without_unreadable reports the photos in it (DatasetInfo.report_unreadable)
-# where the examples are consumed: in this pipeline, or on the trainer of a tf.data service, whose workers cannot
-# run Python. One way for both, and never silent.
-
-END_OF_UNIT = -1  # the label of a unit's end marker, which only carries the gap of its last photos
-
+# Images mode. The listing (onu_dataset) left out what it can tell will not decode; a photo that still fails
+# (damaged inside, or changed since) stops the pipeline with an error naming it, never a silent gap in an epoch.
+# Position p of epoch e is photo order(e, p) (_photo_order: the listing's order for eval, a fresh permutation each
+# epoch for training).
 
 def _photo_order(num_files, training, seed):
     """Returns (epoch, positions) -> file indices: the listing's order, or a permutation per epoch."""
@@ -445,58 +440,39 @@ def _photo_order(num_files, training, seed):
 
 
 def _read_photo(info, at_least):
-    """Returns read(index) -> (upright uint8 image, int32 label, file name) of photo `index` of info (at_least:
-    decode_image_bytes's)."""
+    """Returns read(index) -> a dataset of the one (upright uint8 image, int32 label, file name) of photo `index` of
+    info (at_least: decode_image_bytes's), or an onu_dataset.UNDECODABLE_PHOTO error naming the file."""
     paths = tf.constant(info.files)
     labels = tf.constant(info.labels, tf.int32)
     orientations = tf.constant(info.orientations, tf.int32)
     names = tf.constant(info.names)
 
-    def read(index):
+    def decoded(index):
         image = decode_image_bytes(tf.io.read_file(paths[index]), at_least)
         return apply_exif_orientation(image, orientations[index]), labels[index], names[index]
+
+    def undecodable(index):
+        with tf.control_dependencies([tf.debugging.Assert(False, [onu_dataset.UNDECODABLE_PHOTO, index])]):
+            return tf.zeros([1, 1, 3], tf.uint8), labels[index], names[index]
+
+    def read(index):
+        # TensorFlow's own decode error does not say which file: the error of undecodable does, and it is read
+        # only when the decode failed. Graph ops alone, so a tf.data service worker reads photos the same way.
+        photo = tf.data.Dataset.from_tensors(index)
+        return photo.map(decoded).ignore_errors().concatenate(photo.map(undecodable)).take(1)
     return read
 
 
 def _photo_unit(info, order, epoch, first, end, at_least=None):
-    """Returns the photos at positions [first, end) of epoch's order, in order, then an end marker: each a tuple
-    (upright uint8 image, label, file name, epoch, gap start, position), the gap [gap start, position) being the
-    positions just before it whose photos failed to decode (usually none). The end marker's label is END_OF_UNIT
-    (its image one black pixel, its position end)."""
+    """Returns the photos at positions [first, end) of epoch's order, in order: (upright uint8 image, label, file
+    name, position)."""
     read = _read_photo(info, at_least)
     epoch = tf.cast(epoch, tf.int64)
 
     def read_at(position):
-        return (position,) + read(order(epoch, position))
-
-    # deterministic: the positions must stay in order for the gaps to name the photos that failed.
-    photos = tf.data.Dataset.range(first, end).map(read_at, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    photos = photos.ignore_errors()  # not silent: each dropped photo leaves a gap that is reported
-    photos = photos.concatenate(tf.data.Dataset.from_tensors(
-        (tf.cast(end, tf.int64), tf.zeros([1, 1, 3], tf.uint8), np.int32(END_OF_UNIT), '')))
-
-    def with_gap(gap_start, photo):
-        position, image, label, name = photo
-        return position + 1, (image, label, name, epoch, gap_start, position)
-    return photos.scan(tf.cast(first, tf.int64), with_gap)
-
-
-def _without_unreadable(examples, info, order):
-    """Returns examples (of _photo_unit, maybe batched and unbatched again) without end markers, after reporting the
-    photos in each gap (DatasetInfo.report_unreadable: once each, DataError when none of the split decodes)."""
-    def report(indices):
-        for index in indices:
-            info.report_unreadable(int(index))
-        return True
-
-    def kept(image, label, name, epoch, gap_start, position, *rest):
-        reported = tf.cond(
-            position > gap_start,
-            lambda: tf.numpy_function(report, [order(epoch, tf.range(gap_start, position))], tf.bool, stateful=True),
-            lambda: tf.constant(True))
-        with tf.control_dependencies([reported]):
-            return tf.not_equal(label, END_OF_UNIT)
-    return examples.filter(kept)
+        return read(order(epoch, position)).map(lambda *photo: photo + (position,))
+    return tf.data.Dataset.range(first, end).interleave(read_at, num_parallel_calls=tf.data.AUTOTUNE,
+                                                        deterministic=True)
 
 
 def _decoded_files(info, training, seed, at_least=None, repeat=True):
@@ -509,7 +485,7 @@ def _decoded_files(info, training, seed, at_least=None, repeat=True):
     order = _photo_order(num_files, training, seed)
     epochs = tf.data.Dataset.counter() if repeat else tf.data.Dataset.range(1)
     examples = epochs.flat_map(lambda epoch: _photo_unit(info, order, epoch, 0, num_files, at_least))
-    return _without_unreadable(examples, info, order).map(lambda image, label, name, *gap: (image, label, name))
+    return examples.map(lambda image, label, name, position: (image, label, name))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -730,14 +706,13 @@ MAX_RECORDS_PER_SHARD = 2**24  # an example's key is shard draw * this + its ind
 
 
 def _service_examples(info, image_size, seed, reduced_decode, num_epochs=None):
-    """Returns the dataset of (resized uint8 image, label, example key, ...) the service's workers make: endless, or
+    """Returns the dataset of (resized uint8 image, label, example key) the service's workers make: endless, or
     num_epochs epochs.
 
     Its source is a counter of draws of units (runs of SERVICE_PHOTOS_PER_UNIT positions of an epoch's photo order
     in images mode, shards in record modes): the dispatcher hands the draws out one at a time (processing mode
     distributed_epoch), so every unit goes to one worker once per epoch. The key, unique to an example in its epoch,
-    seeds the batch's augmentation (all workers run the same graph and seed). Images mode adds the gap fields of
-    _photo_unit (and its end markers), for the trainer to report what failed to decode (_without_unreadable).
+    seeds the batch's augmentation (all workers run the same graph and seed).
     """
     at_least = image_size if reduced_decode else None
     if info.data_format == 'images':
@@ -747,15 +722,13 @@ def _service_examples(info, image_size, seed, reduced_decode, num_epochs=None):
 
         def photos(draw):
             epoch, first = draw // num_units, (draw % num_units) * SERVICE_PHOTOS_PER_UNIT
-            return _photo_unit(info, order, epoch, first, tf.minimum(first + SERVICE_PHOTOS_PER_UNIT, num_files),
+            unit = _photo_unit(info, order, epoch, first, tf.minimum(first + SERVICE_PHOTOS_PER_UNIT, num_files),
                                at_least)
+            return unit.map(lambda image, label, name, position: (image, label, epoch * num_files + position))
         examples = _unit_draws(num_units, num_epochs).interleave(
             photos, cycle_length=SERVICE_CYCLE_LENGTH, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
-
-        def resized(image, label, name, epoch, gap_start, position):
-            key = epoch * num_files + position
-            return resize_for_training(image, image_size), label, key, epoch, gap_start, position
-        return examples.map(resized, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+        return examples.map(lambda image, label, key: (resize_for_training(image, image_size), label, key),
+                            num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
 
     num_units = len(info.files)
     shard_index = _photo_order(num_units, True, seed)
@@ -803,11 +776,11 @@ def _service_batches(info, batch_size, image_size, seed, reduced_decode, options
     seed = 0 if seed is None else seed
     examples = _service_examples(info, image_size, seed, reduced_decode, num_epochs)
 
-    def with_draws(images, labels, keys, *gaps):
+    def with_draws(images, labels, keys):
         draws = random_draws(tf.stack([tf.constant(seed, tf.int64), keys[0]]), batch_size)
         if augment_on == 'model':
-            return (images, labels, draws) + gaps
-        return (_quantized(augment_batch(images, draws, options)), labels) + gaps
+            return images, labels, draws
+        return _quantized(augment_batch(images, draws, options)), labels
     batches = examples.batch(batch_size, drop_remainder=True).map(with_draws, num_parallel_calls=tf.data.AUTOTUNE,
                                                                   deterministic=False)
     with warnings.catch_warnings():  # distribute() reads the dataset's options, which graph mode warns about
@@ -815,12 +788,6 @@ def _service_batches(info, batch_size, image_size, seed, reduced_decode, options
         batches = batches.apply(tf.data.experimental.service.distribute(
             processing_mode=tf.data.experimental.service.ShardingPolicy.DYNAMIC, service=data_service,
             job_name=service_job))
-    if info.data_format == 'images':  # what the workers could not decode is reported here, then batched again
-        order = _photo_order(len(info.files), True, seed)
-        examples = batches.unbatch().map(lambda images, labels, *rest: (images, labels, '') + rest[-3:] + rest[:-3])
-        examples = _without_unreadable(examples, info, order)
-        batches = examples.map(lambda images, labels, name, epoch, gap_start, position, *draws: (images, labels)
-                               + draws).batch(batch_size, drop_remainder=True)
     if augment_on == 'input':
         batches = batches.map(lambda images, labels: (_dequantized(images), labels))
     return batches.prefetch(tf.data.AUTOTUNE)

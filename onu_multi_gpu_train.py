@@ -27,6 +27,7 @@ import tensorflow as tf
 from onu_lib import onu_cluster
 from onu_lib import onu_data_service
 from onu_lib import onu_flags
+from onu_lib import onu_precision
 import onu_input
 import onu_model
 from onu_lib import onu_run_folder
@@ -146,7 +147,7 @@ def train():
     if role.is_ps:
         return role.serve()
     run_config, train_data, resume_from = onu_training.begin_training_run(options, precision, role, FLAGS.num_gpus)
-    devices = tower_devices(FLAGS.num_gpus, len(tf.config.list_physical_devices('GPU')))
+    devices = tower_devices(FLAGS.num_gpus, len(onu_precision.visible_gpus()))
     if devices[0] == VARIABLE_DEVICE:
         print(f'{len(devices)} towers on the CPU (TensorFlow sees no GPU): this exercises the tower '
               f'logic, it is not faster than onu_train.py.', flush=True)
@@ -207,7 +208,7 @@ def train():
 
 
 def main(argv):
-    num_gpus_visible = len(tf.config.list_physical_devices('GPU'))
+    num_gpus_visible = len(onu_precision.visible_gpus())
     if 0 < num_gpus_visible < FLAGS.num_gpus:
         print(f'error: --num_gpus={FLAGS.num_gpus} but TensorFlow sees {num_gpus_visible} GPU(s); '
               f'use --num_gpus={num_gpus_visible} or fewer', file=sys.stderr)

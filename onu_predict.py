@@ -33,6 +33,7 @@ import tensorflow as tf
 
 from onu_lib import onu_checkpoint
 from onu_lib import onu_dataset
+from onu_lib import onu_errors
 from onu_lib import onu_converter
 from onu_lib import onu_flags
 from onu_lib import onu_photos
@@ -257,7 +258,7 @@ def predict(paths, model_dir, as_json=False, batch_size=32, allow_raw_weights=Fa
         return 2
     try:
         classifier = load_classifier(model_dir, allow_raw_weights)
-    except onu_dataset.DataError as e:
+    except onu_errors.UserError as e:
         print(f'error: {e}', file=err)
         return 2
     print(f'Classifying with the {classifier.source}', file=err, flush=True)

@@ -29,10 +29,12 @@ from benchmark import baselines as benchmark_baselines
 from onu_lib import onu_data_service
 from onu_lib import onu_dataset
 from onu_lib import onu_decoded_cache
+from onu_lib import onu_files
 from onu_lib import onu_pool
 import onu_input
 from onu_lib import onu_launch
 from onu_lib import onu_layouts
+from onu_lib import onu_layout_writer
 from onu_lib import onu_tfrecord
 import onu_model
 from onu_lib import onu_converter
@@ -114,9 +116,9 @@ def write_inception_shards(data_dir, encoded_dir, output_dir):
         class_names = info.class_names
         for path, label in zip(info.files, info.labels):
             with open(path, 'rb') as f, Image.open(path) as image:
-                images.append(onu_layouts.StoredImage(split, label, f.read(), image.width, image.height,
+                images.append(onu_layout_writer.StoredImage(split, label, f.read(), image.width, image.height,
                                                       os.path.basename(path)))
-    onu_layouts.write_records(onu_layouts.layout_named('inception'), output_dir, images, class_names,
+    onu_layout_writer.write_records(onu_layouts.layout_named('inception'), output_dir, images, class_names,
                               num_shards={split: len(manifest['splits'][split]['encoded']['shards'])
                                           for split in onu_dataset.SPLITS}, names_file=False)
     paths = [os.path.join(output_dir, name) for name in os.listdir(output_dir)]
@@ -152,17 +154,17 @@ def measure_record_counting(folder, num_shards, num_records, cold):
         index = os.path.join(cache_dir, onu_layouts.INDEX_SUBDIR)
         for name in os.listdir(index) if os.path.isdir(index) else ():
             os.remove(os.path.join(index, name))
-    saved = os.environ.get(onu_dataset.CACHE_DIR_ENV)
-    os.environ[onu_dataset.CACHE_DIR_ENV] = cache_dir
+    saved = os.environ.get(onu_files.CACHE_DIR_ENV)
+    os.environ[onu_files.CACHE_DIR_ENV] = cache_dir
     try:
         started = time.perf_counter()
-        record_set = onu_layouts.find_foreign_records(folder).record_set('train', 'encoded')
+        record_set = onu_dataset.describe(folder).foreign.record_set('train', 'encoded')
         seconds = time.perf_counter() - started
     finally:
         if saved is None:
-            os.environ.pop(onu_dataset.CACHE_DIR_ENV)
+            os.environ.pop(onu_files.CACHE_DIR_ENV)
         else:
-            os.environ[onu_dataset.CACHE_DIR_ENV] = saved
+            os.environ[onu_files.CACHE_DIR_ENV] = saved
     return {'seconds': seconds, 'records': record_set.num_examples, 'shards': len(record_set.files)}
 
 
@@ -525,7 +527,7 @@ def mixed_compute_dtype():
     The benchmark turns the rewrite on even where the hardware lacks the fast path (where training
     would warn and stay float32), so that it measures what the rewrite costs there.
     """
-    return 'float16' if tf.config.list_physical_devices('GPU') else 'bfloat16'
+    return 'float16' if onu_precision.visible_gpus() else 'bfloat16'
 
 
 def measure_training_variants(model_name, way, info_of, batch_size, image_size, warmup, steps, repeats,

@@ -224,7 +224,7 @@ def hardware_info():
     """Returns the CPU model, core counts, GPUs and versions this run measured on."""
     cpu_model = onu_precision.read_cpu_info()[0] or platform.processor() or platform.machine()
     gpus = [tf.config.experimental.get_device_details(gpu).get('device_name', gpu.name)
-            for gpu in tf.config.list_physical_devices('GPU')]
+            for gpu in onu_precision.visible_gpus()]
     return {'cpu_model': cpu_model, 'cpu_count': os.cpu_count(), 'usable_cores': onu_pool.worker_count(),
             'gpus': gpus, 'memory_gib': round(os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30, 1),
             'tensorflow': tf.__version__, 'python': platform.python_version(), 'platform': platform.platform()}

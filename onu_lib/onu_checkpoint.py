@@ -26,6 +26,7 @@ from google.protobuf import text_format
 import tensorflow as tf
 
 from onu_lib import onu_dataset
+from onu_lib import onu_errors
 import onu_model
 
 CHECKPOINT_BASENAME = 'model.ckpt'  # MonitoredTrainingSession's: model.ckpt-<global step>
@@ -41,7 +42,7 @@ _ANY_FILE = re.compile(re.escape(CHECKPOINT_BASENAME) + r'-(\d+)\.(?:index|data-
 READ_ERRORS = (tf.errors.OpError, ValueError, IndexError, RuntimeError)
 
 
-class DamagedCheckpoint(onu_dataset.DataError):
+class DamagedCheckpoint(onu_errors.UserError):
     """A checkpoint whose files are incomplete or unreadable."""
 
     def __init__(self, path, reason):

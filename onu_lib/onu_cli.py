@@ -24,7 +24,7 @@ import warnings
 from absl import flags
 from absl import logging
 
-from onu_lib import onu_dataset  # no TensorFlow there either
+from onu_lib import onu_errors
 
 FLAGS = flags.FLAGS
 VERBOSE_FLAG = 'verbose'
@@ -133,13 +133,14 @@ def import_tensorflow():
         return tf
     with native_lines_dropped(NATIVE_START_UP_LINE), keras_optional_imports_skipped():
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
-        tf.config.list_physical_devices('GPU')
+        from onu_lib import onu_precision  # pylint: disable=import-outside-toplevel  (it imports TensorFlow)
+        onu_precision.visible_gpus()
         # oneDNN says once per process, at its first uint8 transpose, that it leaves uint8 to Eigen: an error-level
         # line that would otherwise appear at the first step of images mode (EXIF orientation). Said here, dropped.
         # A graph session without GPUs: TensorFlow's eager runtime stays uninitialised, so a script can still
         # choose its devices (onu_eval's --device).
         with tf.Graph().as_default():
-            with tf.compat.v1.Session(config=tf.compat.v1.ConfigProto(device_count={'GPU': 0})) as session:
+            with tf.compat.v1.Session(config=onu_precision.session_config(hide_gpus=True)) as session:
                 session.run(tf.transpose(tf.zeros([1, 2, 1], tf.uint8), [1, 0, 2]))
     return tf
 
@@ -195,7 +196,7 @@ def apply_deprecated_aliases():
 def run_script(body, argv, takes_arguments=False, user_errors=(), failures=(), completions=()):
     """Runs body() for a script's main; a user error becomes one `error: <message>` line, exit 2.
 
-    user_errors: exception types whose message is for the user (onu_dataset.DataError and
+    user_errors: exception types whose message is for the user (onu_errors.UserError and
     flags.Error always are); failures: those that end a run that went wrong (one line, exit 1);
     completions: those that say there is nothing to do (their message on stdout, exit 0).
     """
@@ -209,7 +210,7 @@ def run_script(body, argv, takes_arguments=False, user_errors=(), failures=(), c
     try:
         apply_deprecated_aliases()
         return body() or 0
-    except (onu_dataset.DataError, flags.Error) + tuple(user_errors) as e:
+    except (onu_errors.UserError, flags.Error) + tuple(user_errors) as e:
         print(f'error: {e}', file=sys.stderr)
         return 2
     except tuple(failures) as e:

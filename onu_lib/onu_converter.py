@@ -32,10 +32,11 @@ from PIL import Image
 from tqdm import tqdm
 
 from onu_lib import onu_dataset
+from onu_lib import onu_layouts
 from onu_lib import onu_photos
 from onu_lib import onu_pool
 from onu_lib import onu_tfrecord
-from onu_lib.onu_dataset import DataError
+from onu_lib.onu_errors import DataError
 
 TARGET_SHARD_BYTES = 100 << 20  # automatic --num_shards: about this many bytes per shard
 RAW_TASK_BYTES = 8 << 20  # pixels decoded per worker task: fewer, larger tasks cost the writing process less
@@ -288,7 +289,7 @@ def _converted_payload(image_bytes, features, source, record_format):
     if source.data_format == 'raw':
         height = features[source.height_key].values[0]
         width = features[source.width_key].values[0]
-        mode = onu_dataset.RAW_MODES[len(image_bytes) // (height * width)]
+        mode = onu_layouts.RAW_MODES[len(image_bytes) // (height * width)]
         image = Image.frombytes(mode, (width, height), image_bytes)
         if record_format == 'raw':
             return onu_photos.to_rgb(image).tobytes(), onu_dataset.PAYLOAD_RAW, width, height
@@ -296,7 +297,7 @@ def _converted_payload(image_bytes, features, source, record_format):
         image.save(buffer, 'PNG')
         return buffer.getvalue(), onu_dataset.PAYLOAD_PNG, width, height
     header = onu_photos.read_image_header(image_bytes)
-    if record_format == 'encoded' and header.image_format in onu_photos.TF_DECODABLE_FORMATS:
+    if record_format == 'encoded' and onu_photos.tensorflow_decodes(header):
         payload_format = (onu_dataset.PAYLOAD_JPEG if header.image_format in onu_photos.JPEG_FORMATS
                           else header.image_format.lower())
         return image_bytes, payload_format, header.width, header.height
@@ -476,7 +477,8 @@ def convert(data, output_dir=None, formats=onu_dataset.RECORD_FORMATS, num_shard
     Records already built from the same inputs with the same settings are kept (a re-run is a no-op);
     overwrite rebuilds the requested formats anyway. Records of other formats are kept while they match
     the inputs and compression, else removed. strict turns every skipped file (except hidden/system files)
-    into a DataError. Workers are spawned processes: a script calling this needs the usual
+    into a DataError; skipped files are said in one line (onu_dataset.skipped_line). Workers are spawned
+    processes: a script calling this needs the usual
     `if __name__ == '__main__':` guard.
     """
     known_formats = bool(formats) and set(formats) <= set(onu_dataset.RECORD_FORMATS)
@@ -507,7 +509,7 @@ def convert(data, output_dir=None, formats=onu_dataset.RECORD_FORMATS, num_shard
     if not to_build and set(kept) == set(old['build']) and not (strict and _unreadable(old['skipped'])):
         print(f'{output_dir}: {", ".join(formats)} records are up to date with {data_dir}; nothing to do '
               f'(--overwrite rebuilds them)')
-        return old
+        return _reported(old, output_dir)
 
     workers = onu_pool.worker_count(processes)
     with contextlib.ExitStack() as stack:
@@ -555,6 +557,20 @@ def convert(data, output_dir=None, formats=onu_dataset.RECORD_FORMATS, num_shard
             manifest['build'][record_format] = build
     onu_dataset.write_manifest(output_dir, manifest)
     _remove_replaced_shards(output_dir, old, manifest)
+    return _reported(manifest, output_dir)
+
+
+def _reported(manifest, output_dir):
+    """Prints onu_dataset.skipped_line of the files the manifest lists as skipped, if any; returns the manifest."""
+    reasons = {(s.get('split'), s['path']): s['reason'] for s in manifest['skipped']}  # once, if skipped in each format
+    if reasons:
+        formats = {f for split in manifest['splits'].values() for f in split}
+        # Each file looked at was written in every format or skipped in it (in all, when the listing left it out).
+        total = max((sum(split[f]['records'] for split in manifest['splits'].values() if f in split)
+                     + sum(1 for s in manifest['skipped'] if s.get('format', f) == f) for f in formats),
+                    default=len(reasons))
+        full_list = os.path.join(output_dir, onu_dataset.MANIFEST_FILENAME)
+        print(onu_dataset.skipped_line(list(reasons.values()), total, full_list), flush=True)
     return manifest
 
 
@@ -614,10 +630,4 @@ def summary_table(manifest):
                         + [skipped, f'{entry["source_bytes"] / 1e6:.1f}', f'{entry["record_bytes"] / 1e6:.1f}',
                            f'{entry["record_bytes"] / max(1, entry["source_bytes"]):.3f}', f'{entry["seconds"]:.2f}'])
     widths = [max(len(str(row[i])) for row in [header] + rows) for i in range(len(header))]
-    lines = ['  '.join(str(cell).rjust(width) for cell, width in zip(row, widths)) for row in [header] + rows]
-    unreadable = _unreadable(manifest['skipped'])
-    lines += [f'skipped {s["path"]}: {s["reason"]}' for s in unreadable]
-    hidden = len(manifest['skipped']) - len(unreadable)
-    if hidden:
-        lines.append(f'ignored {hidden} hidden or system files (.DS_Store, Thumbs.db, ...)')
-    return '\n'.join(lines)
+    return '\n'.join('  '.join(str(cell).rjust(width) for cell, width in zip(row, widths)) for row in [header] + rows)

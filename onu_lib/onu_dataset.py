@@ -18,9 +18,10 @@ The layouts:
 Photos and bare class folders may have this repo's records beside them (converted once, on demand).
 
 Also where this repo's records are written (the manifest, labels.txt, shard names and record keys: read and
-written here), and the one report of a photo that is skipped (at listing, or when it fails to decode).
+written here), and the one line that reports skipped files (skipped_line).
 Pure Python, no TensorFlow at import: every script and worker process imports it cheaply.
 """
+import collections
 import contextlib
 import dataclasses
 import hashlib
@@ -28,23 +29,20 @@ import json
 import os
 import re
 import shlex
-import threading
 import unicodedata
 
-from absl import logging
-
+from onu_lib import onu_files
+from onu_lib import onu_layouts
 from onu_lib import onu_photos
 from onu_lib import onu_tfrecord
+from onu_lib.onu_errors import DataError
 
 DEFAULT_DATA_DIR = '/tmp/onu_data'  # every script's default --data_dir: the built-in sample data
-SPLITS = ('train', 'val')
-# The names a split goes by in folder and file names, in order of preference ('test' only when no 'val').
-SPLIT_NAMES = {'train': ('train',), 'val': ('val', 'validation', 'test')}
+SPLITS = tuple(onu_layouts.SPLIT_NAMES)  # train, val
 RECORD_FORMATS = ('raw', 'encoded')
 DATA_FORMATS = ('images',) + RECORD_FORMATS
 COMPRESSIONS = onu_tfrecord.COMPRESSIONS
 DEFAULT_VALIDATION_PERCENT = 10.0  # class folders without a split: the share of photos held out for val
-CACHE_DIR_ENV = 'ONU_CACHE_DIR'
 
 # The layouts besides other tools' (onu_layouts.LAYOUT_NAMES).
 PHOTOS = 'photos'
@@ -74,20 +72,15 @@ PAYLOAD_JPEG = 'jpeg'
 PAYLOAD_PNG = 'png'
 PAYLOAD_RAW = 'raw'
 CHANNELS = 3
-# Raw pixels of other tools' records (PIL's tobytes of the photo as opened): bytes per pixel -> Pillow mode.
-# All become RGB as the photos would: grey replicated, alpha dropped.
-RAW_MODES = {1: 'L', 3: 'RGB', 4: 'RGBA'}
 # A record that names no file is named <shard file>#<index> (its position in the shard, from 0).
 RECORD_NAME_SEPARATOR = '#'
 # The first value of the message of the error a record's label outside the classes raises (onu_input's check).
 LABEL_OUT_OF_RANGE = 'label outside the classes:'
+# The first value of the message of the error a photo that does not decode raises in images mode (onu_input's).
+UNDECODABLE_PHOTO = 'photo does not decode:'
 # What TensorFlow's messages say of a record whose keys or values are not those of the first record.
 UNREADABLE_RECORD_SIGNS = ('is required but could not be found', 'Could not parse', 'Can\'t parse',
                            'Input to reshape')
-
-
-class DataError(Exception):
-    """A problem with the user's data; str(error) is one line naming the path and the fix."""
 
 
 def _check_choice(name, value, choices):
@@ -112,10 +105,9 @@ def missing_data_dir_error(data_dir):
 # ----------------------------------------------------------------------------------------------
 # Photo folders
 
-def visible_subdirs(folder):
-    """Sorted names of the non-hidden subfolders of folder (the class folders of a split)."""
-    return sorted(entry.name for entry in os.scandir(folder)
-                  if entry.is_dir() and not onu_photos.is_hidden(entry.name))
+def visible_subdirs(entries):
+    """Sorted names of the non-hidden subfolders among a folder's entries (os.scandir): the class folders of a split."""
+    return sorted(entry.name for entry in entries if entry.is_dir() and not onu_photos.is_hidden(entry.name))
 
 
 def _candidate_files(class_dir):
@@ -150,16 +142,17 @@ def has_split_folders(data_dir):
 
 def split_dir(data_dir, split):
     """The folder of split's photos: data_dir/train, or the first of data_dir/{val,validation,test} there is."""
-    names = SPLIT_NAMES[split]
+    names = onu_layouts.SPLIT_NAMES[split]
     for name in names:
         if os.path.isdir(os.path.join(data_dir, name)):
             return os.path.join(data_dir, name)
     return os.path.join(data_dir, names[0])
 
 
-def bare_class_folders(data_dir):
-    """The visible subfolders of data_dir that would be classes of bare class folders (not tfrecords/)."""
-    return [name for name in visible_subdirs(data_dir) if name != RECORDS_SUBDIR]
+def bare_class_folders(entries):
+    """The visible subfolders among data_dir's entries (os.scandir) that would be classes of bare class folders (not
+    tfrecords/)."""
+    return [name for name in visible_subdirs(entries) if name != RECORDS_SUBDIR]
 
 
 def split_of(relative_path, validation_percent):
@@ -188,7 +181,7 @@ def _check_has_readable_images(class_dirs, where):
 def find_class_names(data_dir):
     """Sorted class-folder names (class id = index) of data_dir/train, or of bare class folders; DataError if none."""
     if not has_split_folders(data_dir):
-        class_names = bare_class_folders(data_dir) if os.path.isdir(data_dir) else []
+        class_names = bare_class_folders(os.scandir(data_dir)) if os.path.isdir(data_dir) else []
         if not class_names:
             make = shlex.join(['python', 'make_sample_data.py', f'--data_dir={data_dir}'])
             raise DataError(f'{data_dir}: no photos found: put them in {data_dir}/<class>/ (or {data_dir}/train/<class>/ '
@@ -196,13 +189,13 @@ def find_class_names(data_dir):
         _check_has_readable_images([os.path.join(data_dir, name) for name in class_names], data_dir)
         return class_names
     train_dir = os.path.join(data_dir, 'train')
-    class_names = visible_subdirs(train_dir)
+    class_names = visible_subdirs(os.scandir(train_dir))
     if not class_names:
         raise DataError(f'{train_dir} has no class folders: put each class\'s photos in {train_dir}/<class>/')
     split_dirs = [train_dir]
     val_dir = split_dir(data_dir, 'val')
     if os.path.isdir(val_dir):
-        val_names = visible_subdirs(val_dir)
+        val_names = visible_subdirs(os.scandir(val_dir))
         if val_names != class_names:
             missing = sorted(set(class_names) - set(val_names))
             extra = sorted(set(val_names) - set(class_names))
@@ -241,58 +234,45 @@ def list_split_images(data_dir, split, class_names, validation_percent=DEFAULT_V
 def photo_folders(data_dir):
     """The class folders of data_dir's photos: <split>/<class>/ of each split folder, or <class>/ of bare ones."""
     if not has_split_folders(data_dir):
-        return [os.path.join(data_dir, name) for name in bare_class_folders(data_dir)]
+        return [os.path.join(data_dir, name) for name in bare_class_folders(os.scandir(data_dir))]
     folders = []
     for split in SPLITS:
         folder = split_dir(data_dir, split)
         if os.path.isdir(folder):
-            folders += [os.path.join(folder, name) for name in visible_subdirs(folder)]
+            folders += [os.path.join(folder, name) for name in visible_subdirs(os.scandir(folder))]
     return folders
 
 
 # ----------------------------------------------------------------------------------------------
-# Skipped photos: one report, whether a photo is left out when listed or fails to decode while read
+# Skipped files: one line for every way in (training on photos, conversion), counted by kind of reason
 
-_skipped = {}  # path -> why, for every photo this process has left out
-_skipped_lock = threading.Lock()
-
-
-def report_skipped(path, reason, fix='fix or remove it'):
-    """Warns, the first time this process skips path, why and what to do; returns False if it was reported before."""
-    with _skipped_lock:
-        if path in _skipped:
-            return False
-        _skipped[path] = reason
-        count = len(_skipped)
-    logging.warning('skipping %s: %s; %s (%d file(s) skipped so far)', path, reason, fix, count)
-    return True
+def skipped_line(reasons, total, full_list):
+    """The one line that reports skipped files: how many of the total looked at, counted by the kind of their
+    reason (its words before ':' or '('), and where the full list is."""
+    kinds = collections.Counter(re.split(r'[:(]', reason, maxsplit=1)[0].strip() for reason in reasons)
+    counts = ', '.join(f'{count} {kind}' + ('s' if count > 1 and kind.endswith(('file', 'folder')) else '')
+                       for kind, count in sorted(kinds.items()))
+    return f'skipped {len(reasons)} of {total} files: {counts}; the list: {full_list}'
 
 
-def skipped_photos():
-    """Returns {path: reason} of the photos this process has skipped so far."""
-    with _skipped_lock:
-        return dict(_skipped)
+def _write_skipped_list(data_dir, split, skipped):
+    """Writes the (path, reason) of the photos of split left out of images mode to a file in the cache; returns its
+    path, or why it could not be written."""
+    path = os.path.join(onu_files.cache_dir(), 'skipped', f'{onu_files.folder_key(data_dir)}-{split}.txt')
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        onu_files.write_text_atomic(path, ''.join(f'{photo}: {reason}\n' for photo, reason in skipped))
+    except OSError as error:
+        return f'not written ({error})'
+    return path
 
 
 # ----------------------------------------------------------------------------------------------
 # This repo's records on disk: where they are, their manifest and labels file
 
-def cache_dir():
-    """Where what is derived from data folders is kept outside them: $ONU_CACHE_DIR, else the user's cache folder."""
-    if os.environ.get(CACHE_DIR_ENV):
-        return os.environ[CACHE_DIR_ENV]
-    return os.path.join(os.environ.get('XDG_CACHE_HOME') or os.path.expanduser('~/.cache'), 'onu-classifier')
-
-
-def folder_key(folder):
-    """A file name for folder in the cache: its base name and a hash of its real path."""
-    real = os.path.realpath(folder)
-    return f'{os.path.basename(real) or "root"}-{hashlib.sha256(os.fsencode(real)).hexdigest()[:12]}'
-
-
 def cached_records_dir(data_dir):
     """Where this repo's records of a read-only data_dir go: a folder of its own in the cache."""
-    return os.path.join(cache_dir(), 'records', folder_key(data_dir))
+    return os.path.join(onu_files.cache_dir(), 'records', onu_files.folder_key(data_dir))
 
 
 def records_dirs(data_dir):
@@ -320,68 +300,27 @@ def shard_filename(split, record_format, index, num_shards):
     return f'{split}-{record_format}-{index:05d}-of-{num_shards:05d}.tfrecord'
 
 
-def write_text_atomic(path, text):
-    """Writes text to path through a temporary file and a rename, so readers never see half a file."""
-    write_bytes_atomic(path, text.encode('utf-8'))
-
-
-def write_bytes_atomic(path, data):
-    """Writes data to path through a temporary file and a rename; a failed write leaves no temporary file."""
-    temp_path = f'{path}.tmp-{os.getpid()}'
-    try:
-        with open(temp_path, 'wb') as f:
-            f.write(data)
-        os.replace(temp_path, path)
-    except BaseException:
-        if os.path.exists(temp_path):
-            os.remove(temp_path)
-        raise
-
-
 def write_labels(path, class_names):
     """Writes TF-slim's labels file: one 'id:name' line per class."""
-    write_text_atomic(path, ''.join(f'{label}:{name}\n' for label, name in enumerate(class_names)))
-
-
-_ID_NAME = re.compile(r'(\d+):(.+)')  # a line of TF-slim's labels file
-
-
-def _names_file_lines(path):
-    """The non-empty lines of a labels file, stripped; DataError when it is missing or unreadable."""
-    try:
-        with open(path, encoding='utf-8-sig') as f:  # -sig: a byte-order mark some editors write is not a name
-            return [line.strip() for line in f if line.strip()]
-    except FileNotFoundError:
-        raise DataError(f'{path} not found: run python convert_to_tfrecord.py to write it') from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise DataError(f'{path}: unreadable labels file ({error}); save it as UTF-8 text, or move it away') from None
-
-
-def read_names_file(path):
-    """(form, names) of a labels file: ('ids', {id: name}) for id:name lines, ('lines', [name, ...]) otherwise."""
-    lines = _names_file_lines(path)
-    pairs = [_ID_NAME.fullmatch(line) for line in lines]
-    if lines and all(pairs):
-        return 'ids', {int(pair.group(1)): pair.group(2).strip() for pair in pairs}
-    return 'lines', lines
+    onu_files.write_text_atomic(path, ''.join(f'{label}:{name}\n' for label, name in enumerate(class_names)))
 
 
 def read_labels(path):
     """The class names of this repo's labels file: TF-slim's id:name lines, ids 0, 1, 2, ... in order."""
-    names = []
-    for expected_id, line in enumerate(_names_file_lines(path)):
-        pair = _ID_NAME.fullmatch(line)
-        if not pair or int(pair.group(1)) != expected_id:
+    form, names = onu_layouts.read_names_file(path)
+    lines = [f'{label}:{name}' for label, name in names.items()] if form == 'ids' else names
+    for expected_id, line in enumerate(lines):
+        label, _, name = line.partition(':')
+        if label != str(expected_id) or not name.strip():
             raise DataError(f'{path}: line {expected_id + 1} is {line!r}, expected "{expected_id}:<class name>": '
                             f'fix the file or re-run python convert_to_tfrecord.py --overwrite')
-        names.append(pair.group(2).strip())
-    return names
+    return [line.partition(':')[2].strip() for line in lines]
 
 
 def write_manifest(records_dir, manifest):
     """Writes records_dir/manifest.json atomically."""
-    write_text_atomic(os.path.join(records_dir, MANIFEST_FILENAME),
-                      json.dumps(manifest, indent=1, ensure_ascii=False) + '\n')
+    onu_files.write_text_atomic(os.path.join(records_dir, MANIFEST_FILENAME),
+                                json.dumps(manifest, indent=1, ensure_ascii=False) + '\n')
 
 
 def read_manifest(records_dir):
@@ -459,18 +398,6 @@ class DatasetInfo:
     def record_name_prefixes(self):
         """Returns '<shard file>#' of each shard: a record that names no file is named that and its index."""
         return tuple(os.path.basename(path) + RECORD_NAME_SEPARATOR for path in self.files)
-
-    def report_unreadable(self, index):
-        """Reports once that photo `index` of this split could not be decoded, and left out; DataError when none of
-        the split's photos decodes (training would wait for a batch forever)."""
-        path = self.files[index]
-        if path not in skipped_photos():
-            report_skipped(path, onu_photos.why_undecodable(path))
-        skipped = skipped_photos()
-        if all(path in skipped for path in self.files):
-            where = self.data_dir if self.layout == CLASS_FOLDERS else split_dir(self.data_dir, self.split)
-            raise DataError(f'{where}: none of the {len(self.files)} images decodes; replace them with '
-                            f'JPEG/PNG/GIF/BMP photos')
 
 
 # ----------------------------------------------------------------------------------------------
@@ -603,14 +530,15 @@ class DataDir:
         if not os.path.isdir(folder):
             raise DataError(f'{folder}: no {split} photos; put them in {folder}/<class>/ '
                             f'with the classes of {os.path.join(self.path, "train")}')
-        images, skipped = list_split_images(self.path, split, class_names, self.validation_percent)
-        for path, reason in skipped:
-            report_skipped(path, reason)
-        for image in images:
-            if image.image_format not in onu_photos.TF_DECODABLE_FORMATS:
-                report_skipped(image.path, f'a {image.image_format} file, which --data_format=images cannot decode',
-                               f'encoded and raw records include it: {self.convert_command("encoded")}')
-        images = [image for image in images if image.image_format in onu_photos.TF_DECODABLE_FORMATS]
+        listed, skipped = list_split_images(self.path, split, class_names, self.validation_percent)
+        total = len(listed) + len(skipped)
+        images = [image for image in listed if onu_photos.tensorflow_decodes(image)]
+        skipped += [(image.path, f'{image.image_format} file (--data_format=images cannot decode it; encoded and raw '
+                                 f'records include it: {self.convert_command("encoded")})')
+                    for image in listed if not onu_photos.tensorflow_decodes(image)]
+        if skipped:
+            print(skipped_line([reason for _, reason in skipped], total,
+                               _write_skipped_list(self.path, split, skipped)), flush=True)
         if not images:
             if bare:
                 raise DataError(
@@ -696,17 +624,18 @@ def describe(data_dir, validation_percent=None, labels_offset=None):
     validation_percent: bare class folders' held-out share (None: DEFAULT_VALIDATION_PERCENT); labels_offset:
     other tools' records' (None: from evidence, onu_layouts). The error is one line saying what was looked for.
     """
-    from onu_lib import onu_layouts  # pylint: disable=import-outside-toplevel  (it imports this module)
     if not os.path.isdir(data_dir):
         raise missing_data_dir_error(data_dir)
     validation_percent = DEFAULT_VALIDATION_PERCENT if validation_percent is None else validation_percent
     manifests = tuple((records_dir, read_manifest(records_dir)) for records_dir in records_dirs(data_dir))
-    foreign = None if has_split_folders(data_dir) else onu_layouts.find_foreign_records(data_dir)
-    if has_split_folders(data_dir):
+    split_folders = has_split_folders(data_dir)
+    entries = [] if split_folders else list(os.scandir(data_dir))  # listed once, read by every layout's check
+    foreign = None if split_folders else onu_layouts.find_foreign_records(data_dir, entries)
+    if split_folders:
         layout = PHOTOS
     elif foreign is not None:
         layout = foreign.layout.name
-    elif bare_class_folders(data_dir):
+    elif bare_class_folders(entries):
         layout = CLASS_FOLDERS
     elif manifests:
         layout = RECORDS
@@ -748,15 +677,10 @@ def find_damaged_shards(info):
     return damaged
 
 
-def _raised_data_error(message):
-    """Returns the message of a DataError raised inside the pipeline (by a numpy_function), or None."""
-    match = re.search(rf'(?:^|\W){DataError.__name__}: (.*)', str(message))
-    return match.group(1).strip() if match else None
-
-
-def _label_out_of_range(message):
-    """Returns the stored label of a LABEL_OUT_OF_RANGE error's message, or None if it is another error."""
-    match = re.search(re.escape(LABEL_OUT_OF_RANGE) + r'\]\s*\[(-?\d+)\]', str(message))
+def _asserted_number(sign, message):
+    """Returns the number an error of onu_input's checks starting with sign (LABEL_OUT_OF_RANGE, UNDECODABLE_PHOTO)
+    holds, or None if message is another error's."""
+    match = re.search(re.escape(sign) + r'\]\s*\[(-?\d+)\]', str(message))
     return int(match.group(1)) if match else None
 
 
@@ -771,7 +695,11 @@ def _translated(info, error):
                if info.layout == RECORDS else 're-create it with the tool that wrote it, or move it away')
         return DataError(f'{where}: damaged {info.data_format} record file ({problem}); {fix}')
     if isinstance(error, tf.errors.InvalidArgumentError):
-        label = _label_out_of_range(message)
+        label = _asserted_number(LABEL_OUT_OF_RANGE, message)
+        photo = _asserted_number(UNDECODABLE_PHOTO, message)
+        if photo is not None:
+            path = info.files[photo]
+            return DataError(f'{path}: {onu_photos.why_undecodable(path)}; fix or remove it, then start again')
         if label is not None:
             return DataError(
                 f'{info.data_dir}: a record of {info.split} has label {label}, not one of the {info.num_classes} '
@@ -782,9 +710,6 @@ def _translated(info, error):
                 f'{os.path.dirname(info.files[0])}: a {info.split} record lacks what the first one holds '
                 f'({_last_line(message)}); every record needs {info.image_key} and {info.label_key}: re-create the '
                 f'records, or move the odd file away')
-    if isinstance(error, tf.errors.UnknownError):
-        raised = _raised_data_error(message)
-        return DataError(raised) if raised is not None else None
     return None
 
 
@@ -793,9 +718,9 @@ def read_errors_as_data_error(info):
     """Re-raises the data errors of reading info through the input pipeline as one-line DataErrors.
 
     A damaged record becomes a message naming the shard and what is wrong; a label outside the classes one
-    naming --labels_offset; a record without the first one's keys one naming them; a DataError raised in the
-    pipeline (no photo of a split decodes) loses TensorFlow's traceback. Other errors pass. Wrap the loop that
-    runs the graph built from onu_input's pipelines of info.
+    naming --labels_offset; a record without the first one's keys one naming them; a photo that does not decode
+    one naming it and why. Other errors pass. Wrap the loop that runs the graph built from onu_input's pipelines
+    of info.
     """
     try:
         yield

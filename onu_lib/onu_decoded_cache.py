@@ -26,7 +26,7 @@ import threading
 import numpy as np
 import tensorflow as tf
 
-from onu_lib import onu_dataset
+from onu_lib import onu_files
 from onu_lib import onu_run_folder
 from onu_lib import onu_tfrecord
 import onu_input
@@ -48,7 +48,7 @@ PARTIAL = '.partial-'           # NAME.partial-PID: a cache being written by pro
 
 def default_root():
     """Returns where decoded epochs are cached by default: beside the record-count cache, in the user's cache folder."""
-    return os.path.join(onu_dataset.cache_dir(), 'decoded')
+    return os.path.join(onu_files.cache_dir(), 'decoded')
 
 
 def _size(num_bytes):

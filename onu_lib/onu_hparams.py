@@ -19,7 +19,6 @@ from typing import Callable
 
 import tensorflow as tf
 from tensorboard.plugins.hparams import api_pb2
-from tensorboard.plugins.hparams import metadata
 from tensorboard.plugins.hparams import summary as hparams_summary
 from tensorboard.plugins.hparams import summary_v2 as hparams
 
@@ -133,23 +132,3 @@ def write_measured_session(run_dir, settings, metrics):
                                           for tag, value in metrics.items()])
     _write(run_dir, 'measured', experiment_config(), hparams.hparams_pb(settings), scalars,
            hparams_summary.session_end_pb(STATUSES['success']))
-
-
-def session_events(train_dir):
-    """[(kind, content)] of the HParams summaries in train_dir's event files, oldest file first: 'start' with the
-    settings {name: value}, 'end' with its status ('success' or 'failure')."""
-    names = sorted(name for name in tf.io.gfile.listdir(train_dir) if '.hparams-' in name)
-    found = []
-    for name in names:
-        for event in tf.compat.v1.train.summary_iterator(f'{train_dir}/{name}'):
-            for value in event.summary.value:
-                content = value.metadata.plugin_data.content
-                if value.tag == metadata.SESSION_START_INFO_TAG:
-                    start = metadata.parse_session_start_info_plugin_data(content)
-                    found.append(('start', {key: getattr(hparam, hparam.WhichOneof('kind'))
-                                            for key, hparam in start.hparams.items()}))
-                elif value.tag == metadata.SESSION_END_INFO_TAG:
-                    status = metadata.parse_session_end_info_plugin_data(content).status
-                    found.append(('end', next(name for name, code in STATUSES.items() if code == status)))
-    return found
-

@@ -1,7 +1,7 @@
 """TFRecords that other tools wrote, read as they are: the registry of their layouts, which one a folder holds
 (found from its file names and first record), and its splits, keys, label offset, class names and epoch sizes.
 
-    records = find_foreign_records(data_dir)          # ForeignRecords, or None if the folder has none
+    records = find_foreign_records(data_dir, list(os.scandir(data_dir)))   # ForeignRecords, or None if none
     record_set = records.record_set('train', 'encoded', labels_offset=None)   # a RecordSet, for onu_dataset
 
 Only onu_dataset asks (its describe() is the one answer to "what is in this data folder"). A record layout is
@@ -18,7 +18,7 @@ two layouts is a one-line error. Found, not assumed:
     without any, class_<label>;
   - epoch sizes: the tool's own counts file (TFDS's dataset_info.json), else counted once from the record
     framing (onu_tfrecord: length headers and seeks) and cached outside the data folder
-    (onu_dataset.cache_dir()), keyed by path, size and modification time, so that a read-only folder works and a
+    (onu_files.cache_dir()), keyed by path, size and modification time, so that a read-only folder works and a
     changed shard is recounted.
 Pure Python, no TensorFlow.
 """
@@ -28,17 +28,26 @@ import os
 import re
 import typing
 
-from onu_lib import onu_dataset
+from onu_lib import onu_files
 from onu_lib import onu_photos
 from onu_lib import onu_tfrecord
-from onu_lib.onu_dataset import DataError
+from onu_lib.onu_errors import DataError
 
-SPLIT_TOKENS = '|'.join(name for names in onu_dataset.SPLIT_NAMES.values() for name in names)
+# The splits, and the names each goes by in folder and file names, in order of preference ('test' only when no
+# 'val'): other tools' file names, and the split folders of photos (onu_dataset).
+SPLIT_NAMES = {'train': ('train',), 'val': ('val', 'validation', 'test')}
+SPLIT_TOKENS = '|'.join(name for names in SPLIT_NAMES.values() for name in names)
 SCAN_MAX_BYTES = 4096  # scans read values up to this size (labels, texts, sizes); image bytes are skipped
-INDEX_SUBDIR = 'record-index'  # in onu_dataset.cache_dir(): one JSON file of counts per record folder
+INDEX_SUBDIR = 'record-index'  # in onu_files.cache_dir(): one JSON file of counts per record folder
 BACKGROUND = 'background'  # TF-slim's ImageNet labels.txt names class 0 so; no example has it
 NAMES_FORMS = ('ids', 'lines')  # a names file of id:name lines, or of one name per line
 SHARD_NUMBERS = r'\d{5}-of-\d{5}'
+# The keys and labels file TF-slim's converters write (datasets/dataset_utils.py); the other tools here share them.
+SLIM_ENCODED, SLIM_LABEL, SLIM_HEIGHT, SLIM_WIDTH = 'image/encoded', 'image/class/label', 'image/height', 'image/width'
+SLIM_FORMAT, SLIM_TEXT, SLIM_FILENAME, SLIM_LABELS_FILE = 'image/format', 'image/class/text', 'image/filename', 'labels.txt'
+# Raw pixels of other tools' records (PIL's tobytes of the photo as opened): bytes per pixel -> Pillow mode.
+# All become RGB as the photos would: grey replicated, alpha dropped.
+RAW_MODES = {1: 'L', 3: 'RGB', 4: 'RGBA'}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +77,7 @@ def _write_tfds_info(path, shard_lengths):
     splits = [{'name': token, 'shardLengths': [str(length) for length in lengths],
                'filepathTemplate': '{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}'}
               for token, lengths in shard_lengths.items()]
-    onu_dataset.write_text_atomic(path, json.dumps({'splits': splits}) + '\n')
+    onu_files.write_text_atomic(path, json.dumps({'splits': splits}) + '\n')
 
 
 TFDS_INFO = CountsFile('dataset_info.json', _read_tfds_info, _write_tfds_info)
@@ -93,10 +102,10 @@ class RecordLayout:
     label_key: str
     written_keys: tuple = ()
     format_tokens: dict = None  # {data format: how the tool's file names spell it}; None: the format's name
-    height_key: str = onu_dataset.KEY_HEIGHT  # raw pixels: their height and width
-    width_key: str = onu_dataset.KEY_WIDTH
-    filename_key: str = onu_dataset.KEY_FILENAME  # the record's file name, when the tool writes one
-    text_key: str = onu_dataset.KEY_TEXT          # the record's class name, when the tool writes one
+    height_key: str = SLIM_HEIGHT  # raw pixels: their height and width
+    width_key: str = SLIM_WIDTH
+    filename_key: str = SLIM_FILENAME  # the record's file name, when the tool writes one
+    text_key: str = SLIM_TEXT          # the record's class name, when the tool writes one
     labels_base: int = None     # the label the tool gives the first class; None: varies, evidence needed
     labels_base_keys: tuple = ()  # keys that show the tool wrote a record: labels_base counts as evidence then
     names_files: tuple = ()     # files beside the records that name the classes, in order of preference
@@ -107,9 +116,10 @@ class RecordLayout:
     version_folder: str = None  # the tool keeps its files in <data_dir>/<version>/ (TFDS), e.g. '3.0.1'
 
     def __post_init__(self):
-        onu_dataset._check_choice(f'names_form of layout {self.name}', self.names_form, NAMES_FORMS)
-        if set(self.split_tokens) != set(onu_dataset.SPLITS):
-            raise ValueError(f'layout {self.name}: split_tokens must name a token for each of {onu_dataset.SPLITS}')
+        if self.names_form not in NAMES_FORMS:
+            raise ValueError(f'layout {self.name}: names_form={self.names_form!r}; expected one of {NAMES_FORMS}')
+        if set(self.split_tokens) != set(SPLIT_NAMES):
+            raise ValueError(f'layout {self.name}: split_tokens must name a token for each of {tuple(SPLIT_NAMES)}')
 
     @property
     def sharded(self):
@@ -133,7 +143,7 @@ def _shards(prefix, suffix=''):
     return re.compile(prefix + rf'(?P<split>{SPLIT_TOKENS})' + suffix)
 
 
-_INCEPTION_KEYS = ('image/colorspace', onu_dataset.KEY_CHANNELS, onu_dataset.KEY_TEXT)
+_INCEPTION_KEYS = ('image/colorspace', 'image/channels', SLIM_TEXT)
 
 # The layouts of other tools' records, as their code writes them (file names, keys, labels). A new layout is one
 # entry: finding it, its messages and every test that takes `layout` follow (tests write its sample files).
@@ -150,17 +160,17 @@ RECORD_LAYOUTS = (
         file_name=_shards(r'(?P<name>.+)_', rf'_{SHARD_NUMBERS}\.tfrecord'),
         sample_file_name='{name}_{split}_{index:05d}-of-{count:05d}.tfrecord',
         split_tokens={'train': 'train', 'val': 'validation'},
-        image_keys={onu_dataset.KEY_ENCODED: 'encoded'}, label_key=onu_dataset.KEY_LABEL,
-        written_keys=(onu_dataset.KEY_FORMAT, onu_dataset.KEY_HEIGHT, onu_dataset.KEY_WIDTH),
-        labels_base=0, names_files=(onu_dataset.LABELS_FILENAME,)),
+        image_keys={SLIM_ENCODED: 'encoded'}, label_key=SLIM_LABEL,
+        written_keys=(SLIM_FORMAT, SLIM_HEIGHT, SLIM_WIDTH),
+        labels_base=0, names_files=(SLIM_LABELS_FILE,)),
     RecordLayout(
         name='inception', looks_like='the Inception/ImageNet converters: train-00000-of-01024, validation-00000-of-00128',
         file_name=_shards('', f'-{SHARD_NUMBERS}'), sample_file_name='{split}-{index:05d}-of-{count:05d}',
         split_tokens={'train': 'train', 'val': 'validation'},
-        image_keys={onu_dataset.KEY_ENCODED: 'encoded'}, label_key=onu_dataset.KEY_LABEL,
-        written_keys=(onu_dataset.KEY_HEIGHT, onu_dataset.KEY_WIDTH, onu_dataset.KEY_FORMAT,
-                      onu_dataset.KEY_FILENAME) + _INCEPTION_KEYS,
-        labels_base=1, labels_base_keys=_INCEPTION_KEYS, names_files=(onu_dataset.LABELS_FILENAME,),
+        image_keys={SLIM_ENCODED: 'encoded'}, label_key=SLIM_LABEL,
+        written_keys=(SLIM_HEIGHT, SLIM_WIDTH, SLIM_FORMAT,
+                      SLIM_FILENAME) + _INCEPTION_KEYS,
+        labels_base=1, labels_base_keys=_INCEPTION_KEYS, names_files=(SLIM_LABELS_FILE,),
         writes_names_file=False, names_form='lines', first_line_label=1),
     RecordLayout(
         name='single_file', looks_like="one file per split: the study's 603_663_train_raw.tfrecord and "
@@ -169,9 +179,9 @@ RECORD_LAYOUTS = (
                              r'\.(?:tfrecords?|records?)'),
         sample_file_name='603_663_{split}_{format}.tfrecord', split_tokens={'train': 'train', 'val': 'val'},
         format_tokens={'raw': 'raw', 'encoded': 'g'},
-        image_keys={onu_dataset.KEY_RAW: 'raw', onu_dataset.KEY_ENCODED: 'encoded'}, label_key=onu_dataset.KEY_LABEL,
-        written_keys=(onu_dataset.KEY_HEIGHT, onu_dataset.KEY_WIDTH),
-        labels_base=0, names_files=(onu_dataset.LABELS_FILENAME,), writes_names_file=False),
+        image_keys={'image/raw': 'raw', SLIM_ENCODED: 'encoded'}, label_key=SLIM_LABEL,
+        written_keys=(SLIM_HEIGHT, SLIM_WIDTH),
+        labels_base=0, names_files=(SLIM_LABELS_FILE,), writes_names_file=False),
 )
 LAYOUT_NAMES = tuple(layout.name for layout in RECORD_LAYOUTS)
 
@@ -211,81 +221,6 @@ def layout_named(name):
 
 
 # ----------------------------------------------------------------------------------------------
-# Writing records as a layout's tool does (for the tests and the benchmark: the same entry that finds them)
-
-@dataclasses.dataclass(frozen=True)
-class StoredImage:
-    """One image to store as a tool would: its split, class (0-based), bytes, upright size and file name.
-
-    data: the file's bytes (encoded records), or PIL's tobytes of the image as opened (raw records).
-    """
-    split: str
-    label: int
-    data: bytes
-    width: int
-    height: int
-    file_name: str
-
-
-def _written_value(key, image, class_names):
-    """The value a tool writes under one of its written_keys for an image."""
-    values = {onu_dataset.KEY_HEIGHT: image.height, onu_dataset.KEY_WIDTH: image.width, onu_dataset.KEY_CHANNELS: 3,
-              onu_dataset.KEY_FORMAT: 'jpeg', onu_dataset.KEY_TEXT: class_names[image.label],
-              onu_dataset.KEY_FILENAME: image.file_name, 'image/colorspace': 'RGB'}
-    return values[key]
-
-
-def _stored_record(layout, image, class_names, data_format, keys):
-    """The serialized record of one image as the layout's tool writes it (keys: the written_keys written)."""
-    image_key = next(key for key, key_format in layout.image_keys.items() if key_format == data_format)
-    features = {image_key: image.data, layout.label_key: image.label + (layout.labels_base or 0)}
-    features.update({key: _written_value(key, image, class_names) for key in keys})
-    if data_format == 'raw':
-        features.update({layout.height_key: image.height, layout.width_key: image.width})
-    return onu_tfrecord.serialize_example(features)
-
-
-def _names_file_text(layout, class_names):
-    """The layout's names file of class_names (the first class's label is labels_base), as its tool writes it."""
-    first = layout.labels_base or 0
-    if layout.names_form == 'ids':
-        return ''.join(f'{first + index}:{name}\n' for index, name in enumerate(class_names))
-    return ''.join(f'{name}\n' for name in class_names)
-
-
-def write_records(layout, folder, images, class_names, data_format='encoded', num_shards=2, compression='NONE',
-                  names_file=None, keys=None, name='flowers'):
-    """Writes StoredImages as layout's tool does: its file names, keys, labels, names file and counts file.
-
-    Returns the folder to give as --data_dir (a version folder's parent where the tool keeps one). num_shards: per
-    split, or {split: shards}; keys: which of the layout's written_keys to write (None: all); names_file: write
-    its names file, if it has one (None: if its tool does).
-    """
-    data_dir = os.path.join(folder, name) if layout.version_folder else folder
-    target = os.path.join(data_dir, layout.version_folder) if layout.version_folder else folder
-    os.makedirs(target, exist_ok=True)
-    keys = layout.written_keys if keys is None else keys
-    lengths = {}
-    for split, token in layout.split_tokens.items():
-        count = (num_shards[split] if isinstance(num_shards, dict) else num_shards) if layout.sharded else 1
-        chosen = [image for image in images if image.split == split]
-        per_shard = -(-len(chosen) // count)  # trailing shards may be empty, as TF-slim's
-        for index in range(count):
-            shard = chosen[index * per_shard:(index + 1) * per_shard]
-            file_name = layout.file_name_of(token, index, count, data_format, name)
-            onu_tfrecord.write_records(os.path.join(target, file_name),
-                                       [_stored_record(layout, image, class_names, data_format, keys)
-                                        for image in shard], compression)
-            lengths.setdefault(token, []).append(len(shard))
-    if (layout.writes_names_file if names_file is None else names_file) and layout.names_files:
-        onu_dataset.write_text_atomic(os.path.join(target, layout.names_files[0]),
-                                      _names_file_text(layout, class_names))
-    if layout.counts_file:
-        layout.counts_file.write(os.path.join(target, layout.counts_file.name), lengths)
-    return data_dir
-
-
-# ----------------------------------------------------------------------------------------------
 # Finding the files
 
 @dataclasses.dataclass(frozen=True)
@@ -299,19 +234,19 @@ class RecordGroup:
     data_format: str        # 'raw' or 'encoded': what the image bytes of the records are
 
 
-def _version_folders(data_dir, layout):
-    """data_dir's subfolders holding the layout's counts file (TFDS's <version>/), newest version first."""
-    def version(name):
-        return tuple(int(part) if part.isdigit() else 0 for part in name.split('.'))
-    names = [name for name in onu_dataset.visible_subdirs(data_dir)
-             if os.path.isfile(os.path.join(data_dir, name, layout.counts_file.name))]
-    return [os.path.join(data_dir, name) for name in sorted(names, key=version, reverse=True)]
+def _version_folders(entries, layout):
+    """The subfolders among a folder's entries holding the layout's counts file (TFDS's <version>/), newest first."""
+    def version(entry):
+        return tuple(int(part) if part.isdigit() else 0 for part in entry.name.split('.'))
+    folders = [entry for entry in entries if entry.is_dir() and not onu_photos.is_hidden(entry.name)
+               and os.path.isfile(os.path.join(entry.path, layout.counts_file.name))]
+    return [entry.path for entry in sorted(folders, key=version, reverse=True)]
 
 
-def _matching_files(folder, layout):
-    """{file name: split token} of folder's files that layout's pattern matches."""
+def _matching_files(entries, layout):
+    """{file name: split token} of a folder's files (entries: its listing) that layout's pattern matches."""
     matches = {}
-    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+    for entry in sorted(entries, key=lambda e: e.name):
         if entry.is_file() and not onu_photos.is_hidden(entry.name):
             match = layout.file_name.fullmatch(entry.name)
             if match:
@@ -372,42 +307,47 @@ def _record_group(layout, folder, split, names):
                        image_key=image_key, data_format=layout.image_keys[image_key])
 
 
-def _folder_state(data_dir):
-    """What finding records in data_dir depends on: its own and its subfolders' modification times."""
-    return tuple((entry.name, entry.stat().st_mtime_ns) for entry in os.scandir(data_dir) if entry.is_dir()) + (
+def _folder_state(data_dir, entries):
+    """What finding records in data_dir (entries: its listing) depends on: its own and its subfolders' modification
+    times."""
+    return tuple((entry.name, entry.stat().st_mtime_ns) for entry in entries if entry.is_dir()) + (
         os.stat(data_dir).st_mtime_ns,)
 
 
 _found = {}  # (real path, _folder_state) -> ForeignRecords or None, found once per process
 
 
-def find_foreign_records(data_dir):
+def find_foreign_records(data_dir, entries):
     """The ForeignRecords in data_dir (or in its newest version folder), or None if there are none.
 
+    entries: data_dir's listing (a list of os.scandir's entries), made once by the caller for every layout's check.
     Found once per process while the folder does not change.
     """
-    key = (os.path.realpath(data_dir), _folder_state(data_dir))
+    key = (os.path.realpath(data_dir), _folder_state(data_dir, entries))
     if key not in _found:
-        _found[key] = _find(data_dir)
+        _found[key] = _find(data_dir, entries)
     return _found[key]
 
 
-def _layout_files(data_dir):
-    """[(layout, folder, {file name: split token})] of every layout whose files data_dir holds."""
+def _layout_files(data_dir, entries):
+    """[(layout, folder, {file name: split token})] of every layout whose files data_dir (entries: its listing) holds."""
+    listings = {data_dir: entries}  # each folder listed once, however many layouts look in it
     found = []
     for layout in RECORD_LAYOUTS:
-        folders = [data_dir] + (_version_folders(data_dir, layout) if layout.version_folder else [])
+        folders = [data_dir] + (_version_folders(entries, layout) if layout.version_folder else [])
         for folder in folders:
-            matches = _matching_files(folder, layout)
+            if folder not in listings:
+                listings[folder] = list(os.scandir(folder))
+            matches = _matching_files(listings[folder], layout)
             if matches:
                 found.append((layout, folder, matches))
                 break
     return found
 
 
-def _find(data_dir):
+def _find(data_dir, entries):
     """The ForeignRecords of the one layout whose files data_dir holds, or None; DataError for files of two."""
-    found = _layout_files(data_dir)
+    found = _layout_files(data_dir, entries)
     if len(found) > 1:
         examples = '; '.join(f'{layout.name}: {sorted(matches)[0]}' for layout, _, matches in found)
         raise DataError(f'{data_dir}: holds the records of more than one tool ({examples}); keep one set of records '
@@ -428,7 +368,7 @@ def _find(data_dir):
 
 def _index_path(folder):
     """The cache file of folder's record counts and scans."""
-    return os.path.join(onu_dataset.cache_dir(), INDEX_SUBDIR, onu_dataset.folder_key(folder) + '.json')
+    return os.path.join(onu_files.cache_dir(), INDEX_SUBDIR, onu_files.folder_key(folder) + '.json')
 
 
 def _load_index(folder):
@@ -447,7 +387,7 @@ def _save_index(folder, files):
     path = _index_path(folder)
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        onu_dataset.write_text_atomic(path, json.dumps({'folder': os.path.realpath(folder), 'files': files}) + '\n')
+        onu_files.write_text_atomic(path, json.dumps({'folder': os.path.realpath(folder), 'files': files}) + '\n')
     except OSError:
         pass
 
@@ -509,9 +449,9 @@ def _raw_pixels_problem(features, image_key, layout):
     height, width = sizes[0].values[0], sizes[1].values[0]
     image = features[image_key]
     num_bytes = image.values[0] if image.skipped else len(image.values[0]) if image.values else 0
-    if height <= 0 or width <= 0 or not any(num_bytes == height * width * c for c in onu_dataset.RAW_MODES):
+    if height <= 0 or width <= 0 or not any(num_bytes == height * width * c for c in RAW_MODES):
         return (f'{num_bytes} bytes of pixels for {height}x{width}, which is not '
-                f'{", ".join(str(c) for c in onu_dataset.RAW_MODES)} bytes per pixel')
+                f'{", ".join(str(c) for c in RAW_MODES)} bytes per pixel')
     return None
 
 
@@ -540,6 +480,29 @@ def _scan_file(path, compression, group, layout):
 # ----------------------------------------------------------------------------------------------
 # Labels: the offset from evidence, the class names
 
+_ID_NAME = re.compile(r'(\d+):(.+)')  # a line of TF-slim's labels file
+
+
+def _names_file_lines(path):
+    """The non-empty lines of a labels file, stripped; DataError when it is missing or unreadable."""
+    try:
+        with open(path, encoding='utf-8-sig') as f:  # -sig: a byte-order mark some editors write is not a name
+            return [line.strip() for line in f if line.strip()]
+    except FileNotFoundError:
+        raise DataError(f'{path} not found: run python convert_to_tfrecord.py to write it') from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise DataError(f'{path}: unreadable labels file ({error}); save it as UTF-8 text, or move it away') from None
+
+
+def read_names_file(path):
+    """(form, names) of a labels file: ('ids', {id: name}) for id:name lines, ('lines', [name, ...]) otherwise."""
+    lines = _names_file_lines(path)
+    pairs = [_ID_NAME.fullmatch(line) for line in lines]
+    if lines and all(pairs):
+        return 'ids', {int(pair.group(1)): pair.group(2).strip() for pair in pairs}
+    return 'lines', lines
+
+
 def _text(features, layout):
     """The class name a record's layout.text_key holds, or None."""
     text = features.get(layout.text_key)
@@ -564,7 +527,7 @@ class ForeignRecords:
         self.layout = layout
         self.folder = folder
         self._tokens = {}  # split -> the split token its files use (the first of SPLIT_NAMES there is)
-        for split, names in onu_dataset.SPLIT_NAMES.items():
+        for split, names in SPLIT_NAMES.items():
             self._tokens[split] = next((name for name in names if name in matches.values()), None)
         self.groups = []
         for split, token in self._tokens.items():
@@ -590,7 +553,7 @@ class ForeignRecords:
     def describe(self):
         """One line: the layout and what each split holds."""
         parts = []
-        for split in onu_dataset.SPLITS:
+        for split in SPLIT_NAMES:
             sets = [f'{len(group.files)} {group.data_format} file(s)'
                     f'{" " + group.compression if group.compression != "NONE" else ""} ({group.image_key})'
                     for group in self.groups if group.split == split]
@@ -604,7 +567,7 @@ class ForeignRecords:
         if groups:
             return groups
         there = sorted({group.data_format for group in self.groups if group.split == split})
-        names = ' or '.join(onu_dataset.SPLIT_NAMES[split])
+        names = ' or '.join(SPLIT_NAMES[split])
         if there:
             raise DataError(f'{self.folder}: its {self.layout.name} records of {split} hold {" and ".join(there)} '
                             f'images, not {data_format}: use --data_format={there[0]}')
@@ -681,7 +644,7 @@ class ForeignRecords:
         for name in self.layout.names_files:
             path = os.path.join(self.folder, name)
             if os.path.isfile(path):
-                return path, onu_dataset.read_names_file(path)
+                return path, read_names_file(path)
         return None
 
     def labels(self, labels_offset=None):

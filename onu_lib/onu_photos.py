@@ -17,7 +17,8 @@ JPEG_FORMATS = ('JPEG', 'MPO')  # Pillow calls multi-picture camera JPEGs 'MPO';
 # Files kept byte for byte in encoded records: TensorFlow decodes them to the same RGB pixels as Pillow's
 # convert('RGB') (alpha dropped, grey and palette expanded). CMYK JPEGs and 16-bit PNGs are not among them.
 KEPT_MODES = {'JPEG': ('RGB', 'L'), 'MPO': ('RGB', 'L'), 'PNG': ('RGB', 'L', 'RGBA', 'LA', 'P')}
-TF_DECODABLE_FORMATS = JPEG_FORMATS + ('PNG', 'GIF', 'BMP', 'WEBP')  # what tf.io.decode_image reads
+# What tf.io.decode_image reads (of BMPs, not 1-bit ones: tensorflow_decodes).
+TF_DECODABLE_FORMATS = JPEG_FORMATS + ('PNG', 'GIF', 'BMP', 'WEBP')
 SYSTEM_FILENAMES = ('thumbs.db', 'ehthumbs.db', 'desktop.ini', 'icon\r')
 REASON_HIDDEN = 'hidden or system file'
 EXIF_ORIENTATION_TAG = 0x0112
@@ -61,6 +62,11 @@ class ImageInfo:
 def is_hidden(name):
     """True for dot-files and the system files file managers leave in photo folders."""
     return name.startswith('.') or name.lower() in SYSTEM_FILENAMES
+
+
+def tensorflow_decodes(image):
+    """True if TensorFlow's decoders read an image of this format and mode (an ImageInfo's or ImageHeader's)."""
+    return image.image_format in TF_DECODABLE_FORMATS and (image.image_format, image.mode) != ('BMP', '1')
 
 
 def _has_jpeg_end_marker(fp):

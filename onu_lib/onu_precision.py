@@ -50,11 +50,16 @@ def read_cpu_info(path='/proc/cpuinfo'):
     return model, cpu_flags
 
 
+def visible_gpus():
+    """The GPUs TensorFlow sees: the one answer to "is there a GPU" (none on this project's machines)."""
+    return tf.config.list_physical_devices('GPU')
+
+
 def detect_hardware():
     """Returns this machine's Hardware: CPU flags from /proc/cpuinfo, GPUs from TensorFlow."""
     model, cpu_flags = read_cpu_info()
     gpus = []
-    for gpu in tf.config.list_physical_devices('GPU'):
+    for gpu in visible_gpus():
         details = tf.config.experimental.get_device_details(gpu)
         gpus.append((details.get('device_name', gpu.name), tuple(details.get('compute_capability', (0, 0)))))
     return Hardware(model, tuple(flag for flag in CPU_BFLOAT16_FLAGS if flag in cpu_flags), tuple(gpus))

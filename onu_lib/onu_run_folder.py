@@ -29,7 +29,7 @@ import time
 import tensorflow as tf
 
 from onu_lib import onu_checkpoint
-from onu_lib import onu_dataset
+from onu_lib import onu_errors
 
 LOCK_FILENAME = '.onu-lock'  # in a run folder: who uses it (pid, host, start time), while it does
 # Why a write can fail that the user can fix, by errno and by the words TensorFlow's errors carry.
@@ -40,7 +40,7 @@ WRITE_FAILURE_WORDS = {'No space left on device': 'the disk is full', 'Disk quot
                        'Read-only file system': 'the file system is read-only', 'Permission denied': 'permission denied'}
 
 
-class FolderInUse(onu_dataset.DataError):
+class FolderInUse(onu_errors.UserError):
     """Another live process uses the run folder; the message names it and what to do."""
 
 

@@ -21,6 +21,7 @@ import cv2
 import numpy as np
 
 from onu_lib import onu_dataset
+from onu_lib import onu_files
 from onu_lib import onu_pool
 
 SAMPLE_CLASS_NAMES = ('F603', 'F663N')
@@ -355,5 +356,5 @@ def generate_dataset(output_dir, train_per_class=DEFAULT_TRAIN_PER_CLASS, val_pe
     os.rmdir(temp_dir)
     info = {'settings': settings, 'files': len(sizes), 'bytes': sum(sizes),
             'seconds': round(time.time() - started, 2)}
-    onu_dataset.write_text_atomic(info_path, json.dumps(info, indent=1) + '\n')
+    onu_files.write_text_atomic(info_path, json.dumps(info, indent=1) + '\n')
     return dict(info, generated=True)

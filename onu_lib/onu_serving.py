@@ -31,6 +31,7 @@ import tensorflow as tf
 
 from onu_lib import onu_checkpoint
 from onu_lib import onu_dataset
+from onu_lib import onu_precision
 import onu_input
 import onu_model
 from onu_lib import onu_run_config
@@ -104,8 +105,7 @@ def _write_saved_model(directory, checkpoint_path, run_config, allow_raw_weights
     with tf.Graph().as_default() as graph:
         signatures = build_serving_graph(run_config)
         # The CPU is enough to copy weights, and keeps an export during training off the GPU.
-        config = tf.compat.v1.ConfigProto(device_count={'GPU': 0})
-        with tf.compat.v1.Session(graph=graph, config=config) as session:
+        with tf.compat.v1.Session(graph=graph, config=onu_precision.session_config(hide_gpus=True)) as session:
             weights = onu_checkpoint.restore(session, checkpoint_path, run_config.moving_average_decay,
                                              allow_raw_weights)
             builder = tf.compat.v1.saved_model.Builder(directory)

@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from onu_lib import onu_checkpoint
 from onu_lib import onu_dataset
+from onu_lib import onu_files
 from onu_lib import onu_serving
 import onu_input
 
@@ -156,9 +157,9 @@ def write_tflite(version_dir, format_name, run_config, calibration=None):
     labels_path = os.path.join(version_dir, LABELS_FILENAME)
     new_labels = read_labels(path) != list(run_config.class_names)  # the other formats' labels are the same file
     if new_labels:
-        onu_dataset.write_text_atomic(labels_path, ''.join(f'{name}\n' for name in run_config.class_names))
+        onu_files.write_text_atomic(labels_path, ''.join(f'{name}\n' for name in run_config.class_names))
     try:
-        onu_dataset.write_bytes_atomic(path, model)
+        onu_files.write_bytes_atomic(path, model)
     except BaseException:
         if new_labels:  # nothing written: a full or failing folder keeps no labels.txt without its model
             with contextlib.suppress(OSError):

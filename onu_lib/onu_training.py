@@ -196,7 +196,7 @@ class RunComplete(Exception):
 
 def default_model_name():
     """Returns onu_model.DEFAULT_MODEL_WITH_GPU when TensorFlow sees a GPU, else DEFAULT_MODEL_WITHOUT_GPU."""
-    if tf.config.list_physical_devices('GPU'):
+    if onu_precision.visible_gpus():
         return onu_model.DEFAULT_MODEL_WITH_GPU
     return onu_model.DEFAULT_MODEL_WITHOUT_GPU
 

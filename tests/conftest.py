@@ -75,6 +75,8 @@ sys.path.insert(0, REPO_ROOT)
 
 from onu_lib import onu_converter  # noqa: E402  (needs REPO_ROOT on sys.path)
 from onu_lib import onu_dataset  # noqa: E402
+from onu_lib import onu_layout_writer  # noqa: E402
+from onu_lib import onu_layouts  # noqa: E402
 from onu_lib import onu_run_config  # noqa: E402
 from onu_lib import onu_sample_data  # noqa: E402
 
@@ -656,6 +658,29 @@ def file_states(*folders):
     return states
 
 
+def session_events(train_dir):
+    """[(kind, content)] of the HParams summaries in train_dir's event files, in the order they were written: 'start'
+    with the settings {name: value}, 'end' with its status ('success' or 'failure')."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from tensorboard.plugins.hparams import metadata  # pylint: disable=import-outside-toplevel
+    from onu_lib import onu_hparams  # pylint: disable=import-outside-toplevel
+    found = []  # (wall time, kind, content)
+    for name in (name for name in os.listdir(train_dir) if '.hparams-' in name):
+        for event in tf.compat.v1.train.summary_iterator(os.path.join(train_dir, name)):
+            for value in event.summary.value:
+                content = value.metadata.plugin_data.content
+                if value.tag == metadata.SESSION_START_INFO_TAG:
+                    start = metadata.parse_session_start_info_plugin_data(content)
+                    found.append((event.wall_time, 'start', {key: getattr(hparam, hparam.WhichOneof('kind'))
+                                                             for key, hparam in start.hparams.items()}))
+                elif value.tag == metadata.SESSION_END_INFO_TAG:
+                    status = metadata.parse_session_end_info_plugin_data(content).status
+                    found.append((event.wall_time, 'end', next(name for name, code in onu_hparams.STATUSES.items()
+                                                               if code == status)))
+    # By the events' times, not the files' names: those count whole seconds, and 'end' sorts before 'start'.
+    return [(kind, content) for _, kind, content in sorted(found, key=lambda item: item[0])]
+
+
 @contextlib.contextmanager
 def built_once(tmp_path_factory, name):
     """A folder that the test processes of one pytest run share: yields (its path, True for the one process that
@@ -1025,7 +1050,7 @@ def chromium_page(tmp_path):
 #   layout_photos(classes=LAYOUT_CLASSES, train=4, val=2, val_classes=None, mode='RGB') -> [LayoutPhoto]
 #       tiny photos (distinct colour per class, JPEG unless mode says otherwise) of each split.
 #   write_layout(layout, folder, photos, classes=LAYOUT_CLASSES, data_format='encoded', **options) -> the data_dir to
-#       give --data_dir: the photos written as the layout's tool writes them (onu_layouts.write_records' options).
+#       give --data_dir: the photos written as the layout's tool writes them (onu_layout_writer.write_records' options).
 #   layout_class_names(layout, classes=LAYOUT_CLASSES)  the class names found in what write_layout wrote.
 #   write_tfrecord(path, serialized, compression) and _example(features): TensorFlow's own writer and Example, for
 #       records no tool would write (an independent check of onu_tfrecord).
@@ -1059,25 +1084,23 @@ def layout_photos(classes=LAYOUT_CLASSES, train=4, val=2, val_classes=None, mode
 
 
 def write_layout(layout, folder, photos, classes=LAYOUT_CLASSES, data_format='encoded', **options):
-    """Writes photos as the layout's tool does (onu_layouts.write_records of its entry); returns the data_dir.
+    """Writes photos as the layout's tool does (onu_layout_writer.write_records of its entry); returns the data_dir.
 
     Raw records hold PIL's tobytes of each photo as opened (grey, RGB or RGBA), as the study's converter wrote them.
     """
-    from onu_lib import onu_layouts  # pylint: disable=import-outside-toplevel
     def stored(photo):
         """The photo as its record holds it: the file's bytes, or the pixels of the file as opened."""
         with Image.open(io.BytesIO(photo.data)) as opened:
             data = opened.tobytes() if data_format == 'raw' else photo.data
-            return onu_layouts.StoredImage(photo.split, photo.label, data, opened.width, opened.height, photo.name)
+            return onu_layout_writer.StoredImage(photo.split, photo.label, data, opened.width, opened.height, photo.name)
     images = [stored(photo) for photo in photos]
-    return onu_layouts.write_records(onu_layouts.layout_named(layout), folder, images, classes, data_format,
-                                     **options)
+    return onu_layout_writer.write_records(onu_layouts.layout_named(layout), folder, images, classes, data_format,
+                                           **options)
 
 
 def layout_class_names(layout, classes=LAYOUT_CLASSES):
     """The class names found in write_layout's records of layout: the tool's names file or class texts, if it writes
     either, else class_<label>."""
-    from onu_lib import onu_layouts  # pylint: disable=import-outside-toplevel
     entry = onu_layouts.layout_named(layout)
     if entry.writes_names_file or entry.text_key in entry.written_keys:
         return tuple(classes)

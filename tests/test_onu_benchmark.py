@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import (REPO_ROOT, STUDY_AUGMENTATION_RANGES, assert_spans, colour_effect, layout_photos,
-                      mid_colour_image, script_command, write_layout)
+                      mid_colour_image, script_command, write_layout, session_events)
 from benchmark import baselines as benchmark_baselines
 from benchmark import measure as benchmark_measure
 from benchmark import plan as benchmark_plan
@@ -172,7 +172,7 @@ def test_quick_run_measures_every_row(make_tiny_dataset, tmp_path):
     assert f'tensorboard --logdir={logdir}' in done.stdout
     assert sorted(os.listdir(logdir)) == sorted(f'{way}-small' for way, row in rows.items() if 'training' in row)
     for way in ('encoded_on_model', 'serial_cv2'):
-        (start, settings), end = onu_hparams.session_events(str(logdir / f'{way}-small'))
+        (start, settings), end = session_events(str(logdir / f'{way}-small'))
         assert (start, end) == ('start', ('end', 'success'))
         assert settings == dict(benchmark_plan.TRAINING_WAY_SETTINGS[way], model='small', image_size=QUICK_SIZE, batch_size=4,
                                 replicas=1, precision='float32')

@@ -14,12 +14,11 @@ import time
 import pytest
 import tensorflow as tf
 
-from conftest import copy_train_dir, file_states, finish, run_script, start_script
+from conftest import copy_train_dir, file_states, finish, run_script, start_script, session_events
 from test_onu_train import TIMEOUT_SECS, TINY_FLAGS, checkpoint_step, logged_steps, run_train
 
 from onu_lib import onu_checkpoint
 from onu_lib import onu_dataset
-from onu_lib import onu_hparams
 from onu_lib import onu_run_folder
 
 
@@ -219,7 +218,7 @@ def test_sigterm_saves_a_checkpoint_at_the_current_step(tiny_run, tmp_path):
                        f'run the same command again to resume from it.']
     assert 'Traceback' not in errors
     # README "Comparing runs": a run stopped by a signal stays "running" in the HParams tab (no end, no success).
-    assert [kind for kind, _ in onu_hparams.session_events(train_dir)] == ['start']
+    assert [kind for kind, _ in session_events(train_dir)] == ['start']
 
 
 def test_a_restarted_evaluator_reports_each_checkpoint_once(tiny_run, tmp_path):

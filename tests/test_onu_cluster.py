@@ -20,14 +20,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import ProcessOutput, run_script, start_script
+from conftest import ProcessOutput, run_script, start_script, session_events
 from test_onu_eval import event_summaries
 from test_onu_run_folder import _checkpoint
 from test_onu_train import assert_logged_speeds_count, checkpoint_step
 
 from onu_lib import onu_sample_data
 from onu_lib import onu_cluster
-from onu_lib import onu_hparams
 from onu_lib import onu_launch
 from onu_lib import onu_precision
 from onu_lib import onu_run_config
@@ -313,7 +312,7 @@ def test_launcher_trains_asynchronously_through_a_lost_ps_and_worker_and_the_chi
     # The chief alone writes summaries, the HParams session and the run configuration.
     assert len([name for name in os.listdir(train_dir)
                 if name.startswith('events.out.tfevents') and '.hparams-' not in name]) == 1
-    assert [kind for kind, _ in onu_hparams.session_events(train_dir)] == ['start', 'end']
+    assert [kind for kind, _ in session_events(train_dir)] == ['start', 'end']
     run_config = onu_run_config.RunConfig.load(train_dir)
     assert (run_config.flags['job_name'], run_config.flags['task_index']) == ('worker', 0)
 
@@ -394,7 +393,7 @@ def test_synchronous_workers_configured_by_tf_config_all_exit_promptly(cluster_d
     computed = {step: {round(0.01 * 0.5 ** (at // 4), 6) for at in range(step - 2, step + 1)} for step in rates}
     assert max(rates) >= 9 and all(round(value, 6) in computed[step] for step, value in rates.items()), rates
     assert_logged_speeds_count(outputs[('worker', 0)] + outputs[('worker', 1)], 4)
-    (kind, settings), _ = onu_hparams.session_events(train_dir)
+    (kind, settings), _ = session_events(train_dir)
     assert (kind, settings['batch_size'], settings['replicas']) == ('start', 4, 2)
 
 

@@ -128,11 +128,10 @@ def test_the_dispatcher_lists_the_workers_that_registered(service):
 def test_a_run_reads_its_batches_from_the_service_and_its_checkpoints_evaluate(service, tmp_path, pattern_image,
                                                                               data_format, script, extra):
     data_dir = photo_folder(str(tmp_path / 'photos'))
-    bad_name = next(name for name in (f'rose/bad_scan_{index}.jpg' for index in range(100))
-                    if onu_dataset.split_of(name, 10) == 'train')
-    bad = os.path.join(data_dir, bad_name)
-    if data_format == 'images':  # its header is fine: a worker finds it cannot be decoded, the trainer says so
-        _write_jpeg_with_bad_scan(bad, pattern_image)
+    hidden = next(name for name in (f'rose/._{index}.jpg' for index in range(100))
+                  if onu_dataset.split_of(name, 10) == 'train')
+    with open(os.path.join(data_dir, hidden), 'wb') as f:  # macOS's resource fork of a photo: counted, not read
+        f.write(bytes(40))
     train_dir = str(tmp_path / 'train')
     result = run_script(script, *TRAIN_FLAGS, *extra, f'--data_format={data_format}', f'--data_dir={data_dir}',
                         f'--train_dir={train_dir}', f'--data_service={service.address}')
@@ -141,11 +140,12 @@ def test_a_run_reads_its_batches_from_the_service_and_its_checkpoints_evaluate(s
     assert f'Training stopped at step {STEPS}' in result.stdout
     with open(os.path.join(train_dir, 'run_config.json')) as f:
         assert json.load(f)['cache_decoded_epoch'] == 'off'
-    skipped = [line for line in result.stderr.splitlines() if 'skipping ' in line]
-    if data_format == 'images':
-        assert len(skipped) == 1 and bad in skipped[0] and 'cannot be decoded' in skipped[0]
-        return
-    assert skipped == [] and 'Traceback' not in result.stderr
+    # Said by the trainer's listing of the train photos, or by its conversion of them all into records.
+    splits = ('train',) if data_format == 'images' else onu_dataset.SPLITS
+    looked_at = 1 + sum(onu_dataset.describe(data_dir).split(split, 'images').num_examples for split in splits)
+    skipped = [line for line in result.stdout.splitlines() if line.startswith('skipped ')]
+    assert skipped == [f'skipped 1 of {looked_at} files: 1 hidden or system file; the list: '
+                       + skipped[0].split('; the list: ')[-1]] and 'Traceback' not in result.stderr
     if data_format != 'encoded':  # one evaluation shows the checkpoints are as usual
         return
     evaluated = run_script('onu_eval.py', f'--checkpoint_dir={train_dir}', f'--eval_dir={tmp_path / "eval"}',
@@ -176,6 +176,23 @@ def test_a_finite_epoch_through_two_workers_holds_every_photo_once(service, tmp_
     # every photo (processing mode parallel_epochs, no sharding) would give each twice.
     counts = collections.Counter(seen)
     assert len(counts) == 18 and set(counts.values()) == {1}, counts
+
+
+def test_a_photo_a_worker_cannot_decode_stops_the_trainer_with_one_line_naming_it(service, tmp_path, pattern_image):
+    data_dir = photo_folder(str(tmp_path / 'photos'), 2)
+    bad = os.path.join(data_dir, 'rose', 'bad_scan.jpg')
+    _write_jpeg_with_bad_scan(bad, pattern_image)  # its header is fine: only a worker's decoding finds the problem
+    info = onu_dataset.describe(data_dir, validation_percent=0).split('train', 'images')
+    with tf.Graph().as_default():
+        dataset = onu_input.make_dataset(info, 1, 32, training=True, seed=3, data_service=service.address,
+                                         num_epochs=1)
+        images = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()[0]
+        with pytest.raises(onu_dataset.DataError) as error:
+            with onu_dataset.read_errors_as_data_error(info), tf.compat.v1.Session() as session:
+                for _ in range(info.num_examples):  # the epoch: never without it, nor a silent gap
+                    session.run(images)
+    message = str(error.value)
+    assert message.startswith(f'{bad}: cannot be decoded (') and message.endswith('fix or remove it, then start again')
 
 
 def test_a_killed_worker_leaves_training_going_with_one_warning(service, tmp_path):

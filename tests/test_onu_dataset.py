@@ -1,8 +1,12 @@
 """Tests of onu_dataset: what a data folder holds, described once (DataDir, DatasetInfo), class discovery, header-only
 image listing, skip reasons, labels and manifest files, this repo's records and their errors."""
 
+import ast
+import collections
+import io
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -13,9 +17,11 @@ import pytest
 from PIL import Image
 from PIL import ImageOps
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, layout_photos, run_script, write_layout
 from onu_lib import onu_photos
 from onu_lib import onu_dataset
+from onu_lib import onu_files
+from onu_lib import onu_layouts
 
 
 def _one_line(error):
@@ -200,6 +206,72 @@ def test_importing_onu_dataset_does_not_import_tensorflow():
     assert result.stdout.strip() == 'False'
 
 
+def _project_imports():
+    """{module: the project's modules it imports, at the top or inside a function}, read from every .py outside tests/."""
+    paths = {}
+    for folder, subfolders, files in os.walk(REPO_ROOT):
+        subfolders[:] = [name for name in subfolders if not name.startswith('.') and name not in ('tests', '__pycache__')]
+        for name in files:
+            if name.endswith('.py'):
+                module = os.path.relpath(os.path.join(folder, name), REPO_ROOT)[:-3].replace(os.sep, '.')
+                paths[module.removesuffix('.__init__')] = os.path.join(folder, name)
+    imports = {}
+    for module, path in paths.items():
+        names = set()
+        for node in ast.walk(ast.parse(open(path, encoding='utf-8').read())):
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names.update([node.module] + [f'{node.module}.{alias.name}' for alias in node.names])
+        imports[module] = names & set(paths) - {module}
+    return imports
+
+
+def test_the_project_has_no_import_loop():
+    imports = _project_imports()
+    assert 'onu_lib.onu_layouts' in imports['onu_lib.onu_dataset']  # `from onu_lib import onu_layouts` is seen
+    done, path = set(), []
+
+    def visit(module):
+        """Walks module's imports depth first; fails naming the loop when one leads back to a module on the path."""
+        assert module not in path, f'import loop: {" -> ".join(path[path.index(module):] + [module])}'
+        if module not in done:
+            path.append(module)
+            for imported in sorted(imports[module]):
+                visit(imported)
+            path.pop()
+            done.add(module)
+    for module in sorted(imports):
+        visit(module)
+
+
+def _listings(monkeypatch):
+    """Counts, by real path, the folders os.scandir and os.listdir list from now on."""
+    counts = collections.Counter()
+    for name in ('scandir', 'listdir'):
+        def counted(path='.', listing=getattr(os, name)):
+            counts[os.path.realpath(path)] += 1
+            return listing(path)
+        monkeypatch.setattr(os, name, counted)
+    return counts
+
+
+@pytest.mark.parametrize('layout', onu_layouts.LAYOUT_NAMES + (onu_dataset.CLASS_FOLDERS, onu_dataset.RECORDS))
+def test_describe_lists_each_folder_once(layout, tmp_path, monkeypatch):
+    data_dir = str(tmp_path / 'data')
+    if layout == onu_dataset.CLASS_FOLDERS:
+        for name in ('F603', 'F663N'):
+            os.makedirs(os.path.join(data_dir, name))
+    elif layout == onu_dataset.RECORDS:
+        os.makedirs(data_dir)
+        onu_dataset.write_manifest(data_dir, {'version': onu_dataset.MANIFEST_VERSION})
+    else:
+        data_dir = write_layout(layout, data_dir, layout_photos(train=1, val=1))
+    listings = _listings(monkeypatch)
+    assert onu_dataset.describe(data_dir).layout == layout
+    assert listings and max(listings.values()) == 1, listings
+
+
 # ---------------------------------------------------------------------------------------------
 # Bare class folders (PHOTOS/<class>/*, no split): the held-out split made by hashing each path.
 
@@ -260,7 +332,7 @@ def test_records_dir_is_found_in_the_folder_or_in_the_cache(tmp_path):
     os.makedirs(os.path.join(data_dir, 'F603'))
     assert onu_dataset.describe(data_dir).records_dir() == os.path.join(data_dir, onu_dataset.RECORDS_SUBDIR)
     cached = onu_dataset.cached_records_dir(data_dir)
-    assert cached.startswith(onu_dataset.cache_dir()) and os.path.basename(cached).startswith('data-')
+    assert cached.startswith(onu_files.cache_dir()) and os.path.basename(cached).startswith('data-')
     os.makedirs(cached)
     onu_dataset.write_manifest(cached, {'version': onu_dataset.MANIFEST_VERSION})
     assert onu_dataset.describe(data_dir).records_dir() == cached
@@ -436,24 +508,53 @@ def test_an_empty_folder_is_one_line_saying_what_was_looked_for(tmp_path):
     assert _one_line(error).startswith(f'{tmp_path / "nowhere"}: data dir not found; make sample data with ')
 
 
-def test_a_photo_that_does_not_decode_is_reported_once_and_none_decoding_is_an_error(make_tiny_dataset, caplog):
+def test_skipped_files_are_one_line_counted_by_kind_of_reason():
+    reasons = ['damaged JPEG file: image file is truncated (9 bytes not processed)', onu_photos.REASON_HIDDEN,
+               'subfolder (images in subfolders are not read; move them up into the class folder)',
+               onu_photos.REASON_HIDDEN, 'empty file']
+    assert onu_dataset.skipped_line(reasons, 12, 'DATA/tfrecords/manifest.json') == (
+        'skipped 5 of 12 files: 1 damaged JPEG file, 1 empty file, 2 hidden or system files, 1 subfolder; '
+        'the list: DATA/tfrecords/manifest.json')
+
+
+SKIPPED_LINE = re.compile(r'skipped (\d+) of (\d+) files: (.*); the list: (.*)$')
+
+
+def _skipped_lines(result):
+    """The skipped_line lines a script printed, as (skipped, total, counts, where)."""
+    return [match.groups() for match in map(SKIPPED_LINE.search, (result.stdout + result.stderr).splitlines())
+            if match]
+
+
+def test_every_way_in_prints_the_same_one_line_of_skipped_files(make_tiny_dataset, tmp_path):
     data_dir = make_tiny_dataset()
-    info = onu_dataset.describe(data_dir).split('val', 'images')
-    with open(info.files[0], 'r+b') as f:  # damaged after the listing: its header still reads
-        f.seek(os.path.getsize(info.files[0]) // 2)
-        f.write(bytes(64))
-    with caplog.at_level('WARNING'):
-        for _ in range(2):
-            info.report_unreadable(0)
-    lines = [record.getMessage() for record in caplog.records if info.files[0] in record.getMessage()]
-    assert len(lines) == 1 and lines[0].startswith(f'skipping {info.files[0]}: ') and 'fix or remove it' in lines[0]
-    assert info.files[0] in onu_dataset.skipped_photos()
-    assert onu_dataset.report_skipped(info.files[0], 'again') is False  # said once
-    assert onu_dataset.report_skipped(info.files[0] + '.other', 'a reason') is True
-    assert onu_dataset.skipped_photos()[info.files[0] + '.other'] == 'a reason'
-    for index in range(1, info.num_examples - 1):
-        info.report_unreadable(index)
-    with pytest.raises(onu_dataset.DataError) as error:
-        info.report_unreadable(info.num_examples - 1)
-    assert _one_line(error) == (f'{os.path.join(data_dir, "val")}: none of the {info.num_examples} images decodes; '
-                                f'replace them with JPEG/PNG/GIF/BMP photos')
+    noisy = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (60, 80, 3), np.uint8)).save(noisy, 'JPEG')
+    bad = {'.DS_Store': bytes(40), 'empty.jpg': b'', 'truncated.jpg': noisy.getvalue()[:noisy.tell() * 2 // 3]}
+    for name, data in bad.items():
+        with open(os.path.join(data_dir, 'train', 'F603', name), 'wb') as f:
+            f.write(data)
+    copies = {way: shutil.copytree(data_dir, str(tmp_path / way)) for way in ('images', 'converted', 'automatic')}
+    train = ('--max_steps=1', '--model=small', '--image_size=32', '--batch_size=2', '--precision=float32')
+    results = {
+        'images': run_script('onu_train.py', *train, '--data_format=images', f'--data_dir={copies["images"]}',
+                             f'--train_dir={tmp_path / "train_images"}'),
+        'converted': run_script('convert_to_tfrecord.py', f'--data_dir={copies["converted"]}', '--format=encoded',
+                                '--processes=1'),
+        'automatic': run_script('onu_train.py', *train, '--data_format=encoded', f'--data_dir={copies["automatic"]}',
+                                f'--train_dir={tmp_path / "train_automatic"}')}
+    counts = '1 damaged JPEG file, 1 empty file, 1 hidden or system file'
+    for way, result in results.items():
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert 'skipping' not in result.stderr  # no warning for each file
+        (line,) = _skipped_lines(result)
+        total = 4 * 2 + 3 if way == 'images' else (4 + 2) * 2 + 3  # images: training lists the train split only
+        assert line[:3] == ('3', str(total), counts), way
+        if way == 'images':
+            with open(line[3]) as f:
+                listed = [row.split(': ')[0] for row in f.read().splitlines()]
+            assert sorted(listed) == sorted(os.path.join(copies[way], 'train', 'F603', name) for name in bad)
+        else:
+            assert line[3] == os.path.join(copies[way], 'tfrecords', onu_dataset.MANIFEST_FILENAME)
+            listed = [s['path'] for s in onu_dataset.read_manifest(os.path.dirname(line[3]))['skipped']]
+            assert sorted(listed) == sorted(f'train/F603/{name}' for name in bad)

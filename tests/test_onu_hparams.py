@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 from tensorboard.plugins.hparams import metadata as hparams_metadata
 
-from conftest import run_script
+from conftest import run_script, session_events
 from test_onu_flags import EVERY_TRAINING_FLAG
 
 from onu_lib import onu_hparams
@@ -114,7 +114,7 @@ def test_a_resumed_run_keeps_its_session_and_ends_it_once_more(two_runs, tmp_pat
     resumed = run_script('onu_train.py', f'--data_dir={data_dir}', f'--train_dir={train_dir}', '--max_steps=6',
                          *TRAIN_FLAGS, *RUNS['images_input'])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    events = onu_hparams.session_events(train_dir)
+    events = session_events(train_dir)
     assert [kind for kind, _ in events] == ['start', 'end', 'end'] and events[0][1]['data_format'] == 'images'
     assert [status for kind, status in events if kind == 'end'] == ['success', 'success']
 
@@ -164,9 +164,8 @@ def test_a_sessions_start_and_end_read_back_with_its_settings_declared_in_the_ex
     train_dir = str(tmp_path)
     onu_hparams.write_session_start(train_dir, options, run_config, 2)
     onu_hparams.write_session_end(train_dir, 'failure')
-    events = onu_hparams.session_events(train_dir)  # (written within one second: in either order)
-    assert len(events) == 2 and dict(events) == {'start': onu_hparams.settings(options, run_config, 2),
-                                                 'end': 'failure'}
+    # Written within one second: the event files' names tie, the events' times do not.
+    assert session_events(train_dir) == [('start', onu_hparams.settings(options, run_config, 2)), ('end', 'failure')]
     declared = hparams_metadata.parse_experiment_plugin_data(
         onu_hparams.experiment_config().value[0].metadata.plugin_data.content)
     assert [hparam.name for hparam in declared.hparam_infos] == [setting.name for setting in onu_hparams.SETTINGS]
@@ -196,7 +195,7 @@ def _summaries(train_dir):
 
 def test_a_measured_session_is_a_finished_row_of_its_settings_and_training_figures(tmp_path):
     onu_hparams.write_measured_session(str(tmp_path), MEASURED_SETTINGS, MEASURED_METRICS)
-    assert onu_hparams.session_events(str(tmp_path)) == [('start', MEASURED_SETTINGS), ('end', 'success')]
+    assert session_events(str(tmp_path)) == [('start', MEASURED_SETTINGS), ('end', 'success')]
     written = _summaries(str(tmp_path))
     assert hparams_metadata.EXPERIMENT_TAG in written
     assert {tag: written[tag] for tag in MEASURED_METRICS} == MEASURED_METRICS

@@ -3,7 +3,6 @@
 import dataclasses
 import glob
 import io
-import logging
 import math
 import os
 import shutil
@@ -573,39 +572,28 @@ def test_truncated_record_file_names_the_shard(tiny_data_dir, tmp_path):
     assert message.startswith(shard) and 'truncated' in message and '--format=raw' in message
 
 
-def test_undecodable_image_is_skipped_warned_once_and_counted(make_tiny_dataset, pattern_image, caplog):
+def test_a_photo_that_does_not_decode_stops_eval_and_training_with_one_line_naming_it(make_tiny_dataset,
+                                                                                      pattern_image):
     data_dir = make_tiny_dataset()
     bad = os.path.join(data_dir, 'val', 'F603', 'bad_scan.jpg')
     _write_jpeg_with_bad_scan(bad, pattern_image)
     info = onu_dataset.describe(data_dir).split('val', 'images')
     assert bad in info.files  # its header is fine: only decoding finds the problem
-    with caplog.at_level(logging.WARNING):
-        images, labels, _ = _eval_examples('val', data_dir, 'images', batch_size=2)
-        assert len(labels) == info.num_examples - 1 and bad in onu_dataset.skipped_photos()
-        with tf.Graph().as_default():  # two more epochs of training: no crash, no second warning
-            train_info = onu_dataset.describe(data_dir).split('val', 'images')
-            dataset = onu_input.make_dataset(train_info, 2, IMAGE_SIZE, training=True, seed=0)
-            batch = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
-            with tf.compat.v1.Session() as sess:
-                for _ in range(train_info.num_examples):
-                    sess.run(batch)
-    warnings = [r.getMessage() for r in caplog.records if bad in r.getMessage()]
-    assert len(warnings) == 1 and 'cannot be decoded' in warnings[0]
-
-
-def test_no_decodable_image_stops_training_with_a_data_error(tmp_path, pattern_image):
-    data_dir = str(tmp_path / 'data')
-    for class_name in ('F603', 'F663N'):
-        os.makedirs(os.path.join(data_dir, 'train', class_name))
-        _write_jpeg_with_bad_scan(os.path.join(data_dir, 'train', class_name, 'bad.jpg'), pattern_image)
-    with tf.Graph().as_default():
-        images, _ = onu_input.distorted_inputs(onu_dataset.describe(data_dir).split('train', 'images'), 2, IMAGE_SIZE)
-        with pytest.raises(onu_dataset.DataError) as error:
-            with onu_dataset.read_errors_as_data_error(onu_dataset.describe(data_dir).split('train', 'images')):
-                _evaluate(images)  # without the check this would wait forever
-    message = str(error.value)
-    assert message.startswith(os.path.join(data_dir, 'train')) and 'none of the 2 images' in message
-    assert '\n' not in message
+    for training, cache in ((False, None), (True, True), (True, False)):
+        with tf.Graph().as_default():
+            if training:
+                batch = onu_input.next_batch(onu_input.make_dataset(info, 2, IMAGE_SIZE, training=True, seed=0,
+                                                                    cache=cache))
+            else:
+                batch = onu_input.inputs(info, 2, IMAGE_SIZE)
+            with pytest.raises(onu_dataset.DataError) as error:
+                with onu_dataset.read_errors_as_data_error(info):
+                    with tf.compat.v1.Session() as sess:
+                        for _ in range(info.num_examples):  # an epoch: never a batch without it, nor a silent gap
+                            sess.run(batch)
+        message = str(error.value)
+        assert message.startswith(f'{bad}: cannot be decoded (') and '\n' not in message
+        assert message.endswith('fix or remove it, then start again')
 
 
 # ---------------------------------------------------------------------------------------------
@@ -638,15 +626,20 @@ def test_bare_class_folders_give_the_same_split_in_every_feeding_mode(make_tiny_
     assert '--validation_percent=30' in str(error.value) and '\n' not in str(error.value)
 
 
-def test_images_mode_leaves_out_what_it_cannot_decode_with_one_line(make_tiny_dataset, pattern_image, caplog):
+def test_images_mode_leaves_out_what_it_cannot_decode_with_one_line(make_tiny_dataset, pattern_image, capsys):
     data_dir = make_tiny_dataset()
     pattern_image.save(os.path.join(data_dir, 'val', 'F603', 'scan.tif'), 'TIFF')
-    with caplog.at_level(logging.WARNING):
-        info = onu_dataset.describe(data_dir).split('val', 'images')
-        assert info.num_examples == 4 and not any(path.endswith('.tif') for path in info.files)
-        onu_dataset.describe(data_dir).split('val', 'images')
-    lines = [r.getMessage() for r in caplog.records if 'scan.tif' in r.getMessage()]
-    assert len(lines) == 1 and 'TIFF' in lines[0] and 'records include it' in lines[0]
+    pattern_image.convert('1').save(os.path.join(data_dir, 'val', 'F603', 'fax.bmp'), 'BMP')  # TensorFlow reads none
+    capsys.readouterr()
+    info = onu_dataset.describe(data_dir).split('val', 'images')
+    assert info.num_examples == 4 and not any(path.endswith(('.tif', '.bmp')) for path in info.files)
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith('skipped ')]
+    assert line.startswith('skipped 2 of 6 files: 1 BMP file, 1 TIFF file; the list: ')
+    with open(line.split('; the list: ')[1]) as f:
+        listed = f.read().splitlines()
+    assert [row.split(': ')[0] for row in listed] == [os.path.join(data_dir, 'val', 'F603', name)
+                                                      for name in ('fax.bmp', 'scan.tif')]
+    assert all('records include it' in row for row in listed)
     assert len(_eval_examples('val', data_dir, 'images')[1]) == 4  # counted as it is read
     onu_converter.convert(onu_dataset.describe(data_dir), formats=('encoded',), processes=1)  # records read it through Pillow
-    assert onu_dataset.describe(data_dir).split('val', 'encoded').num_examples == 5
+    assert onu_dataset.describe(data_dir).split('val', 'encoded').num_examples == 6

@@ -11,11 +11,10 @@ import pytest
 import tensorflow as tf
 import tf_slim as slim
 
-from conftest import LAYOUT_CLASSES, layout_photos, run_script, write_layout
+from conftest import LAYOUT_CLASSES, layout_photos, run_script, write_layout, session_events
 from test_onu_train import (SCRIPT_OPTION_FLAGS, TIMEOUT_SECS, assert_logged_speeds_count,
                              assert_the_run_used_the_script_options, checkpoint_step, event_tags)
 
-from onu_lib import onu_hparams
 from onu_lib import onu_sample_data
 import onu_input
 import onu_model
@@ -145,7 +144,7 @@ def test_two_towers_on_the_cpu_train_once_per_step_with_the_effective_batch(mult
     run_config = onu_run_config.RunConfig.load(train_dir)
     assert run_config.model == 'small' and run_config.flags['num_gpus'] == 2
     # The HParams row: the examples a step trains on, of 2 towers.
-    (kind, settings), _ = onu_hparams.session_events(train_dir)
+    (kind, settings), _ = session_events(train_dir)
     assert (kind, settings['batch_size'], settings['replicas']) == ('start', 4, 2)
 
 

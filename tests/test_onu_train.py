@@ -13,10 +13,9 @@ import pytest
 import tensorflow as tf
 
 from conftest import (CHROMIUM_FLAGS, TINY_RUN_NOTES, TINY_RUN_STEPS, copy_train_dir, run_on_a_terminal,
-                      run_script, start_script, script_tested_models)
+                      run_script, start_script, script_tested_models, session_events)
 
 from onu_lib import onu_dataset
-from onu_lib import onu_hparams
 import onu_model
 from onu_lib import onu_precision
 from onu_lib import onu_run_config
@@ -342,7 +341,7 @@ def test_nan_loss_stops_with_step_and_learning_rate(tiny_run, tmp_path):
     message = result.stderr.strip().splitlines()[-1]
     assert message.startswith('error: loss is ')
     assert 'at step' in message and 'learning rate 1e+30' in message
-    assert [kind_and_status[1] for kind_and_status in onu_hparams.session_events(train_dir)][1:] == ['failure']
+    assert [kind_and_status[1] for kind_and_status in session_events(train_dir)][1:] == ['failure']
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(train_dir))
     for name in reader.get_variable_to_shape_map():
         value = reader.get_tensor(name)
