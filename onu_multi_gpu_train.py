@@ -195,8 +195,9 @@ def train():
                 extra_ops=[average_op])
 
         # The hooks and the loop: as in onu_train.py.
-        scaffold, hooks = onu_training.scaffold_and_hooks(options, run_config, role, resume_from, total_loss,
-                                                          global_step, learning_rate, examples_per_step)
+        scaffold = onu_training.make_scaffold(options, resume_from)
+        hooks = onu_training.training_hooks(options, run_config, role, scaffold, total_loss, learning_rate,
+                                            examples_per_step)
         role.wait_for_chief()
         with onu_training.monitored_training_session(options, role, scaffold, hooks, train_data) as session:
             while not session.should_stop():

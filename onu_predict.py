@@ -39,6 +39,7 @@ from onu_lib import onu_flags
 from onu_lib import onu_photos
 from onu_lib import onu_run_config
 from onu_lib import onu_serving
+from onu_lib import onu_settings
 from onu_lib import onu_tflite
 import onu_input
 
@@ -286,7 +287,7 @@ FLAGS = flags.FLAGS
 def define_flags():
     """Declares this script's flags."""
     onu_flags.define_batch_size_flag()
-    flags.DEFINE_string('model_dir', onu_flags.DEFAULT_TRAIN_DIR,
+    flags.DEFINE_string('model_dir', onu_settings.DEFAULT_TRAIN_DIR,
                         'SavedModel version folder, export folder (newest version), train_dir '
                         '(latest checkpoint), or a .tflite file of onu_export.py --tflite.')
     flags.DEFINE_boolean('json', False, 'Print one JSON object per image instead of text lines.')

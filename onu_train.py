@@ -78,8 +78,9 @@ def train():
                                                 options.moving_average_decay, extra_ops=[average_op])
 
         # The hooks: stop at --max_steps or on a signal, NaN check, logging, checkpoints.
-        scaffold, hooks = onu_training.scaffold_and_hooks(options, run_config, role, resume_from, total_loss,
-                                                          global_step, learning_rate, examples_per_step)
+        scaffold = onu_training.make_scaffold(options, resume_from)
+        hooks = onu_training.training_hooks(options, run_config, role, scaffold, total_loss, learning_rate,
+                                            examples_per_step)
 
         # The loop: MonitoredTrainingSession restores or initialises, runs the hooks, saves at the end.
         role.wait_for_chief()

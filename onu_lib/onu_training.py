@@ -1,8 +1,8 @@
 """What the training scripts share around their graphs: data on demand, the run's start, summaries,
-the hooks and the monitored session. The training scripts call it with one TrainingOptions, which
-onu_flags.training_options() reads from the flags once.
+the hooks and the monitored session. The training scripts call it with one TrainingOptions, the declaration of
+every training setting, which onu_flags.training_options() reads from the flags once.
 
-A library module: explicit arguments only, no flags.
+A library module: explicit arguments only; it declares the training flags (TrainingOptions) but reads none.
 """
 import contextlib
 import dataclasses
@@ -31,59 +31,159 @@ from onu_lib import onu_run_config
 from onu_lib import onu_run_folder
 from onu_lib import onu_sample_data
 from onu_lib import onu_serving
+from onu_lib import onu_settings
+from onu_lib.onu_settings import setting
+
+
+DEPRECATED_CACHE_CHOICES = {'on': 'memory'}  # --cache_decoded_epoch: the old spelling and its new one
+
+
+def cache_mode(value):
+    """Returns the --cache_decoded_epoch mode value names; a deprecated spelling says its new one in one line."""
+    if value in DEPRECATED_CACHE_CHOICES:
+        print(f'--cache_decoded_epoch={value} is now spelled --cache_decoded_epoch={DEPRECATED_CACHE_CHOICES[value]}.',
+              flush=True)
+    return DEPRECATED_CACHE_CHOICES.get(value, value)
+
+
+def parse_profile_steps(value):
+    """Returns (start, stop) of a --profile_steps value START,STOP with 1 <= START <= STOP, or None if it is not one."""
+    parts = value.split(',')
+    if len(parts) != 2 or not all(part.strip().isdigit() for part in parts):
+        return None
+    start, stop = (int(part) for part in parts)
+    return (start, stop) if 1 <= start <= stop else None
+
+
+def _is_service_address(value):
+    """Returns whether value is None or an address of a tf.data service (onu_data_service.service_address)."""
+    try:
+        return value is None or bool(onu_data_service.service_address(value))
+    except onu_data_service.ServiceError:
+        return False
+
+
+def _model_defaults(field):
+    """Returns each registered model's ModelSpec field for a help text: 'inception_resnet_v2 299, small 64'."""
+    return ', '.join(f'{name} {getattr(spec, field):g}' for name, spec in onu_model.MODELS.items())
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainingOptions:
-    """What a training run is told: every training setting, typed (onu_flags.training_options() fills it).
+class TrainingOptions(onu_settings.SharedSettings):
+    """What a training run is told: every training setting, each declared once, as its flag and its typed field.
 
-    None means the default where it is one: model and image_size (the model's own), data_format (the data's),
+    onu_flags declares each flag from its field (onu_settings.setting) and reads the flags into these fields once;
+    a setting is one field here (or in SharedSettings, where the data scripts take it too) plus its use. None
+    means the default where it is one: model and image_size (the model's own), data_format (the data's),
     learning_rate and weight_decay (the model's), cache_dir (onu_decoded_cache.default_root()).
     """
-    train_dir: str
-    data_dir: str
-    data_format: object           # str or None
-    validation_percent: float
-    labels_offset: object         # int or None
-    model: object                 # str or None
-    image_size: object            # int or None
-    batch_size: int               # per tower and per worker
-    max_steps: int
-    precision: str                # as asked: auto, float32 or mixed
-    xla: bool
-    seed: object                  # int or None
-    augmentations: object         # onu_input.AugmentOptions
-    augment_on: str               # onu_input.AUGMENT_PLACEMENTS
-    cache_decoded_epoch: str      # onu_decoded_cache.MODES: auto, memory, disk or off
-    cache_dir: object             # str or None: where the disk cache goes
-    reduced_decode: bool
-    optimizer: str
-    learning_rate: object         # float or None
-    learning_rate_schedule: str
-    num_epochs_per_decay: float
-    learning_rate_decay_factor: float
-    moving_average_decay: float
-    weight_decay: object          # float or None
-    label_smoothing: float
-    trainable_scopes: tuple
-    fine_tune_checkpoint: object  # str or None
-    checkpoint_exclude_scopes: tuple
-    log_frequency: int
-    save_checkpoint_secs: int
-    save_checkpoint_steps: object  # int or None
-    keep_checkpoint_max: int
-    save_summaries_steps: int
-    export_every_n_epochs: object  # number or None
-    profile_steps: object         # (start, stop) or None
-    histograms: bool
-    ps_hosts: tuple
-    worker_hosts: tuple
-    job_name: object              # str or None
-    task_index: int
-    sync_replicas: bool
-    ps_wait_secs: float           # how long a cluster worker waits for a lost ps
-    data_service: object          # grpc://HOST:PORT of a tf.data service, or None
-    flag_values: dict             # recorded in run_config.json
+    train_dir: str = setting('string', onu_settings.DEFAULT_TRAIN_DIR,
+                             'Where checkpoints, event files and run_config.json go; training resumes from it.')
+    data_format: str | None = setting(
+        'enum', None, 'How images are fed: the original files (images), TFRecords of decoded pixels (raw) or of the '
+        'original file bytes (encoded); default: encoded for photos (converted on demand), the records\' own format '
+        'for records.', enum_values=onu_dataset.DATA_FORMATS)
+    model: str | None = setting(
+        'enum', None, f'Network to train; default {onu_model.DEFAULT_MODEL_WITH_GPU} when a GPU is visible, else '
+        f'{onu_model.DEFAULT_MODEL_WITHOUT_GPU}.', enum_values=onu_model.MODEL_NAMES)
+    image_size: int | None = setting('integer', None, 'Side of the square model input; default: the model\'s own '
+                                     f'({_model_defaults("image_size")}).', lower_bound=16)
+    batch_size: int = setting('integer', 32, 'Images per batch.', lower_bound=1)  # per tower and per worker
+    max_steps: int = setting('integer', 2000, 'Global step at which training stops (counted across restarts).',
+                             lower_bound=1)
+    log_frequency: int = setting('integer', 10, 'Print loss, speed and what input costs (waiting, work) every this '
+                                 'many steps.', lower_bound=1)
+    save_checkpoint_secs: int = setting(
+        'integer', 120, 'Save a checkpoint every this many seconds (0: none by time; a checkpoint is still saved at '
+        'the start, at the end and when stopped by a signal).', lower_bound=0)
+    save_checkpoint_steps: int | None = setting(
+        'integer', None, 'Save a checkpoint every this many steps (replaces --save_checkpoint_secs).')
+    keep_checkpoint_max: int = setting('integer', 5, 'How many recent checkpoints to keep.', lower_bound=1)
+    export_every_n_epochs: int = setting(
+        'integer', 0, 'Every this many epochs, export a SavedModel to <train_dir>/export/<step>/ from the first '
+        'checkpoint at or after the boundary (0: never; see onu_export.py).', lower_bound=0)
+    save_summaries_steps: int = setting('integer', 100, 'Write TensorBoard summaries every this many steps.')
+    histograms: bool = setting('boolean', False, 'Also write weight and activation histograms.')
+    fine_tune_checkpoint: str | None = setting(
+        'string', None, 'Checkpoint (or folder) to fine-tune from when train_dir has no checkpoint yet, e.g. '
+        'inception_resnet_v2_2016_08_30.ckpt.')
+    checkpoint_exclude_scopes: tuple = setting(
+        'list', [], 'Variable scopes not restored from --fine_tune_checkpoint; to fine-tune to other classes, the '
+        'classifier\'s: ' + '; '.join(f'{name}: {",".join(spec.classifier_scopes)}'
+                                     for name, spec in onu_model.MODELS.items()) + '.')
+    trainable_scopes: tuple = setting('list', [], 'Train only variables in these scopes (default: all).')
+    optimizer: str = setting('enum', 'momentum', 'Optimizer.', enum_values=onu_model.OPTIMIZER_NAMES)
+    learning_rate: float | None = setting('float', None, 'Initial learning rate; default: the model\'s own '
+                                          f'({_model_defaults("learning_rate")}).')
+    learning_rate_schedule: str = setting('enum', 'exponential',
+                                          'fixed, or exponential decay every --num_epochs_per_decay epochs.',
+                                          enum_values=onu_model.LR_SCHEDULES)
+    num_epochs_per_decay: float = setting('float', 2.0, 'Epochs between learning-rate decays.')
+    learning_rate_decay_factor: float = setting('float', 0.94, 'Learning-rate decay factor.')
+    moving_average_decay: float = setting('float', onu_model.DEFAULT_MOVING_AVERAGE_DECAY,
+                                          'Decay of the moving averages of the weights that eval restores (0: none).')
+    weight_decay: float | None = setting('float', None, 'L2 weight decay; default: the model\'s own '
+                                         f'({_model_defaults("weight_decay")}).')
+    label_smoothing: float = setting('float', 0.0, 'Label smoothing of the cross-entropy.')
+    augmentations: onu_input.AugmentOptions = setting(
+        'list', list(onu_input.default_augmentation_names()),
+        'Training augmentations to apply (empty: none); the choices: '
+        + ', '.join(onu_input.augmentation_names()) + '.', read=onu_input.AugmentOptions,
+        validator=(lambda names: set(names) <= set(onu_input.augmentation_names()),
+                   '--augmentations takes a comma-separated subset of ' + ','.join(onu_input.augmentation_names())))
+    cache_decoded_epoch: str = setting(
+        'enum', 'auto', 'Where one epoch of decoded, resized training images is kept, so that later epochs train from '
+        'it instead of decoding again: memory (the first epoch is decoded before step 1), disk (in --cache_dir, '
+        'written while the first epoch trains), or off (every epoch decoded); auto: memory when the epoch fits '
+        f'{onu_input.DECODED_CACHE_BYTES // 2**30} GiB, else disk when --cache_dir\'s disk has room, else off. on: '
+        'the old spelling of memory.', read=cache_mode,
+        enum_values=onu_decoded_cache.MODES + tuple(DEPRECATED_CACHE_CHOICES))
+    cache_dir: str | None = setting(
+        'string', None, 'Where --cache_decoded_epoch=disk keeps decoded epochs, one folder per data, image size and '
+        'decode options (reused by later runs); default: $ONU_CACHE_DIR/decoded, else ~/.cache/onu-classifier/decoded. '
+        'A local disk: it is read every epoch.')
+    profile_steps: tuple | None = setting(
+        'string', None, 'START,STOP: write a TensorBoard profile of global steps START to STOP into --train_dir, with '
+        'step markers, for the Profile tab (overview, input pipeline analyzer, trace viewer); on a cluster the chief '
+        'profiles.', read=parse_profile_steps,
+        validator=(lambda value: value is None or parse_profile_steps(value) is not None,
+                   '--profile_steps takes START,STOP: two global steps with 1 <= START <= STOP, e.g. '
+                   '--profile_steps=100,110'))
+    augment_on: str = setting(
+        'enum', 'input', 'Where training augmentation runs: in the input pipeline on the CPU (input), or in the '
+        'training graph on the model\'s device, each GPU tower its own share (model); the pipeline then only reads, '
+        'decodes and resizes. Same augmentations either way.', enum_values=onu_input.AUGMENT_PLACEMENTS)
+    reduced_decode: bool = setting(
+        'boolean', False, 'Decode training JPEGs at a reduced DCT scale (1/2, 1/4 or 1/8, as --image_size allows): '
+        'less CPU per photo, but smoother pixels than evaluation\'s exact decode; on the sample data at 64x64 it cost '
+        '5-7 points of precision (BENCHMARKS.md).')
+    data_service: str | None = setting(
+        'string', None, f'{onu_data_service.ADDRESS_FORM} of a tf.data service\'s dispatcher (run_data_service.py): '
+        'its workers read, decode and resize (and, with --augment_on=input, augment) the training batches instead of '
+        'this machine\'s CPU; each example once per epoch. No decoded-epoch cache then.',
+        read=onu_data_service.service_address,
+        validator=(_is_service_address, f'--data_service takes {onu_data_service.ADDRESS_FORM}, e.g. '
+                                        f'--data_service=grpc://localhost:{onu_data_service.DEFAULT_PORT}'))
+    precision: str = setting(
+        'enum', 'auto', 'float32; mixed: bfloat16 compute through oneDNN on the CPU, float16 with dynamic loss scaling '
+        'on a GPU (variables and checkpoints stay float32); auto: mixed where the hardware has a fast path (a CPU with '
+        'AMX or AVX512_BF16, a GPU of compute capability 7.0+), else float32.',
+        enum_values=('auto',) + onu_precision.PRECISIONS)  # as asked; resolved by onu_precision.resolve_precision
+    xla: bool = setting('boolean', False, 'Compile the training graph with XLA auto-clustering.')
+    ps_hosts: tuple = setting('list', [], 'Multi-machine training: host:port of each parameter server (or set '
+                              'TF_CONFIG).')
+    worker_hosts: tuple = setting('list', [], 'Multi-machine training: host:port of each worker; worker 0 is the '
+                                  'chief, which alone writes checkpoints and summaries.')
+    job_name: str | None = setting('enum', None, 'Multi-machine training: this task\'s job.',
+                                   enum_values=onu_cluster.JOB_NAMES)
+    task_index: int = setting('integer', 0, 'Multi-machine training: this task\'s index within its job.',
+                              lower_bound=0)
+    sync_replicas: bool = setting('boolean', False, 'Multi-machine training: each step averages one batch from every '
+                                  'worker (SyncReplicasOptimizer) instead of asynchronous updates.')
+    ps_wait_secs: float = setting(
+        'float', onu_cluster.PS_WAIT_SECS, 'Multi-machine training: how long a worker waits for a parameter server '
+        'that stopped answering (for a supervisor to restart it) before it exits with one line.', lower_bound=0)
+    flag_values: dict  # not a setting: every flag's value, as run_config.json records them
 
 
 class NanLossError(Exception):
@@ -586,16 +686,19 @@ class NewSessionHook(tf.compat.v1.train.SessionRunHook):
         self._last_step = int(run_values.results) + 1
 
 
-def make_scaffold(train_dir, resume_from, fine_tune_checkpoint, checkpoint_exclude_scopes, keep_checkpoint_max):
-    """Returns the Scaffold: a Saver keeping keep_checkpoint_max, and the fine-tune restore if due."""
+def make_scaffold(options, resume_from):
+    """Returns the Scaffold of a run of options: a Saver keeping keep_checkpoint_max, and the fine-tune restore when
+    the run starts afresh (resume_from None)."""
     init_fn = None
-    if fine_tune_checkpoint and not resume_from:
-        saver, path = onu_checkpoint.warm_start_saver(fine_tune_checkpoint, checkpoint_exclude_scopes)
+    if options.fine_tune_checkpoint and not resume_from:
+        saver, path = onu_checkpoint.warm_start_saver(options.fine_tune_checkpoint,
+                                                      list(options.checkpoint_exclude_scopes))
         init_fn = lambda scaffold, sess: saver.restore(sess, path)  # noqa: E731
-    elif fine_tune_checkpoint:
-        print(f'{train_dir} already has a checkpoint: resuming from it, not from '
+    elif options.fine_tune_checkpoint:
+        print(f'{options.train_dir} already has a checkpoint: resuming from it, not from '
               f'--fine_tune_checkpoint.', flush=True)
-    return tf.compat.v1.train.Scaffold(init_fn=init_fn, saver=onu_checkpoint.training_saver(keep_checkpoint_max))
+    return tf.compat.v1.train.Scaffold(init_fn=init_fn,
+                                       saver=onu_checkpoint.training_saver(options.keep_checkpoint_max))
 
 
 # On a cluster, how long after SIGTERM or SIGINT a task whose step has not ended stops without one.
@@ -613,15 +716,15 @@ def checkpoint_period(save_checkpoint_secs, save_checkpoint_steps):
     return save_checkpoint_secs or NO_PERIODIC_SAVE_SECS, None
 
 
-def training_hooks(options, run_config, role, scaffold, total_loss, global_step, learning_rate, examples_per_step):
-    """Returns the session hooks of a training run of options (role: an onu_cluster.Role).
+def training_hooks(options, run_config, role, scaffold, total_loss, learning_rate, examples_per_step):
+    """Returns the session hooks of a training run of options (role: an onu_cluster.Role) in the default graph.
 
     The chief saves through its own CheckpointSaverHook, which also saves when the session closes,
     so that a stop by signal keeps the current step; it goes first, where MonitoredTrainingSession's
     own would. export_every_n_epochs exports from it with onu_serving's listener; the chief profiles
     profile_steps, (start, stop) global steps, into train_dir (ProfileHook).
     """
-    train_dir = options.train_dir
+    train_dir, global_step = options.train_dir, tf.compat.v1.train.get_global_step()
     hooks = [tf.compat.v1.train.StopAtStepHook(last_step=options.max_steps),
              NanLossHook(total_loss, global_step, learning_rate, train_dir if role.is_chief else None)] + role.hooks()
     if role.task is not None:
@@ -777,13 +880,3 @@ def learning_rate(options, global_step, run_config, examples_per_step):
         global_step, options.learning_rate or onu_model.model_spec(run_config.model).learning_rate,
         options.learning_rate_schedule, run_config.num_examples_per_epoch, examples_per_step,
         options.num_epochs_per_decay, options.learning_rate_decay_factor)
-
-
-def scaffold_and_hooks(options, run_config, role, resume_from, total_loss, global_step, learning_rate_tensor,
-                       examples_per_step):
-    """Returns (Scaffold, hooks) of a training run, as options' checkpoint and logging settings say."""
-    scaffold = make_scaffold(options.train_dir, resume_from, options.fine_tune_checkpoint,
-                             list(options.checkpoint_exclude_scopes), options.keep_checkpoint_max)
-    hooks = training_hooks(options, run_config, role, scaffold, total_loss, global_step, learning_rate_tensor,
-                           examples_per_step)
-    return scaffold, hooks

@@ -1,4 +1,5 @@
-"""Tests of onu_lib/onu_flags.py: the training flags read once into one onu_training.TrainingOptions."""
+"""Tests of onu_lib/onu_flags.py and onu_lib/onu_settings.py: each setting declared once, as a field that declares its
+flag; the training flags read once into one onu_training.TrainingOptions."""
 
 import dataclasses
 
@@ -6,10 +7,12 @@ from absl import flags
 import pytest
 
 import onu_input
+from onu_lib import onu_cli
 from onu_lib import onu_dataset
 from onu_lib import onu_flags
 from onu_lib import onu_precision
 from onu_lib import onu_run_config
+from onu_lib import onu_settings
 from onu_lib import onu_training
 
 FLAGS = flags.FLAGS
@@ -74,16 +77,37 @@ def test_each_training_option_is_its_own_flags_value(parsed, tmp_path, monkeypat
     options = parsed(*EVERY_TRAINING_FLAG)
     read = {'augmentations': onu_input.AugmentOptions({'hue', 'rotation'}), 'profile_steps': (3, 5),
             'data_service': 'grpc://localhost:5050'}  # the options the flags' values are parsed into
-    for field in dataclasses.fields(onu_training.TrainingOptions):
-        if field.name == 'flag_values':
-            continue
-        flag = FLAGS[field.name]
-        assert flag.value != flag.default, f'--{field.name} is not given a value of its own'
-        expected = read.get(field.name, tuple(flag.value) if isinstance(flag.value, list) else flag.value)
-        assert getattr(options, field.name) == expected, field.name
+    for arg in EVERY_TRAINING_FLAG:
+        name = arg[2:].split('=')[0]
+        flag = FLAGS[name]
+        assert flag.value != flag.default, f'--{name} is not given a value of its own'
+        expected = read.get(name, tuple(flag.value) if isinstance(flag.value, list) else flag.value)
+        assert getattr(options, name) == expected, name
     # What the run records: the flags by their names, not the deprecated aliases of some.
     assert options.flag_values['max_steps'] == 9 and options.flag_values['ps_wait_secs'] == 29
     assert 'checkpoint_path' not in options.flag_values and options.flag_values['fine_tune_checkpoint'] == '/tmp/f'
+
+
+def _settings(settings):
+    """The fields of the dataclass settings that declare a flag."""
+    return [field for field in dataclasses.fields(settings) if onu_settings.flag_of(field)]
+
+
+def test_each_option_has_the_type_its_field_declares_by_default_and_when_given(parsed):
+    """A field and its flag that disagree show here: an integer flag for a float field, a default (None) that the
+    field's type does not take."""
+    for options in (parsed(), parsed(*EVERY_TRAINING_FLAG)):
+        for field in _settings(onu_training.TrainingOptions):
+            assert isinstance(getattr(options, field.name), field.type), (field.name, getattr(options, field.name))
+
+
+def test_the_training_run_records_the_flag_of_each_option_and_no_other_flag(tiny_run):
+    """A flag the training scripts declare beside TrainingOptions, or a field that is no flag, shows here: the run's
+    run_config.json records the flags the training script declared (onu_cli's --verbose besides)."""
+    fields = dataclasses.fields(onu_training.TrainingOptions)
+    assert [field.name for field in fields if not onu_settings.flag_of(field)] == ['flag_values']
+    assert set(tiny_run.config.flags) - {onu_cli.VERBOSE_FLAG} == {field.name for field in _settings(
+        onu_training.TrainingOptions)}
 
 
 def test_a_value_no_option_can_take_is_refused_and_the_old_cache_spelling_reads_as_the_new(parsed):

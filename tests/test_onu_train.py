@@ -16,10 +16,10 @@ from conftest import (CHROMIUM_FLAGS, TINY_RUN_NOTES, TINY_RUN_STEPS, copy_train
                       run_script, start_script, script_tested_models, session_events)
 
 from onu_lib import onu_dataset
-from onu_lib import onu_flags
 import onu_model
 from onu_lib import onu_precision
 from onu_lib import onu_run_config
+from onu_lib import onu_training
 
 TIMEOUT_SECS = 240
 # The shared run's input size and batch; checkpoints only at the start and the end of a run.
@@ -560,7 +560,7 @@ def test_the_input_pipeline_analyzer_renders_in_a_headless_browser(starved_and_c
 @pytest.mark.parametrize('value, steps', [('7', None), ('9,3', None), ('0,4', None), ('a,b', None), ('1,-2', None),
                                           ('3,3', (3, 3)), ('100, 110', (100, 110))])
 def test_profile_steps_are_start_and_stop_with_1_at_least_and_start_first(value, steps):
-    assert onu_flags.parse_profile_steps(value) == steps
+    assert onu_training.parse_profile_steps(value) == steps
 
 
 def test_a_bad_profile_steps_value_is_one_line(tmp_path):
