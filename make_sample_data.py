@@ -9,7 +9,7 @@ from onu_lib import onu_cli  # first: quiet start
 from absl import app
 from absl import flags
 
-from onu_lib import onu_dataset
+from onu_lib import onu_errors
 from onu_lib import onu_flags
 from onu_lib import onu_sample_data
 
@@ -35,10 +35,10 @@ def parse_photo_size(text):
     try:
         width, height = (int(part) for part in text.lower().split('x'))
     except ValueError:
-        raise onu_dataset.DataError(
+        raise onu_errors.DataError(
             f'--photo_size={text!r} is not WIDTHxHEIGHT: use e.g. --photo_size=800x600') from None
     if min(width, height) < 32:
-        raise onu_dataset.DataError(f'--photo_size={text!r} is too small: use at least 32x32')
+        raise onu_errors.DataError(f'--photo_size={text!r} is too small: use at least 32x32')
     return width, height
 
 

@@ -40,6 +40,7 @@ from tqdm import tqdm
 from onu_lib import onu_best
 from onu_lib import onu_checkpoint
 from onu_lib import onu_dataset
+from onu_lib import onu_errors
 from onu_lib import onu_eval_summaries
 from onu_lib import onu_flags
 from onu_lib import onu_hparams
@@ -111,7 +112,7 @@ def eval_run_config(checkpoint_dir):
     of its data, described once)."""
     saved = onu_run_config.RunConfig.load(checkpoint_dir)
     if not saved and not FLAGS.model:
-        raise onu_dataset.DataError(
+        raise onu_errors.DataError(
             f'{onu_run_config.path_in(checkpoint_dir)} not found, so the model is unknown: point '
             f'--checkpoint_dir at the --train_dir of onu_train.py, or give --model (and --image_size, '
             f'--data_dir, --data_format if training used others than the defaults)')
@@ -131,7 +132,7 @@ def check_same_split(checkpoint_dir):
     saved = onu_run_config.RunConfig.load(checkpoint_dir)
     if saved and saved.validation_percent is not None and FLAGS['validation_percent'].present and (
             FLAGS.validation_percent != saved.validation_percent):
-        raise onu_dataset.DataError(
+        raise onu_errors.DataError(
             f'--validation_percent={FLAGS.validation_percent:g} but the training run held out '
             f'{saved.validation_percent:g}% ({onu_run_config.path_in(checkpoint_dir)}): another split would evaluate '
             f'photos it trained on; leave --validation_percent out')
@@ -141,7 +142,7 @@ def check_class_names(run_config, info):
     """Returns the class names the model was trained on; DataError if the data labels others."""
     trained = run_config.class_names or tuple(info.class_names)
     if trained != tuple(info.class_names):
-        raise onu_dataset.DataError(
+        raise onu_errors.DataError(
             f'{info.data_dir}: classes {", ".join(info.class_names)} but the model was trained on '
             f'{", ".join(trained)}; evaluate on data with the training classes (--data_dir)')
     return trained
@@ -401,7 +402,7 @@ def wait_for_checkpoints(checkpoint_dir, done, interval_secs, timeout_secs):
 def no_checkpoint_error(checkpoint_dir, waited_secs=None):
     """Returns the DataError for a checkpoint dir without any checkpoint."""
     after = f' after waiting {waited_secs:g} s' if waited_secs is not None else ''
-    return onu_dataset.DataError(
+    return onu_errors.DataError(
         f'{checkpoint_dir}: no checkpoint{after}; train first (python onu_train.py '
         f'--train_dir={checkpoint_dir}) or point --checkpoint_dir at the training run')
 

@@ -16,7 +16,7 @@ from absl import app
 from absl import flags
 
 from onu_lib import onu_checkpoint
-from onu_lib import onu_dataset
+from onu_lib import onu_errors
 from onu_lib import onu_flags
 from onu_lib import onu_run_folder
 from onu_lib import onu_serving
@@ -49,8 +49,8 @@ def calibration(run_config):
     data_dir = onu_flags.value_or_saved('data_dir', run_config)
     try:
         return onu_tflite.calibration_pixels(run_config, data_dir, FLAGS.calibration_examples)
-    except onu_dataset.DataError as e:
-        raise onu_dataset.DataError(
+    except onu_errors.DataError as e:
+        raise onu_errors.DataError(
             f'--tflite={FLAGS.tflite} calibrates on photos of the train split, and there are none at hand '
             f'({str(e).split("; ")[0]}): pass --data_dir=<the training data>, or choose --tflite=float16 (no '
             f'calibration)') from None

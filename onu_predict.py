@@ -32,7 +32,6 @@ import numpy as np
 import tensorflow as tf
 
 from onu_lib import onu_checkpoint
-from onu_lib import onu_dataset
 from onu_lib import onu_errors
 from onu_lib import onu_converter
 from onu_lib import onu_flags
@@ -75,7 +74,7 @@ class TFLiteClassifier:
         num_classes = int(self.output['shape'][-1])
         self.class_names = onu_tflite.read_labels(model_path) or [str(index) for index in range(num_classes)]
         if len(self.class_names) != num_classes:
-            raise onu_dataset.DataError(
+            raise onu_errors.DataError(
                 f'{model_path}: {num_classes} outputs but {len(self.class_names)} classes in the '
                 f'{onu_tflite.LABELS_FILENAME} beside it; export it again with python onu_export.py --tflite=...')
         graph = tf.Graph()
@@ -113,7 +112,7 @@ def _saved_model_classifier(version_dir):
     signature = meta_graph.signature_def.get(onu_serving.SERVING_SIGNATURE)
     if signature is None or onu_serving.BYTES_INPUT not in signature.inputs:
         session.close()
-        raise onu_dataset.DataError(
+        raise onu_errors.DataError(
             f'{version_dir}: no {onu_serving.SERVING_SIGNATURE} signature taking '
             f'{onu_serving.BYTES_INPUT}; export the model with python onu_export.py')
     image_bytes = graph.get_tensor_by_name(signature.inputs[onu_serving.BYTES_INPUT].name)
@@ -158,10 +157,10 @@ def load_classifier(model_dir, allow_raw_weights=False):
         if onu_run_config.RunConfig.load(model_dir):
             return _checkpoint_classifier(model_dir, allow_raw_weights)
     except (tf.errors.OpError, OSError, RuntimeError, ValueError) as e:  # ValueError: LiteRT's, for a damaged file
-        raise onu_dataset.DataError(
+        raise onu_errors.DataError(
             f'{model_dir}: cannot load the model ({onu_checkpoint.one_line(e)}); export it again with '
             f'python onu_export.py, or pass another --model_dir') from None
-    raise onu_dataset.DataError(
+    raise onu_errors.DataError(
         f'{model_dir}: neither a SavedModel, nor a folder of exported versions, nor a training run, nor a .tflite '
         f'file; pass --model_dir=<train_dir>/export (after python onu_export.py) or the --train_dir of '
         f'onu_train.py')

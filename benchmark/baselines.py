@@ -15,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from onu_lib import onu_dataset
+from onu_lib import onu_errors
 import onu_input
 
 
@@ -77,7 +78,7 @@ class SerialCv2Loader:
                     yield {self.image_batch: np.stack(images), self.label_batch: np.array(labels)}
                     images, labels = [], []
             if len(self.skipped) == self.info.num_examples:
-                raise onu_dataset.DataError(f'{self.info.data_dir}: OpenCV reads none of the images')
+                raise onu_errors.DataError(f'{self.info.data_dir}: OpenCV reads none of the images')
             if images and epochs is not None:
                 yield {self.image_batch: np.stack(images), self.label_batch: np.array(labels)}
             epoch += 1

@@ -25,7 +25,6 @@ import re
 from google.protobuf import text_format
 import tensorflow as tf
 
-from onu_lib import onu_dataset
 from onu_lib import onu_errors
 import onu_model
 
@@ -125,20 +124,20 @@ def find_checkpoint(checkpoint_dir, checkpoint_path=None, use_instead=None):
     """
     path = checkpoint_path or (list_checkpoints(checkpoint_dir) or [None])[-1]
     if not path:
-        raise onu_dataset.DataError(
+        raise onu_errors.DataError(
             f'{checkpoint_dir}: no checkpoint; train first (python onu_train.py '
             f'--train_dir={checkpoint_dir}) or pass --checkpoint_path')
     if checkpoint_path and not listed_step(path) and not os.path.isfile(path + '.index'):
-        raise onu_dataset.DataError(f'{path}: not a checkpoint prefix (no {path}.index); pass the '
+        raise onu_errors.DataError(f'{path}: not a checkpoint prefix (no {path}.index); pass the '
                                     f'prefix of an existing one, e.g. {checkpoint_dir}/model.ckpt-1000')
     try:
         check_readable(path)
     except DamagedCheckpoint as e:
         alternative, _ = newest_readable(os.path.dirname(path) or '.', before=path)
         if not alternative:
-            raise onu_dataset.DataError(f'{e}; no older checkpoint there is readable; train again') from None
+            raise onu_errors.DataError(f'{e}; no older checkpoint there is readable; train again') from None
         advice = (use_instead or (lambda p: f'pass --checkpoint_path={p}'))(alternative)
-        raise onu_dataset.DataError(f'{e}; the newest readable one is {alternative}: {advice}') from None
+        raise onu_errors.DataError(f'{e}; the newest readable one is {alternative}: {advice}') from None
     return path
 
 
@@ -146,7 +145,7 @@ def checkpoint_step(path):
     """Returns the global step stored in a checkpoint."""
     reader = tf.train.load_checkpoint(path)
     if not reader.has_tensor('global_step'):
-        raise onu_dataset.DataError(f'{path}: no global_step in this checkpoint; use a checkpoint '
+        raise onu_errors.DataError(f'{path}: no global_step in this checkpoint; use a checkpoint '
                                     f'written by onu_train.py')
     return int(reader.get_tensor('global_step'))
 
@@ -214,7 +213,7 @@ def check_resumable(train_dir, run_config, saved):
     # The classes, how stored labels map to them, and which photos are held out for val must stay as they were.
     for key in ('model', 'image_size', 'class_names', 'labels_offset', 'validation_percent'):
         if getattr(saved, key) != getattr(run_config, key):
-            raise onu_dataset.DataError(
+            raise onu_errors.DataError(
                 f'{train_dir} holds a run with {key}={getattr(saved, key)!r}, not '
                 f'{getattr(run_config, key)!r}; pass the same flags to resume, or a new --train_dir to '
                 f'start over')
@@ -249,9 +248,9 @@ def variables_to_restore(moving_average_decay=onu_model.DEFAULT_MOVING_AVERAGE_D
 def check_shapes(path, shapes, name, var, fix):
     """Raises DataError when checkpoint tensor name (of shapes) is missing or shaped unlike var; fix: what to do."""
     if name not in shapes:
-        raise onu_dataset.DataError(f'{path}: {name} is not in this checkpoint, so {fix}')
+        raise onu_errors.DataError(f'{path}: {name} is not in this checkpoint, so {fix}')
     if list(shapes[name]) != var.shape.as_list():
-        raise onu_dataset.DataError(f'{path}: {var.op.name} has shape {shapes[name]} but the model needs '
+        raise onu_errors.DataError(f'{path}: {var.op.name} has shape {shapes[name]} but the model needs '
                                     f'{var.shape.as_list()}; {fix}')
 
 
@@ -272,7 +271,7 @@ def weights_to_restore(checkpoint_path, moving_average_decay, allow_raw_weights=
     averaged = {v.op.name for v in onu_model.averaged_variables()}
     raw = sorted(name for name in restore if name in averaged)
     if raw and not allow_raw_weights:
-        raise onu_dataset.DataError(
+        raise onu_errors.DataError(
             f'{checkpoint_path}: no moving average of {raw[0]} (and {len(raw) - 1} more variables); '
             f'pass --allow_raw_weights to use the raw weights instead')
     return restore, WEIGHTS_RAW if raw else WEIGHTS_AVERAGED
@@ -287,7 +286,7 @@ def restore(session, checkpoint_path, moving_average_decay, allow_raw_weights=Fa
         with session.graph.as_default():
             restore_map, weights = weights_to_restore(checkpoint_path, moving_average_decay, allow_raw_weights)
             tf.compat.v1.train.Saver(restore_map).restore(session, checkpoint_path)
-    except onu_dataset.DataError:
+    except onu_errors.DataError:
         raise
     except READ_ERRORS as e:
         raise read_error(checkpoint_path, e) from None
@@ -316,12 +315,12 @@ def warm_start_saver(checkpoint_path, exclude_scopes, report=print):
         # the state file only for checkpoints named otherwise.
         path = (list_checkpoints(checkpoint_path) or [None])[-1] or tf.train.latest_checkpoint(checkpoint_path)
         if not path:
-            raise onu_dataset.DataError(f'{checkpoint_path}: no checkpoint in this folder; '
+            raise onu_errors.DataError(f'{checkpoint_path}: no checkpoint in this folder; '
                                         f'give a checkpoint file prefix to --fine_tune_checkpoint')
     try:
         shapes = tf.train.load_checkpoint(path).get_variable_to_shape_map()
     except READ_ERRORS as e:
-        raise onu_dataset.DataError(f'{checkpoint_path}: not a readable checkpoint '
+        raise onu_errors.DataError(f'{checkpoint_path}: not a readable checkpoint '
                                     f'({one_line(e)}); check --fine_tune_checkpoint') from None
     exclude_scopes = onu_model.scope_list(exclude_scopes)
     restore_map, excluded, missing = {}, [], []
@@ -341,6 +340,6 @@ def warm_start_saver(checkpoint_path, exclude_scopes, report=print):
     for name in missing:
         report(f'  not in the checkpoint (freshly initialised): {name}')
     if not restore_map:
-        raise onu_dataset.DataError(f'{path}: no model variable matches this checkpoint; '
+        raise onu_errors.DataError(f'{path}: no model variable matches this checkpoint; '
                                     f'check --model and --fine_tune_checkpoint')
     return tf.compat.v1.train.Saver(restore_map), path

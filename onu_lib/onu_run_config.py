@@ -16,6 +16,7 @@ import json
 import os
 
 from onu_lib import onu_dataset
+from onu_lib import onu_errors
 
 RUN_CONFIG_FILENAME = 'run_config.json'
 FORMAT_VERSION = 3
@@ -72,12 +73,12 @@ class RunConfig:
         """Returns the RunConfig of a run_config.json dictionary of this or the previous format."""
         version = values.get('format_version', 1)
         if not isinstance(version, int) or version > FORMAT_VERSION:
-            raise onu_dataset.DataError(
+            raise onu_errors.DataError(
                 f'{source}: format_version {version!r} is newer than this onu-classifier reads '
                 f'({FORMAT_VERSION}); upgrade it (git pull) to use this run')
         missing = [name for name in ('model', 'image_size') if name not in values]
         if missing:
-            raise onu_dataset.DataError(
+            raise onu_errors.DataError(
                 f'{source}: no {" or ".join(missing)}; it was not written by onu_train.py: '
                 f'restore it or train into a new --train_dir')
         if values.get('cache_decoded_epoch') == 'on':  # its spelling before the disk cache
@@ -105,11 +106,11 @@ class RunConfig:
             with open(path, encoding='utf-8') as f:
                 values = json.load(f)
         except (OSError, ValueError) as e:
-            raise onu_dataset.DataError(
+            raise onu_errors.DataError(
                 f'{path}: unreadable run configuration ({e}); restore it or train into a new '
                 f'--train_dir') from None
         if not isinstance(values, dict):
-            raise onu_dataset.DataError(f'{path}: not a run configuration (a JSON object); restore it '
+            raise onu_errors.DataError(f'{path}: not a run configuration (a JSON object); restore it '
                                         f'or train into a new --train_dir')
         return cls.from_dict(values, source=path)
 

@@ -21,6 +21,7 @@ import cv2
 import numpy as np
 
 from onu_lib import onu_dataset
+from onu_lib import onu_errors
 from onu_lib import onu_files
 from onu_lib import onu_pool
 
@@ -335,7 +336,7 @@ def generate_dataset(output_dir, train_per_class=DEFAULT_TRAIN_PER_CLASS, val_pe
         if info is not None and info.get('settings') == settings:
             return dict(info, generated=False)
         what = 'of sample data made with other settings' if info else 'that is not this sample data'
-        raise onu_dataset.DataError(f'{output_dir} already holds {"/".join(existing_splits)}/ {what}: '
+        raise onu_errors.DataError(f'{output_dir} already holds {"/".join(existing_splits)}/ {what}: '
                                     f'choose an empty --output_dir (nothing was changed)')
     started = time.time()
     temp_dir = os.path.join(output_dir, _TEMP_SUBDIR)

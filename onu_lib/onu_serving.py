@@ -31,6 +31,7 @@ import tensorflow as tf
 
 from onu_lib import onu_checkpoint
 from onu_lib import onu_dataset
+from onu_lib import onu_errors
 from onu_lib import onu_precision
 import onu_input
 import onu_model
@@ -62,7 +63,7 @@ def load_training_config(train_dir):
     """Returns the RunConfig onu_train.py saved in train_dir; DataError if there is none."""
     run_config = onu_run_config.RunConfig.load(train_dir)
     if not run_config:
-        raise onu_dataset.DataError(
+        raise onu_errors.DataError(
             f'{onu_run_config.path_in(train_dir)} not found: pass the --checkpoint_dir (train_dir) '
             f'that onu_train.py wrote, which holds the model, image size and class names')
     return run_config

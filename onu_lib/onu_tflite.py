@@ -24,7 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from onu_lib import onu_checkpoint
-from onu_lib import onu_dataset
+from onu_lib import onu_errors
 from onu_lib import onu_files
 from onu_lib import onu_serving
 import onu_input
@@ -89,7 +89,7 @@ def eval_pixels(info, image_size, num_examples):
     """Returns (uint8 pixels [n, size, size, 3], labels [n]): up to num_examples examples spread evenly over a split, as
     eval preprocesses them, rounded to pixels (what the model's input takes); DataError when the split has none."""
     if not info.num_examples:
-        raise onu_dataset.DataError(f'{info.data_dir}: no {info.split} examples')
+        raise onu_errors.DataError(f'{info.data_dir}: no {info.split} examples')
     every = max(1, info.num_examples // num_examples)  # across the split, so every class is among them
     with tf.Graph().as_default():
         examples = onu_input.eval_batches(info, 32, image_size).unbatch()
@@ -118,7 +118,7 @@ def _probabilities_function(version_dir, image_size):
     loaded = tf.saved_model.load(version_dir, tags=onu_serving.SAVED_MODEL_TAGS)
     signature = loaded.signatures.get(onu_serving.PIXELS_SIGNATURE)
     if signature is None:
-        raise onu_dataset.DataError(
+        raise onu_errors.DataError(
             f'{version_dir}: no {onu_serving.PIXELS_SIGNATURE} signature (exported before it existed); export the '
             f'checkpoint again into another --export_dir')
 
@@ -141,7 +141,7 @@ def convert(version_dir, format_name, image_size, calibration=None):
     try:
         return converter.convert()
     except Exception as e:  # pylint: disable=broad-except  (the converter raises many kinds, all for the user)
-        raise onu_dataset.DataError(
+        raise onu_errors.DataError(
             f'{version_dir}: the TensorFlow Lite converter refused the model as {format_name} '
             f'({onu_checkpoint.one_line(e)}); try another --tflite format') from None
 

@@ -23,6 +23,7 @@ from onu_lib import onu_data_service
 from onu_lib import onu_converter
 from onu_lib import onu_dataset
 from onu_lib import onu_decoded_cache
+from onu_lib import onu_errors
 from onu_lib import onu_hparams
 import onu_input
 import onu_model
@@ -210,7 +211,7 @@ def prepare_data(data_dir, data_format, validation_percent, labels_offset):
     """
     try:
         data = onu_dataset.describe(data_dir, validation_percent, labels_offset)
-    except onu_dataset.DataError:
+    except onu_errors.DataError:
         if os.path.abspath(data_dir) != os.path.abspath(onu_dataset.DEFAULT_DATA_DIR):
             raise
         print(f'{data_dir} has no data: generating the built-in sample dataset there.', flush=True)

@@ -15,6 +15,7 @@ from PIL import Image
 from conftest import (EXIF_ORIENTATION_TAG, LAYOUT_CLASSES, REPO_ROOT, file_states, layout_photos, run_script,
                       write_layout)
 
+from onu_lib import onu_errors
 from onu_lib import onu_photos
 from onu_lib import onu_converter
 from onu_lib import onu_tfrecord
@@ -216,7 +217,7 @@ def test_bad_inputs_are_skipped_with_reasons_and_the_rest_decode_upright(messy_d
 
 def test_strict_fails_on_unreadable_files_but_not_on_hidden_ones(messy_data_dir, make_tiny_dataset, tmp_path):
     records_dir = str(tmp_path / 'records')
-    with pytest.raises(onu_dataset.DataError) as error:
+    with pytest.raises(onu_errors.DataError) as error:
         onu_converter.convert(onu_dataset.describe(messy_data_dir), records_dir, strict=True, processes=1)
     message = str(error.value)
     assert '\n' not in message and '--strict' in message and os.path.join(messy_data_dir, 'train', 'F603') in message
@@ -241,7 +242,7 @@ def test_a_file_failing_to_decode_is_skipped_in_raw_or_fails_strict(make_tiny_da
 
     monkeypatch.setattr(onu_photos, 'upright_rgb', failing_upright_rgb)
     records_dir = os.path.join(data_dir, 'tfrecords')
-    with pytest.raises(onu_dataset.DataError) as error:
+    with pytest.raises(onu_errors.DataError) as error:
         onu_converter.convert(onu_dataset.describe(data_dir), formats=('raw',), strict=True, processes=1)
     assert str(error.value) == f'{broken}: decode failed: broken data stream (--strict): fix or remove the file'
     assert not any(name.endswith('.tfrecord') or '.tmp-' in name for name in os.listdir(records_dir))
@@ -260,11 +261,11 @@ def test_a_file_failing_to_decode_is_skipped_in_raw_or_fails_strict(make_tiny_da
 
 def test_class_set_mismatch_and_output_inside_photos_are_errors(make_tiny_dataset):
     data_dir = make_tiny_dataset()
-    with pytest.raises(onu_dataset.DataError) as error:
+    with pytest.raises(onu_errors.DataError) as error:
         onu_converter.convert(onu_dataset.describe(data_dir), os.path.join(data_dir, 'train', 'records'), processes=1)
     assert 'inside the photo folder' in str(error.value)
     shutil.rmtree(os.path.join(data_dir, 'val', 'F603'))
-    with pytest.raises(onu_dataset.DataError) as error:
+    with pytest.raises(onu_errors.DataError) as error:
         onu_converter.convert(onu_dataset.describe(data_dir), processes=1)
     assert "missing in val: ['F603']" in str(error.value)
     assert not os.path.exists(os.path.join(data_dir, 'tfrecords'))

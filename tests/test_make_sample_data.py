@@ -8,6 +8,7 @@ from PIL import Image
 
 from conftest import run_script
 
+from onu_lib import onu_errors
 from onu_lib import onu_sample_data
 from onu_lib import onu_dataset
 
@@ -62,13 +63,13 @@ def test_rerun_is_noop_and_foreign_data_is_refused(tmp_path):
     again = onu_sample_data.generate_dataset(data_dir, 1, 1, photo_size=(64, 48), processes=1)
     assert not again['generated']
     assert {p: os.stat(os.path.join(data_dir, p)).st_mtime_ns for p in _files(data_dir)} == before
-    with pytest.raises(onu_dataset.DataError) as error:
+    with pytest.raises(onu_errors.DataError) as error:
         onu_sample_data.generate_dataset(data_dir, 2, 1, photo_size=(64, 48), processes=1)
     assert 'other settings' in str(error.value) and data_dir in str(error.value)
     user_dir = tmp_path / 'photos'
     (user_dir / 'train' / 'router').mkdir(parents=True)
     (user_dir / 'train' / 'router' / 'mine.jpg').write_bytes(b'precious')
-    with pytest.raises(onu_dataset.DataError) as error:
+    with pytest.raises(onu_errors.DataError) as error:
         onu_sample_data.generate_dataset(str(user_dir), 1, 1, photo_size=(64, 48), processes=1)
     assert 'nothing was changed' in str(error.value)
     assert (user_dir / 'train' / 'router' / 'mine.jpg').read_bytes() == b'precious'

@@ -18,7 +18,7 @@ from conftest import copy_train_dir, file_states, finish, run_script, start_scri
 from test_onu_train import TIMEOUT_SECS, TINY_FLAGS, checkpoint_step, logged_steps, run_train
 
 from onu_lib import onu_checkpoint
-from onu_lib import onu_dataset
+from onu_lib import onu_errors
 from onu_lib import onu_run_folder
 
 
@@ -77,7 +77,7 @@ def test_warm_start_errors_name_the_fine_tune_checkpoint_flag(tiny_run, tmp_path
         tf.compat.v1.get_variable('Other/weights', [2])  # a model with none of the shared run's variables
         for source, words in ((empty, 'no checkpoint in this folder'), (notes, 'not a readable checkpoint'),
                               (tiny_run.train_dir, 'no model variable matches this checkpoint')):
-            with pytest.raises(onu_dataset.DataError) as error:
+            with pytest.raises(onu_errors.DataError) as error:
                 onu_checkpoint.warm_start_saver(str(source), [], report=lambda line: None)
             message = str(error.value)
             assert words in message and '--fine_tune_checkpoint' in message, message
@@ -95,7 +95,7 @@ def test_damaged_checkpoints_are_found_and_set_aside_never_deleted(tiny_run, tmp
     newest, damaged = onu_checkpoint.newest_readable(train_dir)
     assert newest == prefix(train_dir, 10) and [e.path for e in damaged] == [prefix(train_dir, 12)]
 
-    with pytest.raises(onu_dataset.DataError) as error:  # what export and predict say
+    with pytest.raises(onu_errors.DataError) as error:  # what export and predict say
         onu_checkpoint.find_checkpoint(train_dir)
     message = str(error.value)
     assert prefix(train_dir, 12) in message and f'the newest readable one is {prefix(train_dir, 10)}' in message
@@ -242,7 +242,7 @@ def test_a_restarted_evaluator_reports_each_checkpoint_once(tiny_run, tmp_path):
 def test_resuming_needs_the_same_model_classes_labels_and_split(tiny_run, change):
     saved = tiny_run.config.replace(validation_percent=10.0)
     onu_checkpoint.check_resumable(tiny_run.train_dir, saved, saved)  # the same: resumes
-    with pytest.raises(onu_dataset.DataError) as error:
+    with pytest.raises(onu_errors.DataError) as error:
         onu_checkpoint.check_resumable(tiny_run.train_dir, saved.replace(**change), saved)
     (key, value), = change.items()
     assert str(error.value).startswith(f'{tiny_run.train_dir} holds a run with {key}={getattr(saved, key)!r}, '

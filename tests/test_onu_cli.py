@@ -8,7 +8,7 @@ import pytest
 
 from conftest import REPO_ROOT, SCRIPT_TIMEOUT_SECS, ScriptProcess, run_script, start_script
 from onu_lib import onu_cli
-from onu_lib import onu_dataset
+from onu_lib import onu_errors
 
 START_UP_LINES = [
     'WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n',
@@ -67,6 +67,8 @@ AFTER_START_UP = '''
 import atexit, gc, sys
 atexit.register(lambda: print(f'frozen at exit: {gc.get_freeze_count() > 0}', file=sys.stderr, flush=True))
 from onu_lib import onu_cli
+from onu_lib import onu_errors
+from onu_lib import onu_errors
 tf = onu_cli.import_tensorflow()
 print('started', file=sys.stderr, flush=True)
 print(f'loaded: {[name for name in onu_cli.KERAS_OPTIONAL_IMPORTS if name in sys.modules]}', file=sys.stderr)
@@ -118,7 +120,7 @@ def test_both_spellings_with_different_values_are_an_error(alias_flags):
 
 def test_run_script_turns_user_errors_and_failures_into_one_line(capsys):
     def data_error():
-        raise onu_dataset.DataError('/data: no train/ folder; put photos in /data/train/<class>/')
+        raise onu_errors.DataError('/data: no train/ folder; put photos in /data/train/<class>/')
 
     def failure():
         raise RuntimeError('loss is nan at step 3')

@@ -17,6 +17,7 @@ from test_onu_input import _write_jpeg_with_bad_scan
 
 from onu_lib import onu_data_service
 from onu_lib import onu_dataset
+from onu_lib import onu_errors
 from onu_lib import onu_launch
 import onu_input
 
@@ -186,7 +187,7 @@ def test_a_photo_a_worker_cannot_decode_stops_the_trainer_with_one_line_naming_i
         dataset = onu_input.service_batches(info, 1, 32, onu_input.ServiceJob(service.address, num_epochs=1), seed=3,
                                             augment=onu_input.AugmentOptions.default())
         images = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()[0]
-        with pytest.raises(onu_dataset.DataError) as error:
+        with pytest.raises(onu_errors.DataError) as error:
             with onu_dataset.read_errors_as_data_error(info), tf.compat.v1.Session() as session:
                 for _ in range(info.num_examples):  # the epoch: never without it, nor a silent gap
                     session.run(images)

@@ -18,6 +18,7 @@ from PIL import Image
 from PIL import ImageOps
 
 from conftest import REPO_ROOT, layout_photos, run_script, write_layout
+from onu_lib import onu_errors
 from onu_lib import onu_photos
 from onu_lib import onu_dataset
 from onu_lib import onu_files
@@ -38,7 +39,7 @@ def test_find_class_names_sorted_train_folders(make_tiny_dataset):
 
 
 def test_find_class_names_without_photos_says_where_they_go(tmp_path):
-    with pytest.raises(onu_dataset.DataError) as error:
+    with pytest.raises(onu_errors.DataError) as error:
         onu_dataset.find_class_names(str(tmp_path))
     message = _one_line(error)
     assert f'{tmp_path}/<class>/' in message and f'{tmp_path}/train/<class>/' in message
@@ -48,7 +49,7 @@ def test_find_class_names_without_photos_says_where_they_go(tmp_path):
 def test_find_class_names_class_missing_in_val(make_tiny_dataset):
     data_dir = make_tiny_dataset()
     shutil.rmtree(os.path.join(data_dir, 'val', 'F663N'))
-    with pytest.raises(onu_dataset.DataError) as error:
+    with pytest.raises(onu_errors.DataError) as error:
         onu_dataset.find_class_names(data_dir)
     assert "missing in val: ['F663N']" in _one_line(error)
 
@@ -56,7 +57,7 @@ def test_find_class_names_class_missing_in_val(make_tiny_dataset):
 def test_find_class_names_extra_class_in_val(make_tiny_dataset):
     data_dir = make_tiny_dataset()
     shutil.copytree(os.path.join(data_dir, 'val', 'F663N'), os.path.join(data_dir, 'val', 'ZXHN'))
-    with pytest.raises(onu_dataset.DataError) as error:
+    with pytest.raises(onu_errors.DataError) as error:
         onu_dataset.find_class_names(data_dir)
     assert "only in val: ['ZXHN']" in _one_line(error)
 
@@ -70,7 +71,7 @@ def test_find_class_names_class_without_readable_images(make_tiny_dataset, conte
     if content is not None:
         with open(os.path.join(class_dir, 'broken.jpg'), 'wb') as f:
             f.write(content)
-    with pytest.raises(onu_dataset.DataError) as error:
+    with pytest.raises(onu_errors.DataError) as error:
         onu_dataset.find_class_names(data_dir)
     message = _one_line(error)
     assert class_dir in message and 'no readable images' in message
@@ -156,7 +157,7 @@ def test_read_labels_errors(tmp_path, text, expected):
     if text is not None:
         with open(path, 'w', encoding='utf-8') as f:
             f.write(text)
-    with pytest.raises(onu_dataset.DataError) as error:
+    with pytest.raises(onu_errors.DataError) as error:
         onu_dataset.read_labels(path)
     message = _one_line(error)
     assert path in message and expected in message
@@ -164,12 +165,12 @@ def test_read_labels_errors(tmp_path, text, expected):
 
 def test_read_manifest_missing_and_invalid(tmp_path):
     records_dir = str(tmp_path)
-    with pytest.raises(onu_dataset.DataError) as error:
+    with pytest.raises(onu_errors.DataError) as error:
         onu_dataset.read_manifest(records_dir)
     assert 'convert_to_tfrecord.py' in _one_line(error)
     with open(os.path.join(records_dir, onu_dataset.MANIFEST_FILENAME), 'w', encoding='utf-8') as f:
         f.write('{"version": 1, ')
-    with pytest.raises(onu_dataset.DataError) as error:
+    with pytest.raises(onu_errors.DataError) as error:
         onu_dataset.read_manifest(records_dir)
     assert '--overwrite' in _one_line(error)
 
@@ -186,7 +187,7 @@ def test_manifest_round_trip_and_shard_paths(tmp_path):
         os.path.join(records_dir, 'train-encoded-00001-of-00002.tfrecord')]
     assert onu_dataset.tf_compression_type(loaded['compression']) == 'GZIP'
     assert onu_dataset.tf_compression_type('NONE') == ''
-    with pytest.raises(onu_dataset.DataError) as error:
+    with pytest.raises(onu_errors.DataError) as error:
         onu_dataset.shard_paths(records_dir, loaded, 'train', 'raw')
     assert '--format=raw' in _one_line(error)
 
@@ -421,12 +422,12 @@ def test_what_the_records_lack_is_one_line_naming_the_file_and_the_command(tiny_
     raw = onu_dataset.describe(data_dir).split('val', 'raw').files
     with open(raw[0], 'r+b') as f:  # cut short
         f.truncate(os.path.getsize(raw[0]) - 1)
-    with pytest.raises(onu_dataset.DataError) as error:
+    with pytest.raises(onu_errors.DataError) as error:
         onu_dataset.describe(data_dir).split('val', 'raw')
     assert _one_line(error) == (f'{raw[0]}: {os.path.getsize(raw[0])} bytes on disk but {os.path.getsize(raw[0]) + 1} '
                                 f'in the manifest (truncated or changed); re-create the records with {convert} --overwrite')
     os.remove(raw[0])
-    with pytest.raises(onu_dataset.DataError) as error:
+    with pytest.raises(onu_errors.DataError) as error:
         onu_dataset.describe(data_dir).split('val', 'raw')
     assert _one_line(error) == (f'{raw[0]}: record file listed in the manifest is missing; re-create the records with '
                                 f'{convert} --overwrite')
@@ -436,12 +437,12 @@ def test_what_the_records_lack_is_one_line_naming_the_file_and_the_command(tiny_
     onu_dataset.write_manifest(records_dir, manifest)
     data = onu_dataset.describe(data_dir)
     assert data.record_formats == ('encoded',) and not data.has_records('raw')  # raw: not for every split
-    with pytest.raises(onu_dataset.DataError) as error:
+    with pytest.raises(onu_errors.DataError) as error:
         data.split('val', 'raw')
     assert _one_line(error) == (f'{records_dir}: raw records of val were asked but the manifest lists only encoded '
                                 f'records; write them with {convert}, or use --data_format=encoded')
     os.remove(os.path.join(records_dir, onu_dataset.LABELS_FILENAME))
-    with pytest.raises(onu_dataset.DataError) as error:
+    with pytest.raises(onu_errors.DataError) as error:
         onu_dataset.describe(data_dir).split('train', 'encoded')
     assert _one_line(error).startswith(f'{os.path.join(records_dir, onu_dataset.LABELS_FILENAME)} not found: '
                                        f're-create the records with python convert_to_tfrecord.py')
@@ -464,7 +465,7 @@ def test_records_made_with_another_split_or_labels_offset_are_not_read_as_these(
     assert not offset.has_records('raw') and offset.made_otherwise('raw') == (
         f'{records_dir}: records made with --labels_offset=1, but 0 is asked; use --labels_offset=1, or re-create '
         f'them with python convert_to_tfrecord.py --data_dir={data_dir} --format=raw --labels_offset=0')
-    with pytest.raises(onu_dataset.DataError) as error:
+    with pytest.raises(onu_errors.DataError) as error:
         offset.split('train', 'raw')
     assert '--labels_offset=1' in _one_line(error)
     made = onu_dataset.describe(data_dir, validation_percent=30.0, labels_offset=1)
@@ -482,7 +483,7 @@ def test_records_alone_are_read_in_their_own_format(tiny_records_dir, tmp_path):
     assert (data.layout, data.has_photos, data.default_format(), data.records_dir()) == (
         onu_dataset.RECORDS, False, 'encoded', records_dir)
     assert data.split('val', 'raw').num_examples == 4
-    with pytest.raises(onu_dataset.DataError) as error:
+    with pytest.raises(onu_errors.DataError) as error:
         data.split('train', 'images')
     assert _one_line(error) == f'{records_dir}: holds records, not photo folders: read them with --data_format=encoded'
 
@@ -498,12 +499,12 @@ def test_commands_in_messages_are_quoted_for_the_shell(tmp_path):
 
 
 def test_an_empty_folder_is_one_line_saying_what_was_looked_for(tmp_path):
-    with pytest.raises(onu_dataset.DataError) as error:
+    with pytest.raises(onu_errors.DataError) as error:
         onu_dataset.describe(str(tmp_path))
     message = _one_line(error)
     assert message.startswith(f'{tmp_path}: no data found; looked for photos in train/<class>/ and val/<class>/')
     assert 'manifest.json' in message and message.endswith('see README "Bring your own data"')
-    with pytest.raises(onu_dataset.DataError) as error:
+    with pytest.raises(onu_errors.DataError) as error:
         onu_dataset.describe(str(tmp_path / 'nowhere'))
     assert _one_line(error).startswith(f'{tmp_path / "nowhere"}: data dir not found; make sample data with ')
 

@@ -15,6 +15,7 @@ from PIL import Image
 from conftest import (TINY_IMAGE_SIZE, TINY_RUN_STEPS, copy_train_dir, mount, run_on_a_terminal, run_script,
                       start_script, script_tested_models)
 
+from onu_lib import onu_errors
 from onu_lib import onu_sample_data
 from onu_lib import onu_best
 from onu_lib import onu_checkpoint
@@ -249,7 +250,7 @@ def test_checkpoint_without_moving_averages_is_a_clear_error_unless_raw_weights_
         handmade_checkpoints, tiny_data_dir):
     path = handmade_checkpoints['raw_only']
     config = handmade_run_config(tiny_data_dir)
-    with pytest.raises(onu_dataset.DataError) as error:
+    with pytest.raises(onu_errors.DataError) as error:
         onu_eval.evaluate(path, config, config.split_info('val'), batch_size=3)
     message = str(error.value)
     assert path in message and '--allow_raw_weights' in message
@@ -304,7 +305,7 @@ def test_every_model_evaluates_as_a_numpy_computation_with_its_moving_averages(t
 
 def test_data_with_other_classes_than_the_training_run_is_a_clear_error(handmade_checkpoints, tiny_data_dir):
     config = handmade_run_config(tiny_data_dir).replace(class_names=['F603', 'F670L'])
-    with pytest.raises(onu_dataset.DataError, match='trained on F603, F670L'):
+    with pytest.raises(onu_errors.DataError, match='trained on F603, F670L'):
         onu_eval.evaluate(handmade_checkpoints['averaged'], config, config.split_info('val'))
 
 

@@ -15,6 +15,7 @@ from onu_lib import onu_checkpoint
 from onu_lib import onu_dataset
 import onu_input
 import onu_model
+from onu_lib import onu_errors
 from onu_lib import onu_run_folder
 from onu_lib import onu_serving
 
@@ -250,7 +251,7 @@ def write_checkpoint_without_moving_averages(directory):
 def test_checkpoint_without_moving_averages_needs_allow_raw_weights(tiny_run, tmp_path):
     path = write_checkpoint_without_moving_averages(str(tmp_path))
     export_dir = str(tmp_path / 'serving')
-    with pytest.raises(onu_dataset.DataError, match='no moving average of SmallNet/.*--allow_raw_weights'):
+    with pytest.raises(onu_errors.DataError, match='no moving average of SmallNet/.*--allow_raw_weights'):
         onu_serving.export_saved_model(path, tiny_run.config, export_dir)
     assert not os.path.exists(os.path.join(export_dir, '0'))
 
@@ -260,7 +261,7 @@ def test_checkpoint_without_moving_averages_needs_allow_raw_weights(tiny_run, tm
 
 def test_checkpoint_of_another_model_is_a_clear_error(tiny_run, tmp_path):
     three_classes = tiny_run.config.replace(class_names=['F603', 'F663N', 'HG8245'])
-    with pytest.raises(onu_dataset.DataError, match=r'model.ckpt-12: SmallNet/Logits/weights has shape '
+    with pytest.raises(onu_errors.DataError, match=r'model.ckpt-12: SmallNet/Logits/weights has shape '
                                                     r'\[256, 2\] but the model needs \[256, 3\]'):
         onu_serving.export_saved_model(checkpoint(tiny_run, MAX_STEPS), three_classes, str(tmp_path))
     assert listing(tmp_path) == []
@@ -299,10 +300,10 @@ def test_export_script_exports_the_latest_checkpoint(tiny_run, tmp_path):
 
 
 def test_train_dir_without_run_config_is_a_clear_error(tmp_path):
-    with pytest.raises(onu_dataset.DataError) as error:
+    with pytest.raises(onu_errors.DataError) as error:
         onu_serving.load_training_config(str(tmp_path))
     assert str(error.value) == (
         f'{tmp_path}/run_config.json not found: pass the --checkpoint_dir (train_dir) that '
         f'onu_train.py wrote, which holds the model, image size and class names')
-    with pytest.raises(onu_dataset.DataError, match=f'{tmp_path}: no checkpoint; train first'):
+    with pytest.raises(onu_errors.DataError, match=f'{tmp_path}: no checkpoint; train first'):
         onu_checkpoint.find_checkpoint(str(tmp_path))

@@ -14,6 +14,7 @@ from PIL import Image
 from PIL import ImageOps
 
 from conftest import STUDY_AUGMENTATION_RANGES, assert_spans, colour_effect, mid_colour_image
+from onu_lib import onu_errors
 from onu_lib import onu_photos
 from onu_lib import onu_dataset
 from onu_lib import onu_decoded_cache
@@ -551,7 +552,7 @@ def test_serving_preprocessing_in_map_fn(pattern_image):
 def test_missing_data_dir_says_how_to_make_data(tmp_path):
     missing = str(tmp_path / 'nowhere')
     for data_format in FORMATS:
-        with pytest.raises(onu_dataset.DataError) as error:
+        with pytest.raises(onu_errors.DataError) as error:
             onu_dataset.describe(missing).split('train', data_format)
         message = str(error.value)
         assert missing in message and 'make_sample_data.py' in message and '\n' not in message
@@ -560,7 +561,7 @@ def test_missing_data_dir_says_how_to_make_data(tmp_path):
 def test_missing_records_say_how_to_convert(make_tiny_dataset):
     data_dir = make_tiny_dataset()
     assert not onu_dataset.describe(data_dir).has_records('raw')
-    with pytest.raises(onu_dataset.DataError) as error:
+    with pytest.raises(onu_errors.DataError) as error:
         _augmented_inputs(onu_dataset.describe(data_dir).split('train', 'raw'), 2)
     message = str(error.value)
     assert 'manifest.json' in message and f'--data_dir={data_dir} --format=raw' in message
@@ -570,7 +571,7 @@ def test_records_of_the_other_kind(make_tiny_dataset):
     data_dir = make_tiny_dataset()
     onu_converter.convert(onu_dataset.describe(data_dir), formats=('encoded',), processes=1)
     assert onu_dataset.describe(data_dir).has_records('encoded') and not onu_dataset.describe(data_dir).has_records('raw')
-    with pytest.raises(onu_dataset.DataError) as error:
+    with pytest.raises(onu_errors.DataError) as error:
         _eval_batch(onu_dataset.describe(data_dir).split('val', 'raw'), 2)
     message = str(error.value)
     assert 'only encoded records' in message and '--format=raw' in message
@@ -595,7 +596,7 @@ def test_corrupted_record_names_the_shard(tiny_data_dir, tmp_path):
         f.write(bytes([byte[0] ^ 0xFF]))
     with tf.Graph().as_default():
         images, _ = _eval_batch(onu_dataset.describe(data_dir).split('train', 'encoded'), 2)
-        with pytest.raises(onu_dataset.DataError) as error:
+        with pytest.raises(onu_errors.DataError) as error:
             with onu_dataset.read_errors_as_data_error(onu_dataset.describe(data_dir).split('train', 'encoded')):
                 _run_to_end(images)
     message = str(error.value)
@@ -608,7 +609,7 @@ def test_truncated_record_file_names_the_shard(tiny_data_dir, tmp_path):
     shard = onu_dataset.describe(data_dir).split('val', 'raw').files[0]
     with open(shard, 'r+b') as f:
         f.truncate(os.path.getsize(shard) - 100)
-    with pytest.raises(onu_dataset.DataError) as error:
+    with pytest.raises(onu_errors.DataError) as error:
         _eval_batch(onu_dataset.describe(data_dir).split('val', 'raw'), 2)
     message = str(error.value)
     assert message.startswith(shard) and 'truncated' in message and '--format=raw' in message
@@ -627,7 +628,7 @@ def test_a_photo_that_does_not_decode_stops_eval_and_training_with_one_line_nami
                 batch = onu_input.next_batch(onu_input.training_batches(info, 2, IMAGE_SIZE, cache, seed=0))
             else:
                 batch = _eval_batch(info, 2)
-            with pytest.raises(onu_dataset.DataError) as error:
+            with pytest.raises(onu_errors.DataError) as error:
                 with onu_dataset.read_errors_as_data_error(info):
                     with tf.compat.v1.Session() as sess:
                         for _ in range(info.num_examples):  # an epoch: never a batch without it, nor a silent gap
@@ -662,7 +663,7 @@ def test_bare_class_folders_give_the_same_split_in_every_feeding_mode(make_tiny_
         assert names == expected, data_format  # and so no val photo is ever trained on
     info = onu_dataset.describe(photos_dir, validation_percent=30.0).split('val', 'encoded')
     assert (info.layout, info.validation_percent) == ('records', 30.0)
-    with pytest.raises(onu_dataset.DataError) as error:  # records split otherwise are not read as this split
+    with pytest.raises(onu_errors.DataError) as error:  # records split otherwise are not read as this split
         onu_dataset.describe(photos_dir, validation_percent=20.0).split('val', 'encoded')
     assert '--validation_percent=30' in str(error.value) and '\n' not in str(error.value)
 

@@ -20,6 +20,7 @@ from onu_lib import onu_dataset
 import onu_eval
 import onu_input
 from onu_lib import onu_checkpoint
+from onu_lib import onu_errors
 from onu_lib import onu_layouts
 from onu_lib import onu_run_config
 from onu_lib import onu_converter
@@ -129,7 +130,7 @@ def test_a_folder_with_the_records_of_two_tools_is_a_one_line_error(tmp_path):
     photos = layout_photos(train=1, val=1)
     write_layout('slim', str(tmp_path), photos)
     write_layout('inception', str(tmp_path), photos)
-    with pytest.raises(onu_dataset.DataError) as error:
+    with pytest.raises(onu_errors.DataError) as error:
         onu_dataset.describe(str(tmp_path))
     message = _one_line(error)
     assert 'more than one tool' in message and 'slim: ' in message and 'inception: ' in message
@@ -177,7 +178,7 @@ def test_inception_names_without_its_keys_need_labels_offset(tmp_path):
         write_tfrecord(str(tmp_path / f'{token}-00000-of-00001'),
                        [_example({'image/encoded': p.data, 'image/class/label': p.label + 1})
                         for p in photos if p.split == split])
-    with pytest.raises(onu_dataset.DataError) as error:
+    with pytest.raises(onu_errors.DataError) as error:
         onu_dataset.describe(str(tmp_path)).split('train', 'encoded')
     assert '--labels_offset=0' in _one_line(error) and '--labels_offset=1' in _one_line(error)
     info = onu_dataset.describe(str(tmp_path), labels_offset=1).split('val', 'encoded')
@@ -207,7 +208,7 @@ def test_a_label_outside_the_classes_is_a_one_line_error(tmp_path):
     photos = layout_photos()
     slim = write_layout('slim', str(tmp_path), photos, ['background'] + list(LAYOUT_CLASSES))
     info = onu_dataset.describe(slim).split('train', 'encoded')  # labels.txt says 1-based, the records hold 0
-    with pytest.raises(onu_dataset.DataError) as error:
+    with pytest.raises(onu_errors.DataError) as error:
         with onu_dataset.read_errors_as_data_error(info):
             _eval_labels(info)
     message = _one_line(error)
@@ -269,7 +270,7 @@ def test_raw_bytes_that_fit_no_pixel_size_name_the_file_and_record(tmp_path):
                            'image/class/label': 1})
     write_tfrecord(str(tmp_path / 'x_train_raw.tfrecord'), records)
     write_tfrecord(str(tmp_path / 'x_val_raw.tfrecord'), records[:1])
-    with pytest.raises(onu_dataset.DataError) as error:
+    with pytest.raises(onu_errors.DataError) as error:
         onu_dataset.describe(str(tmp_path)).split('train', 'raw')
     message = _one_line(error)
     assert str(tmp_path / 'x_train_raw.tfrecord') in message and 'record 2' in message and '2400 bytes' in message
@@ -296,7 +297,7 @@ def test_a_truncated_shard_is_a_one_line_error_naming_it(tmp_path):
     shard = str(tmp_path / 'flowers_train_00001-of-00005.tfrecord')
     data = open(shard, 'rb').read()
     open(shard, 'wb').write(data[:len(data) - 30])
-    with pytest.raises(onu_dataset.DataError) as error:
+    with pytest.raises(onu_errors.DataError) as error:
         onu_dataset.describe(str(tmp_path)).split('train', 'encoded')
     assert _one_line(error).startswith(f'{shard}: damaged or truncated record file (record 3 is cut short')
 
@@ -304,7 +305,7 @@ def test_a_truncated_shard_is_a_one_line_error_naming_it(tmp_path):
 def test_a_folder_of_no_known_layout_says_what_was_looked_for(tmp_path):
     (tmp_path / 'data.bin').write_bytes(bytes(100))
     (tmp_path / 'notes.txt').write_text('nothing here')
-    with pytest.raises(onu_dataset.DataError) as error:
+    with pytest.raises(onu_errors.DataError) as error:
         onu_dataset.describe(str(tmp_path)).layout
     message = _one_line(error)
     assert 'train/<class>/' in message and 'manifest.json' in message
@@ -381,7 +382,7 @@ def test_labels_files_are_placed_by_id_and_read_with_a_byte_order_mark(tmp_path)
     assert (info.labels_offset, info.class_names) == (0, ('daisy', 'class_1', 'tulip'))
     (tmp_path / 'labels.txt').write_bytes('0:pâquerette\n'.encode('latin-1'))
     onu_layouts._found.clear()
-    with pytest.raises(onu_dataset.DataError) as error:
+    with pytest.raises(onu_errors.DataError) as error:
         onu_dataset.describe(str(tmp_path)).split('train', 'encoded')
     assert _one_line(error).startswith(f'{tmp_path / "labels.txt"}: unreadable labels file')
 
@@ -389,7 +390,7 @@ def test_labels_files_are_placed_by_id_and_read_with_a_byte_order_mark(tmp_path)
 def test_files_without_a_single_record_are_a_one_line_error(tmp_path):
     write_tfrecord(str(tmp_path / 'x_train.tfrecord'), [])
     write_tfrecord(str(tmp_path / 'x_val.tfrecord'), [])
-    with pytest.raises(onu_dataset.DataError) as error:
+    with pytest.raises(onu_errors.DataError) as error:
         onu_dataset.describe(str(tmp_path)).layout
     assert 'hold no complete record' in _one_line(error)
 
@@ -401,7 +402,7 @@ def test_a_record_unlike_the_first_is_a_one_line_error_or_skipped_when_convertin
     records = list(onu_tfrecord.read_records(shard, 'NONE'))
     write_tfrecord(shard, records[:2] + [_example({'image/encoded': photos[0].data})] + records[2:])  # no label
     info = onu_dataset.describe(str(tmp_path)).split('train', 'encoded')
-    with pytest.raises(onu_dataset.DataError) as error:
+    with pytest.raises(onu_errors.DataError) as error:
         with onu_dataset.read_errors_as_data_error(info):
             _eval_labels(info)
     assert _one_line(error).startswith(f'{tmp_path}: a train record lacks what the first one holds')
@@ -413,7 +414,7 @@ def test_a_record_unlike_the_first_is_a_one_line_error_or_skipped_when_convertin
     os.remove(tmp_path / 'labels.txt')
     shutil.rmtree(tmp_path / 'tfrecords')
     onu_layouts._found.clear()
-    with pytest.raises(onu_dataset.DataError) as error:
+    with pytest.raises(onu_errors.DataError) as error:
         onu_dataset.describe(str(tmp_path)).split('train', 'encoded')
     assert _one_line(error).startswith(f'{shard}: record 3 has no image/class/label')
 
@@ -424,6 +425,6 @@ def test_converted_records_must_match_the_labels_offset_asked(tmp_path):
     onu_converter.convert(onu_dataset.describe(data_dir), formats=('raw',), processes=1)
     assert onu_dataset.describe(data_dir, labels_offset=1).has_records('raw') and onu_dataset.describe(data_dir).has_records('raw')
     assert not onu_dataset.describe(data_dir, labels_offset=0).has_records('raw')  # training converts again
-    with pytest.raises(onu_dataset.DataError) as error:
+    with pytest.raises(onu_errors.DataError) as error:
         onu_dataset.describe(data_dir, labels_offset=0).split('train', 'raw')
     assert '--labels_offset=1' in _one_line(error)

@@ -8,6 +8,7 @@ import pytest
 from test_onu_dataset import _bare_class_folders
 
 from onu_lib import onu_dataset
+from onu_lib import onu_errors
 from onu_lib import onu_run_config
 
 
@@ -29,7 +30,7 @@ def test_run_config_round_trips(tmp_path):
     assert onu_run_config.RunConfig.load(str(tmp_path / 'none')) is None
     with open(onu_run_config.path_in(str(tmp_path)), 'w') as f:
         f.write('{not json')
-    with pytest.raises(onu_dataset.DataError, match='unreadable run configuration'):
+    with pytest.raises(onu_errors.DataError, match='unreadable run configuration'):
         onu_run_config.RunConfig.load(str(tmp_path))
 
 
@@ -44,11 +45,11 @@ def test_run_config_of_the_previous_format_loads_and_a_newer_one_is_a_clear_erro
     assert (run_config.precision, run_config.compute_dtype, run_config.max_steps) == ('float32', 'float32', 6)
     with open(onu_run_config.path_in(str(tmp_path)), 'w') as f:
         json.dump(dict(old, format_version=onu_run_config.FORMAT_VERSION + 1), f)
-    with pytest.raises(onu_dataset.DataError, match='newer than this onu-classifier reads.*upgrade'):
+    with pytest.raises(onu_errors.DataError, match='newer than this onu-classifier reads.*upgrade'):
         onu_run_config.RunConfig.load(str(tmp_path))
     with open(onu_run_config.path_in(str(tmp_path)), 'w') as f:
         json.dump({'image_size': 32}, f)
-    with pytest.raises(onu_dataset.DataError, match=f'{re.escape(str(tmp_path))}.*no model'):  # names the file to restore
+    with pytest.raises(onu_errors.DataError, match=f'{re.escape(str(tmp_path))}.*no model'):  # names the file to restore
         onu_run_config.RunConfig.load(str(tmp_path))
 
 

@@ -18,6 +18,7 @@ from conftest import TINY_RUN_STEPS, file_states, mount, read_only_bind_mount, r
 from test_onu_export import serve
 
 from onu_lib import onu_dataset
+from onu_lib import onu_errors
 from onu_lib import onu_serving
 from onu_lib import onu_tflite
 import onu_input
@@ -263,7 +264,7 @@ def test_an_export_without_the_pixels_signature_is_one_line(tmp_path):
     module = Doubler()
     old = str(tmp_path / 'old')
     tf.saved_model.save(module, old, signatures={'serving_default': module.double})
-    with pytest.raises(onu_dataset.DataError) as error:
+    with pytest.raises(onu_errors.DataError) as error:
         onu_tflite.convert(old, 'float32', 32)
     assert str(error.value) == (f'{old}: no predict_pixels signature (exported before it existed); export the '
                                 f'checkpoint again into another --export_dir')
