@@ -16,10 +16,7 @@ one run, and shows where the time goes:
   step profile where one step of the small model on an in-memory batch spends its time, by kind of
                op, in float32 and with oneDNN's bfloat16 rewrite (issue 13).
 Writes <output_dir>/<timestamp>.json, .md and .png, and prints the Markdown tables. This script holds
-the flags and the order of a run; the parts, in the package benchmark/: plan (the settings and the task list),
-measure (the measurements), baselines (the loaders compared against),
-runner (running tasks, fresh processes, CPU accounting, the photos measured) and
-report (targets, tables, PNG).
+the flags and the order of a run; its parts are in the package benchmark/.
 
     python onu_benchmark.py                       # /tmp/onu_data (made if missing), both models
     python onu_benchmark.py --quick               # a short run on a subset, small model only
@@ -158,7 +155,7 @@ def _report(settings, started, load_before, results, **parts):
         'command': ' '.join(['python onu_benchmark.py'] + [shlex.quote(arg) for arg in sys.argv[1:]]),
         'hardware': benchmark_runner.hardware_info(),
         'settings': dict(dataclasses.asdict(settings), models=list(settings.models)),
-        'load_average_before': load_before, 'load_average_after': benchmark_runner.load_average(),
+        'load_average_before': load_before, 'load_average_after': os.getloadavg()[0],
         'other_processes': benchmark_runner.other_processes_summary(results),
         'seconds': time.time() - started,
         'measurements': {' '.join(str(part) for part in key): value for key, value in results.items()},
@@ -166,12 +163,9 @@ def _report(settings, started, load_before, results, **parts):
 
 
 def benchmark_records(settings, work_dir, data):
-    """Measures a folder of records (another tool's or this repo's, no photos): the feeding modes it has.
-
-    Each data format it holds, read as training reads it, in the eval and training pipelines and training each
-    model, next to a synthetic batch; and finding and counting the synthetic set of shards.
-    """
-    started, load_before = time.time(), benchmark_runner.load_average()
+    """Measures a folder of records (no photos): each format it holds in the eval and training pipelines and
+    training each model, next to a synthetic batch; and finding and counting the synthetic set of shards."""
+    started, load_before = time.time(), os.getloadavg()[0]
     data_dir = settings.data_dir
     layout, formats = data.layout, data.record_formats
     print(f'Benchmarking the {", ".join(formats)} records of {data_dir} ({layout}) in {work_dir}; models: '
@@ -212,7 +206,7 @@ def _photos(settings, work_dir):
 def benchmark_data_service(settings, work_dir):
     """Measures only the tf.data service's part (--data_service_only) on the photos, converted to encoded records
     first (not timed); returns its report."""
-    started, load_before = time.time(), benchmark_runner.load_average()
+    started, load_before = time.time(), os.getloadavg()[0]
     data_dir, paths, train_photos, info_of = _photos(settings, work_dir)
     with benchmark_runner.FreshPython(MEASUREMENT_MODULE, os.path.join(work_dir, 'converter.log')) as converter:
         converter.call('measure_conversion', data_dir=data_dir, output_dir=os.path.join(work_dir, 'encoded'),
@@ -232,7 +226,7 @@ def benchmark(settings, work_dir):
         return benchmark_records(settings, work_dir, data)
     if FLAGS.data_service_only:
         return benchmark_data_service(settings, work_dir)
-    started, load_before = time.time(), benchmark_runner.load_average()
+    started, load_before = time.time(), os.getloadavg()[0]
     data_dir, paths, train_photos, info_of = _photos(settings, work_dir)
     with benchmark_runner.FreshPython(MEASUREMENT_MODULE, os.path.join(work_dir, 'converter.log')) as converter, \
             benchmark_runner.FreshPython(MEASUREMENT_MODULE, os.path.join(work_dir, 'one-core.log'),
