@@ -283,6 +283,28 @@ def _training_estimate(settings, model_name, steps):
     return spec.prior_build_seconds + step_seconds * steps
 
 
+def _model_label(settings, model_name):
+    """Returns 'train small (batch 32, 64x64)' for a task's label."""
+    batch, size = settings.train_batch_size[model_name], settings.train_image_size[model_name]
+    return f'train {model_name} (batch {batch}, {size}x{size})'
+
+
+def _examples_per_sec_text(result):
+    """Returns a side-by-side training result as 'float32 12.3, mixed 14.5 examples/sec'."""
+    return ', '.join(f'{name} {run["examples_per_sec"]:.1f}' for name, run in result.items()) + ' examples/sec'
+
+
+def _training_task(settings, info_of, model_name, way, warmup):
+    """The task timing model_name's training fed by way after warmup steps, settings.repeats windows."""
+    batch, size = settings.train_batch_size[model_name], settings.train_image_size[model_name]
+    steps = settings.train_steps[model_name]
+    return Task(('training', model_name, way), f'{_model_label(settings, model_name)} fed by {way}',
+                lambda: benchmark_measure.measure_training(model_name, way, info_of, batch, size, warmup, steps,
+                                                           settings.repeats),
+                lambda r: f'{r["sec_per_batch"]:.3f} sec/batch, {r["examples_per_sec"]:.1f} examples/sec',
+                _training_estimate(settings, model_name, warmup + 1 + steps * settings.repeats))
+
+
 def training_tasks(settings, info_of):
     """Tasks measuring each model fed by each way (repeats are windows within one session).
 
@@ -291,31 +313,22 @@ def training_tasks(settings, info_of):
     """
     tasks = []
     for model_name in settings.models:
-        batch = settings.train_batch_size[model_name]
-        size = settings.train_image_size[model_name]
+        batch, size = settings.train_batch_size[model_name], settings.train_image_size[model_name]
         warmup, steps = settings.train_warmup_steps[model_name], settings.train_steps[model_name]
         ways = TRAINING_WAYS
         if model_name == 'small':
             warmup += _epoch_batches(info_of('images'), batch)
             ways += SMALL_MODEL_TRAINING_WAYS
+        tasks += [_training_task(settings, info_of, model_name, way, warmup) for way in ways]
         estimate = _training_estimate(settings, model_name, warmup + 1 + steps * settings.repeats)
-        for way in ways:
-            tasks.append(Task(
-                ('training', model_name, way), f'train {model_name} (batch {batch}, {size}x{size}) fed by {way}',
-                lambda model_name=model_name, way=way, batch=batch, size=size, warmup=warmup, steps=steps:
-                    benchmark_measure.measure_training(model_name, way, info_of, batch, size, warmup, steps,
-                                                       settings.repeats),
-                lambda r: f'{r["sec_per_batch"]:.3f} sec/batch, {r["examples_per_sec"]:.1f} examples/sec',
-                estimate))
         for way in PRECISION_WAYS:
             tasks.append(Task(
                 ('precision', model_name, way),
-                f'train {model_name} (batch {batch}, {size}x{size}) fed by {way}: float32, mixed, XLA',
+                f'{_model_label(settings, model_name)} fed by {way}: float32, mixed, XLA',
                 lambda model_name=model_name, way=way, batch=batch, size=size, warmup=warmup, steps=steps:
                     benchmark_measure.measure_training_variants(model_name, way, info_of, batch, size, warmup, steps,
                                                       settings.repeats, interleave=model_name == 'small'),
-                lambda r: ', '.join(f'{name} {result["examples_per_sec"]:.1f}' for name, result in r.items())
-                + ' examples/sec', estimate * 3))
+                _examples_per_sec_text, estimate * 3))
     if LAYOUT_MODEL in settings.models:
         tasks += _main_job_side_by_side_tasks(settings, info_of)
     return tasks
@@ -335,9 +348,8 @@ def _main_job_side_by_side_tasks(settings, info_of):
                          f'{WAIT_TRACE_EVERY}', lambda: benchmark_measure.measure_wait_tracing(
                              model_name, 'encoded', info_of, batch, size, warmup, steps, repeats, WAIT_TRACE_EVERY)),
     }
-    return [Task((key, model_name), f'train {model_name} (batch {batch}, {size}x{size}) {what}, side by side', run,
-                 lambda r: ', '.join(f'{name} {result["examples_per_sec"]:.1f}' for name, result in r.items())
-                 + ' examples/sec', _training_estimate(settings, model_name, warmup + 1 + steps * repeats) * 2)
+    return [Task((key, model_name), f'{_model_label(settings, model_name)} {what}, side by side', run,
+                 _examples_per_sec_text, _training_estimate(settings, model_name, warmup + 1 + steps * repeats) * 2)
             for key, (what, run) in measures.items()]
 
 
@@ -372,18 +384,8 @@ def records_tasks(settings, formats, info_of):
                     lambda data_format=data_format, augment=augment: benchmark_measure.measure_pipeline(
                         info_of(data_format), batch, size, augment, warmup, batches), _rate_text, estimate))
     for model_name in settings.models:
-        model_batch, model_size = settings.train_batch_size[model_name], settings.train_image_size[model_name]
-        model_warmup = settings.train_warmup_steps[model_name]
-        steps = settings.train_steps[model_name]
-        for way in formats + ('synthetic',):
-            tasks.append(Task(
-                ('training', model_name, way), f'train {model_name} (batch {model_batch}, {model_size}x{model_size}) '
-                                               f'fed by {way}',
-                lambda model_name=model_name, way=way, model_batch=model_batch, model_size=model_size,
-                model_warmup=model_warmup, steps=steps: benchmark_measure.measure_training(
-                    model_name, way, info_of, model_batch, model_size, model_warmup, steps, settings.repeats),
-                lambda r: f'{r["sec_per_batch"]:.3f} sec/batch, {r["examples_per_sec"]:.1f} examples/sec',
-                _training_estimate(settings, model_name, model_warmup + 1 + steps * settings.repeats)))
+        tasks += [_training_task(settings, info_of, model_name, way, settings.train_warmup_steps[model_name])
+                  for way in formats + ('synthetic',)]
     return tasks
 
 
@@ -404,7 +406,7 @@ def data_service_tasks(settings, info_of, work_dir):
     pipeline_seconds = (pipeline_warmup + pipeline_batches) * settings.batch_size / PRIOR_IMAGES_PER_SEC['pipeline']
     return [Task(
         ('data_service', model_name),
-        f'train {model_name} (batch {batch}, {size}x{size}) and read the pipeline alone ({settings.image_size}x'
+        f'{_model_label(settings, model_name)} and read the pipeline alone ({settings.image_size}x'
         f'{settings.image_size}) with it here and on a tf.data service worker',
         lambda: benchmark_measure.measure_data_service(
             model_name, info_of, batch, size, warmup, steps, repeats, settings.batch_size, settings.image_size,
