@@ -1,6 +1,6 @@
 """The decoded epoch in memory, on local disk, and not cached, side by side (issue 32's figures).
 
-    python -m benchmark.cache_modes --data_dir=/tmp/onu_data            # both parts, about 15 minutes here
+    python -m benchmark.cache_modes --data_dir=/tmp/onu_data            # both parts
     python -m benchmark.cache_modes --part=pipeline --sizes=299,64      # the pipeline alone
 
 pipeline: onu_input's training pipeline alone (batch 32, augmentation in the pipeline), in a fresh process per
@@ -94,19 +94,20 @@ def _folder_mb(folder):
 def pipeline_part(work_dir):
     """Measures the pipeline per format, size and mode; prints its table."""
     data = onu_dataset.describe(FLAGS.data_dir)
+    log = os.path.join(work_dir, 'pipeline.log')
     rows = []
     for data_format in [name for name in FLAGS.formats if name == 'images' or data.has_records(name)]:
         for size in [int(size) for size in FLAGS.sizes]:
             runs = {mode: [] for mode in FLAGS.modes}
             for repeat in range(FLAGS.repeats):
                 for mode in FLAGS.modes:
-                    log = os.path.join(work_dir, 'pipeline.log')
+                    cache_root = os.path.join(work_dir, f'pipeline-{data_format}-{size}-{repeat}')
                     with benchmark_runner.FreshPython('benchmark.measure', log) as fresh:
                         runs[mode].append(fresh.call(
                             'measure_cache_mode', data_dir=FLAGS.data_dir, data_format=data_format,
                             batch_size=FLAGS.batch_size, image_size=size, mode=mode, batches=FLAGS.batches,
-                            cache_root=os.path.join(work_dir, f'pipeline-{data_format}-{size}-{repeat}')))
-                    shutil.rmtree(os.path.join(work_dir, f'pipeline-{data_format}-{size}-{repeat}'), ignore_errors=True)
+                            cache_root=cache_root))
+                    shutil.rmtree(cache_root, ignore_errors=True)
             results = {mode: {name: statistics.median(run[name] for run in mode_runs) for name in mode_runs[0]}
                        for mode, mode_runs in runs.items()}
             rows.append((data_format, size, results))
@@ -139,7 +140,8 @@ def _machine():
 
 def training_part(work_dir):
     """Trains once per mode; prints its table."""
-    info = onu_dataset.describe(FLAGS.data_dir).split('train', onu_dataset.describe(FLAGS.data_dir).default_format())
+    data = onu_dataset.describe(FLAGS.data_dir)
+    info = data.split('train', data.default_format())
     epoch_mb = info.num_examples * FLAGS.image_size ** 2 * 3 / 2**20
     results = {mode: run_mode(mode, work_dir, info.num_examples) for mode in FLAGS.modes}
     print(f'\nsmall model, batch {FLAGS.batch_size}, {FLAGS.image_size}x{FLAGS.image_size}, {info.num_examples} '
