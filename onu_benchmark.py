@@ -115,10 +115,10 @@ for _name, _lowest in (('train_steps', 1), ('train_warmup_steps', 0), ('train_ba
                                      f'e.g. {",".join(per_model_steps("benchmark_steps"))}')
 
 
-def _per_model(values, default):
-    """Returns {model: int} from model:N items, default for the models not named."""
+def _per_model(values, default, models):
+    """Returns {model: int} of models from model:N items, default for the models not named."""
     given = {name: int(number) for name, number in (value.split(':') for value in values)}
-    return {name: given.get(name, default) for name in onu_model.MODEL_NAMES}
+    return {name: given.get(name, default) for name in onu_model.MODEL_NAMES if name in models}
 
 
 def _flag_or_quick(name):
@@ -136,12 +136,9 @@ def settings_from_flags():
         repeats=_flag_or_quick('repeats'), batches=_flag_or_quick('batches'),
         warmup_batches=_flag_or_quick('warmup_batches'), models=models,
         train_image_size={name: FLAGS.image_size or onu_model.MODELS[name].image_size for name in models},
-        train_batch_size={name: size for name, size in _per_model(FLAGS.train_batch_size, FLAGS.batch_size).items()
-                          if name in models},
-        train_steps={name: steps for name, steps in _per_model(_flag_or_quick('train_steps'), 1).items()
-                     if name in models},
-        train_warmup_steps={name: steps for name, steps in
-                            _per_model(_flag_or_quick('train_warmup_steps'), 1).items() if name in models},
+        train_batch_size=_per_model(FLAGS.train_batch_size, FLAGS.batch_size, models),
+        train_steps=_per_model(_flag_or_quick('train_steps'), 1, models),
+        train_warmup_steps=_per_model(_flag_or_quick('train_warmup_steps'), 1, models),
         max_images_per_class=_flag_or_quick('max_images_per_class'),
         step_profile_steps=_flag_or_quick('step_profile_steps'), count_shards=_flag_or_quick('count_shards'),
         count_records=_flag_or_quick('count_records'), validation_percent=FLAGS.validation_percent,

@@ -82,13 +82,7 @@ def run_mode(mode, work_dir, num_examples):
     images = FLAGS.max_steps * FLAGS.batch_size
     return {'examples_per_sec': statistics.median(rates), 'first_epoch_seconds': first_epoch_seconds,
             'cpu_ms_per_image': 1000 * (usage.ru_utime + usage.ru_stime) / images,
-            'peak_rss_mb': usage.ru_maxrss / 1024, 'cache_mb': _folder_mb(cache_dir)}
-
-
-def _folder_mb(folder):
-    """The megabytes of the files below folder (0 when there is none)."""
-    return sum(os.path.getsize(os.path.join(parent, name)) for parent, _, names in os.walk(folder)
-               for name in names) / 2**20
+            'peak_rss_mb': usage.ru_maxrss / 1024, 'cache_mb': benchmark_runner.folder_bytes(cache_dir) / 2**20}
 
 
 def pipeline_part(work_dir):

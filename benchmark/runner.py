@@ -203,6 +203,11 @@ def photo_paths(data_dir):
             for image in onu_dataset.list_split_images(data_dir, split, class_names)[0]]
 
 
+def folder_bytes(folder):
+    """Returns the bytes of every file below folder (0 if there is none)."""
+    return sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(folder) for name in names)
+
+
 def hardware_info():
     """Returns the CPU model, core counts, GPUs and versions this run measured on."""
     cpu_model = onu_precision.read_cpu_info()[0] or platform.processor() or platform.machine()
