@@ -237,14 +237,14 @@ def benchmark(settings, work_dir):
             + benchmark_plan.step_profile_tasks(settings, info_of)
             + benchmark_plan.data_service_tasks(settings, info_of, work_dir))
     rows = benchmark_report.assemble_rows(results, settings)
-    augmentation = benchmark_report.assemble_augmentation(results, settings)
+    augmentation = benchmark_report.assemble_augmentation(results)
     precision = benchmark_report.assemble_precision(results, settings)
     return _report(settings, started, load_before, results, kind='photos',
                    data={'photos': len(paths), 'train_photos': train_photos.num_examples,
                          'source_bytes': rows['images']['disk_bytes'], 'measured_dir': data_dir},
                    rows=rows, augmentation=augmentation, precision=precision,
                    record_counting=benchmark_report.assemble_counting(results, settings),
-                   wait_tracing=benchmark_report.assemble_wait_tracing(results, settings),
+                   wait_tracing=benchmark_report.assemble_wait_tracing(results),
                    step_profile=benchmark_report.assemble_step_profile(results),
                    data_service=benchmark_report.assemble_data_service(results),
                    targets=benchmark_report.evaluate_targets(rows, augmentation, precision, settings,

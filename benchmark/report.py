@@ -113,7 +113,7 @@ def _training_entry(measured, synthetic, way):
     return entry
 
 
-def assemble_wait_tracing(results, settings):
+def assemble_wait_tracing(results):
     """Returns the main job's examples/sec with and without a step traced for its input wait, or None."""
     measured = results.get(('wait_tracing', benchmark_plan.LAYOUT_MODEL))
     if not measured:
@@ -159,17 +159,14 @@ def assemble_precision(results, settings):
     return table
 
 
-def assemble_augmentation(results, settings):
+def assemble_augmentation(results):
     """Returns {'way size variant': {images_per_sec, cores_busy, cpu_ms_per_image}} of training preprocessing."""
     table = {}
     for key, measured in results.items():
-        if key[0] != 'augment':
-            continue
-        images_per_sec, cores_busy = _median(measured, 'images_per_sec'), _median(measured, 'cores_busy')
-        table[' '.join(str(part) for part in key[1:])] = {
-            'images_per_sec': images_per_sec, 'cores_busy': cores_busy,
-            'cpu_ms_per_image': benchmark_measure.cpu_ms_per_image({'images_per_sec': images_per_sec,
-                                                                    'cores_busy': cores_busy})}
+        if key[0] == 'augment':
+            rates = {field: _median(measured, field) for field in ('images_per_sec', 'cores_busy')}
+            table[' '.join(str(part) for part in key[1:])] = dict(
+                rates, cpu_ms_per_image=benchmark_measure.cpu_ms_per_image(rates))
     return table
 
 
