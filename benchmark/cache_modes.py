@@ -4,18 +4,14 @@
     python -m benchmark.cache_modes --part=pipeline --sizes=299,64      # the pipeline alone
 
 pipeline: onu_input's training pipeline alone (batch 32, augmentation in the pipeline), in a fresh process per
-data format, size, mode and repeat (benchmark.measure.measure_cache_mode; the modes alternate, each disk repeat in a
-cache folder of its own): the first epoch's seconds, then images/sec and CPU ms per image at steady state (after the
-disk cache's first read), and the process's peak resident memory; medians of --repeats.
+data format, size, mode and repeat (benchmark.measure.measure_cache_mode; the modes alternate): the first epoch's
+seconds, images/sec and CPU ms per image after the disk cache's first read, peak resident memory; medians of --repeats.
 
 training: onu_train.py once per --cache_decoded_epoch mode (small model, batch 32, the data's default format), each in
-a fresh train folder and cache folder, one after the other on an otherwise idle machine, and reads from each:
-- examples/sec: the median of its log lines from the third epoch on (the disk cache is written during the first epoch
-  and read back from the second);
-- the seconds from the process's start to its first log line past one epoch (start-up included, the same in every
-  mode; the memory cache decodes its whole first epoch before step 1);
-- its CPU seconds per image over the whole run (the model's share included, the same in every mode);
-- its peak resident memory.
+fresh train and cache folders, one after the other: examples/sec, the median of its log lines from the third epoch on
+(the disk cache is written in the first and read back from the second); the seconds to its first log line past one
+epoch (start-up included; the memory cache decodes its whole first epoch before step 1); its CPU seconds per image
+over the whole run (the model's share included); its peak resident memory.
 Prints Markdown tables, with the machine's CPU. Run it on an otherwise idle machine.
 """
 import math
