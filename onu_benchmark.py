@@ -16,10 +16,7 @@ one run, and shows where the time goes:
   step profile where one step of the small model on an in-memory batch spends its time, by kind of
                op, in float32 and with oneDNN's bfloat16 rewrite (issue 13).
 Writes <output_dir>/<timestamp>.json, .md and .png, and prints the Markdown tables. This script holds
-the flags and the order of a run; the parts, in the package benchmark/: plan (the settings and the task list),
-measure (the measurements), baselines (the loaders compared against),
-runner (running tasks, fresh processes, CPU accounting, the photos measured) and
-report (targets, tables, PNG).
+the flags and the order of a run; its parts are in the package benchmark/.
 
     python onu_benchmark.py                       # /tmp/onu_data (made if missing), both models
     python onu_benchmark.py --quick               # a short run on a subset, small model only
@@ -118,10 +115,10 @@ for _name, _lowest in (('train_steps', 1), ('train_warmup_steps', 0), ('train_ba
                                      f'e.g. {",".join(per_model_steps("benchmark_steps"))}')
 
 
-def _per_model(values, default):
-    """Returns {model: int} from model:N items, default for the models not named."""
+def _per_model(values, default, models):
+    """Returns {model: int} of models from model:N items, default for the models not named."""
     given = {name: int(number) for name, number in (value.split(':') for value in values)}
-    return {name: given.get(name, default) for name in onu_model.MODEL_NAMES}
+    return {name: given.get(name, default) for name in onu_model.MODEL_NAMES if name in models}
 
 
 def _flag_or_quick(name):
@@ -139,12 +136,9 @@ def settings_from_flags():
         repeats=_flag_or_quick('repeats'), batches=_flag_or_quick('batches'),
         warmup_batches=_flag_or_quick('warmup_batches'), models=models,
         train_image_size={name: FLAGS.image_size or onu_model.MODELS[name].image_size for name in models},
-        train_batch_size={name: size for name, size in _per_model(FLAGS.train_batch_size, FLAGS.batch_size).items()
-                          if name in models},
-        train_steps={name: steps for name, steps in _per_model(_flag_or_quick('train_steps'), 1).items()
-                     if name in models},
-        train_warmup_steps={name: steps for name, steps in
-                            _per_model(_flag_or_quick('train_warmup_steps'), 1).items() if name in models},
+        train_batch_size=_per_model(FLAGS.train_batch_size, FLAGS.batch_size, models),
+        train_steps=_per_model(_flag_or_quick('train_steps'), 1, models),
+        train_warmup_steps=_per_model(_flag_or_quick('train_warmup_steps'), 1, models),
         max_images_per_class=_flag_or_quick('max_images_per_class'),
         step_profile_steps=_flag_or_quick('step_profile_steps'), count_shards=_flag_or_quick('count_shards'),
         count_records=_flag_or_quick('count_records'), validation_percent=FLAGS.validation_percent,
@@ -158,7 +152,7 @@ def _report(settings, started, load_before, results, **parts):
         'command': ' '.join(['python onu_benchmark.py'] + [shlex.quote(arg) for arg in sys.argv[1:]]),
         'hardware': benchmark_runner.hardware_info(),
         'settings': dict(dataclasses.asdict(settings), models=list(settings.models)),
-        'load_average_before': load_before, 'load_average_after': benchmark_runner.load_average(),
+        'load_average_before': load_before, 'load_average_after': os.getloadavg()[0],
         'other_processes': benchmark_runner.other_processes_summary(results),
         'seconds': time.time() - started,
         'measurements': {' '.join(str(part) for part in key): value for key, value in results.items()},
@@ -166,12 +160,9 @@ def _report(settings, started, load_before, results, **parts):
 
 
 def benchmark_records(settings, work_dir, data):
-    """Measures a folder of records (another tool's or this repo's, no photos): the feeding modes it has.
-
-    Each data format it holds, read as training reads it, in the eval and training pipelines and training each
-    model, next to a synthetic batch; and finding and counting the synthetic set of shards.
-    """
-    started, load_before = time.time(), benchmark_runner.load_average()
+    """Measures a folder of records (no photos): each format it holds in the eval and training pipelines and
+    training each model, next to a synthetic batch; and finding and counting the synthetic set of shards."""
+    started, load_before = time.time(), os.getloadavg()[0]
     data_dir = settings.data_dir
     layout, formats = data.layout, data.record_formats
     print(f'Benchmarking the {", ".join(formats)} records of {data_dir} ({layout}) in {work_dir}; models: '
@@ -212,7 +203,7 @@ def _photos(settings, work_dir):
 def benchmark_data_service(settings, work_dir):
     """Measures only the tf.data service's part (--data_service_only) on the photos, converted to encoded records
     first (not timed); returns its report."""
-    started, load_before = time.time(), benchmark_runner.load_average()
+    started, load_before = time.time(), os.getloadavg()[0]
     data_dir, paths, train_photos, info_of = _photos(settings, work_dir)
     with benchmark_runner.FreshPython(MEASUREMENT_MODULE, os.path.join(work_dir, 'converter.log')) as converter:
         converter.call('measure_conversion', data_dir=data_dir, output_dir=os.path.join(work_dir, 'encoded'),
@@ -232,7 +223,7 @@ def benchmark(settings, work_dir):
         return benchmark_records(settings, work_dir, data)
     if FLAGS.data_service_only:
         return benchmark_data_service(settings, work_dir)
-    started, load_before = time.time(), benchmark_runner.load_average()
+    started, load_before = time.time(), os.getloadavg()[0]
     data_dir, paths, train_photos, info_of = _photos(settings, work_dir)
     with benchmark_runner.FreshPython(MEASUREMENT_MODULE, os.path.join(work_dir, 'converter.log')) as converter, \
             benchmark_runner.FreshPython(MEASUREMENT_MODULE, os.path.join(work_dir, 'one-core.log'),
@@ -246,14 +237,14 @@ def benchmark(settings, work_dir):
             + benchmark_plan.step_profile_tasks(settings, info_of)
             + benchmark_plan.data_service_tasks(settings, info_of, work_dir))
     rows = benchmark_report.assemble_rows(results, settings)
-    augmentation = benchmark_report.assemble_augmentation(results, settings)
+    augmentation = benchmark_report.assemble_augmentation(results)
     precision = benchmark_report.assemble_precision(results, settings)
     return _report(settings, started, load_before, results, kind='photos',
                    data={'photos': len(paths), 'train_photos': train_photos.num_examples,
                          'source_bytes': rows['images']['disk_bytes'], 'measured_dir': data_dir},
                    rows=rows, augmentation=augmentation, precision=precision,
                    record_counting=benchmark_report.assemble_counting(results, settings),
-                   wait_tracing=benchmark_report.assemble_wait_tracing(results, settings),
+                   wait_tracing=benchmark_report.assemble_wait_tracing(results),
                    step_profile=benchmark_report.assemble_step_profile(results),
                    data_service=benchmark_report.assemble_data_service(results),
                    targets=benchmark_report.evaluate_targets(rows, augmentation, precision, settings,

@@ -1,12 +1,7 @@
 """The loaders onu_input is measured against: the study's serial loops, plain tf.image and Keras.
 
-Each builds the same training input (photos -> augmented batches in [-1, 1]) the way someone else
-would write it, so that onu_benchmark.py can time it next to onu_input's pipelines:
-  StudySerialLoop         the study's loader as written: cv2 per photo, augments the full photo;
-  SerialCv2Loader         the study's loader resizing first, with onu_input's augmentation graph;
-  plain_tf_image_dataset  the obvious tf.data code: per-image tf.image ops after a full decode;
-  keras_dataset           Keras's image_dataset_from_directory + Keras layers or onu_input's function.
-None of this is used for training.
+Each builds the same training input (photos -> augmented batches in [-1, 1]) the way someone else would write it,
+so that onu_benchmark.py can time it next to onu_input's pipelines. None of this is used for training.
 """
 import math
 import os
@@ -19,25 +14,16 @@ from onu_lib import onu_errors
 import onu_input
 
 
-def _import_cv2():
-    """Returns OpenCV, imported on first use (only the serial baselines need it)."""
-    import cv2  # pylint: disable=import-outside-toplevel
-    return cv2
-
-
 class SerialCv2Loader:
-    """The study's loader: cv2 decodes one file at a time in Python, feed_dict ships each batch.
+    """The study's loader: cv2 decodes one file at a time in Python, feed_dict ships each batch. Unlike the study
+    it converts BGR to RGB, resizes first and runs the pipeline's augment_batch over each fed batch."""
 
-    Use it only to measure the gap to the tf.data pipeline. Unlike the study it converts BGR to RGB,
-    resizes first and runs the pipeline's augmentation graph (augment_batch) over each fed batch.
-    """
-
-    def __init__(self, data_dir, split, batch_size, image_size, augment=False, seed=None):
+    def __init__(self, data_dir, split, batch_size, image_size, augment=False):
         self.info = onu_dataset.describe(data_dir).split(split, 'images')
         self.batch_size = batch_size
         self.image_size = image_size
         self.skipped = set()
-        self._rng = np.random.default_rng(seed)
+        self._rng = np.random.default_rng()
         options = onu_input.AugmentOptions.of(augment)
         with tf.device(onu_input.PIPELINE_DEVICE):
             self.image_batch = tf.compat.v1.placeholder(
@@ -52,7 +38,7 @@ class SerialCv2Loader:
 
     def read_image(self, path):
         """Returns the file at path as an upright RGB uint8 array resized to image_size, or None."""
-        cv2 = _import_cv2()
+        import cv2  # pylint: disable=import-outside-toplevel  (only the serial baselines use OpenCV)
         image = cv2.imread(path, cv2.IMREAD_COLOR)  # applies the EXIF orientation
         if image is None:
             return None
@@ -85,18 +71,14 @@ class SerialCv2Loader:
 
 
 class StudySerialLoop:
-    """The study's loader as the study wrote it: one photo at a time in Python, feed_dict per batch.
+    """The study's loader as the study wrote it: one photo at a time in Python, feed_dict per batch; rotation and
+    exposure on the full-size photo, then resize and /255."""
 
-    Per photo: cv2.imread, a random rotation (+/-10 degrees, grey corners) and a random exposure
-    (contrast x0.8-1.2, brightness +/-32) on the full-size photo, then resize and /255. Nothing runs
-    in parallel but what OpenCV itself threads.
-    """
-
-    def __init__(self, data_dir, batch_size, image_size, seed=None):
+    def __init__(self, data_dir, batch_size, image_size):
         self.info = onu_dataset.describe(data_dir).split('train', 'images')
         self.batch_size = batch_size
         self.image_size = image_size
-        self._rng = np.random.default_rng(seed)
+        self._rng = np.random.default_rng()
         rotation, contrast = onu_input.augmentation_named('rotation'), onu_input.augmentation_named('contrast')
         self._degrees = (math.degrees(rotation.low), math.degrees(rotation.high))
         self._contrast = (contrast.low, contrast.high)
@@ -109,7 +91,7 @@ class StudySerialLoop:
 
     def read_image(self, path):
         """Returns the photo at path augmented at full size, resized, float32 in [0, 1]."""
-        cv2 = _import_cv2()
+        import cv2  # pylint: disable=import-outside-toplevel
         image = cv2.imread(path, cv2.IMREAD_COLOR)
         height, width = image.shape[:2]
         angle = self._rng.uniform(*self._degrees)
@@ -159,11 +141,8 @@ def _plain_decoded_examples(info):
 
 
 def _in_registry_order(implementations, baseline):
-    """Returns {name: implementation} for every augmentation on by default (what the baselines are compared on),
-    in onu_input.AUGMENTATIONS' order.
-
-    A baseline keeps its own implementation of each augmentation; one it lacks stops it with one line.
-    """
+    """Returns {name: implementation} for every augmentation on by default, in onu_input.AUGMENTATIONS' order;
+    one the baseline lacks stops it with one line."""
     missing = [name for name in onu_input.default_augmentation_names() if name not in implementations]
     if missing:
         raise NotImplementedError(f'{baseline} has no implementation of the augmentation {", ".join(missing)}: '
@@ -197,13 +176,8 @@ def plain_tf_image_augmentations(image_size):
 
 
 def plain_tf_image_dataset(info, batch_size, image_size):
-    """The obvious tf.data code for the same training input: the yardstick of onu_input's pipeline.
-
-    Per image: full-size decode (or the raw pixels), resize, each augmentation's tf.image op
-    (plain_tf_image_augmentations: random_saturation, random_brightness, random_contrast and random_hue, one
-    ImageProjectiveTransformV3 rotation), clip, [-1, 1]. This was onu_input's own algorithm before the batched
-    augmentation.
-    """
+    """The obvious tf.data code for the same training input, the yardstick of onu_input's pipeline: per image a
+    full-size decode (or the raw pixels), resize, plain_tf_image_augmentations, clip, [-1, 1]."""
     augmentations = plain_tf_image_augmentations(image_size)
 
     def augment(image, label):
@@ -239,12 +213,9 @@ def keras_augmentation_layers():
 def keras_dataset(data_dir, class_names, batch_size, image_size, augmentation):
     """Returns Keras's image_dataset_from_directory over data_dir/train, then the augmentation, in [-1, 1].
 
-    augmentation: None (eval preprocessing), 'keras_layers' (Keras's augmentation layers on each
-    batch, what a Keras user writes) or 'keras_reader' (onu_input.augment_batch on each batch, with
-    per-image draws: the same code as the pipelines, so only the reader differs).
-    Keras decodes and resizes each file to float32 [0, 255]. It numbers the classes by sorted
-    folder name: class_names is passed so the ids match.
-    """
+    augmentation: None (eval preprocessing), 'keras_layers' (Keras's augmentation layers, what a Keras user writes)
+    or 'keras_reader' (onu_input.augment_batch: only the reader differs from the pipelines). class_names: so that
+    the ids match (Keras numbers the classes by sorted folder name)."""
     dataset = tf.keras.utils.image_dataset_from_directory(
         os.path.join(data_dir, 'train'), labels='inferred', label_mode='int', class_names=list(class_names),
         color_mode='rgb', batch_size=batch_size, image_size=(image_size, image_size), shuffle=True,

@@ -1,21 +1,17 @@
 """The decoded epoch in memory, on local disk, and not cached, side by side (issue 32's figures).
 
-    python -m benchmark.cache_modes --data_dir=/tmp/onu_data            # both parts, about 15 minutes here
+    python -m benchmark.cache_modes --data_dir=/tmp/onu_data            # both parts
     python -m benchmark.cache_modes --part=pipeline --sizes=299,64      # the pipeline alone
 
 pipeline: onu_input's training pipeline alone (batch 32, augmentation in the pipeline), in a fresh process per
-data format, size, mode and repeat (benchmark.measure.measure_cache_mode; the modes alternate, each disk repeat in a
-cache folder of its own): the first epoch's seconds, then images/sec and CPU ms per image at steady state (after the
-disk cache's first read), and the process's peak resident memory; medians of --repeats.
+data format, size, mode and repeat (benchmark.measure.measure_cache_mode; the modes alternate): the first epoch's
+seconds, images/sec and CPU ms per image after the disk cache's first read, peak resident memory; medians of --repeats.
 
 training: onu_train.py once per --cache_decoded_epoch mode (small model, batch 32, the data's default format), each in
-a fresh train folder and cache folder, one after the other on an otherwise idle machine, and reads from each:
-- examples/sec: the median of its log lines from the third epoch on (the disk cache is written during the first epoch
-  and read back from the second);
-- the seconds from the process's start to its first log line past one epoch (start-up included, the same in every
-  mode; the memory cache decodes its whole first epoch before step 1);
-- its CPU seconds per image over the whole run (the model's share included, the same in every mode);
-- its peak resident memory.
+fresh train and cache folders, one after the other: examples/sec, the median of its log lines from the third epoch on
+(the disk cache is written in the first and read back from the second); the seconds to its first log line past one
+epoch (start-up included; the memory cache decodes its whole first epoch before step 1); its CPU seconds per image
+over the whole run (the model's share included); its peak resident memory.
 Prints Markdown tables, with the machine's CPU. Run it on an otherwise idle machine.
 """
 import math
@@ -82,31 +78,26 @@ def run_mode(mode, work_dir, num_examples):
     images = FLAGS.max_steps * FLAGS.batch_size
     return {'examples_per_sec': statistics.median(rates), 'first_epoch_seconds': first_epoch_seconds,
             'cpu_ms_per_image': 1000 * (usage.ru_utime + usage.ru_stime) / images,
-            'peak_rss_mb': usage.ru_maxrss / 1024, 'cache_mb': _folder_mb(cache_dir)}
-
-
-def _folder_mb(folder):
-    """The megabytes of the files below folder (0 when there is none)."""
-    return sum(os.path.getsize(os.path.join(parent, name)) for parent, _, names in os.walk(folder)
-               for name in names) / 2**20
+            'peak_rss_mb': usage.ru_maxrss / 1024, 'cache_mb': benchmark_runner.folder_bytes(cache_dir) / 2**20}
 
 
 def pipeline_part(work_dir):
     """Measures the pipeline per format, size and mode; prints its table."""
     data = onu_dataset.describe(FLAGS.data_dir)
+    log = os.path.join(work_dir, 'pipeline.log')
     rows = []
     for data_format in [name for name in FLAGS.formats if name == 'images' or data.has_records(name)]:
         for size in [int(size) for size in FLAGS.sizes]:
             runs = {mode: [] for mode in FLAGS.modes}
             for repeat in range(FLAGS.repeats):
                 for mode in FLAGS.modes:
-                    log = os.path.join(work_dir, 'pipeline.log')
+                    cache_root = os.path.join(work_dir, f'pipeline-{data_format}-{size}-{repeat}')
                     with benchmark_runner.FreshPython('benchmark.measure', log) as fresh:
                         runs[mode].append(fresh.call(
                             'measure_cache_mode', data_dir=FLAGS.data_dir, data_format=data_format,
                             batch_size=FLAGS.batch_size, image_size=size, mode=mode, batches=FLAGS.batches,
-                            cache_root=os.path.join(work_dir, f'pipeline-{data_format}-{size}-{repeat}')))
-                    shutil.rmtree(os.path.join(work_dir, f'pipeline-{data_format}-{size}-{repeat}'), ignore_errors=True)
+                            cache_root=cache_root))
+                    shutil.rmtree(cache_root, ignore_errors=True)
             results = {mode: {name: statistics.median(run[name] for run in mode_runs) for name in mode_runs[0]}
                        for mode, mode_runs in runs.items()}
             rows.append((data_format, size, results))
@@ -139,7 +130,8 @@ def _machine():
 
 def training_part(work_dir):
     """Trains once per mode; prints its table."""
-    info = onu_dataset.describe(FLAGS.data_dir).split('train', onu_dataset.describe(FLAGS.data_dir).default_format())
+    data = onu_dataset.describe(FLAGS.data_dir)
+    info = data.split('train', data.default_format())
     epoch_mb = info.num_examples * FLAGS.image_size ** 2 * 3 / 2**20
     results = {mode: run_mode(mode, work_dir, info.num_examples) for mode in FLAGS.modes}
     print(f'\nsmall model, batch {FLAGS.batch_size}, {FLAGS.image_size}x{FLAGS.image_size}, {info.num_examples} '

@@ -2,11 +2,9 @@
 
     python -m benchmark.compare_pipelines --data_dir=/tmp/onu_data --other=/path/to/other/checkout
 
-onu_benchmark.py's full run takes an hour and its figures move with the machine between runs; this measures only
-its pipeline rows (onu_input's eval and training pipelines of images, raw and encoded data, batch 32 at 299, as
-benchmark/measure.py's measure_pipeline times them), alternating the two checkouts round by round in fresh
-processes, so that both see the same machine. Records are converted once, by this checkout, into --work_dir
-(the formats are the same bytes for both). Prints a table of medians, this checkout against the other.
+onu_benchmark.py's figures move with the machine between runs; this measures only its pipeline rows (as
+measure_pipeline times them), alternating the two checkouts round by round in fresh processes, so that both see the
+same machine. Records are converted once, by this checkout, into --work_dir. Prints a table of medians.
 """
 import json
 import os

@@ -1,15 +1,8 @@
 """What onu_benchmark.py measures: each measure_* function builds one thing, times it, returns a dict of numbers.
 
-  storage      measure_read_files, measure_conversion (seconds, bytes), write_inception_shards (the same
-               photos in the Inception/ImageNet converter's layout), measure_record_counting (finding and
-               counting a synthetic set of other tools' shards, cold and cached);
-  pipelines    measure_pipeline (onu_input), measure_plain_tf_image, measure_study_serial,
-               measure_serial_cv2, measure_keras_baseline (the baselines of benchmark_baselines),
-               measure_decode_limit (images/sec, CPU cores busy);
-  training     measure_training, measure_training_variants (sec/batch of the training graph fed by
-               one way, in float32, mixed precision or with XLA), measure_step_profile (where one
-               step's time goes, by kind of op, float32 next to the bfloat16 rewrite).
-Functions that benchmark_runner.FreshPython runs in another process take and return JSON values only.
+Its parts: storage (reading, converting, counting records), input pipelines (images/sec, CPU cores busy), training
+(sec/batch fed by one way, per precision, where a step's time goes) and the tf.data service. Functions that
+benchmark_runner.FreshPython runs in another process take and return JSON values only.
 """
 import collections
 import contextlib
@@ -86,8 +79,7 @@ def measure_read_files(paths):
 def measure_conversion(data_dir, output_dir, record_format, processes):
     """Converts data_dir to record_format records in output_dir; returns seconds and bytes summed over splits.
 
-    Run it in a FreshPython, whose worker processes start as convert_to_tfrecord.py's do.
-    """
+    Run it in a FreshPython, so that its worker processes start as convert_to_tfrecord.py's do."""
     started = time.perf_counter()
     manifest = onu_converter.convert(onu_dataset.describe(data_dir), output_dir, formats=(record_format,),
                                      processes=processes)
@@ -103,10 +95,7 @@ def measure_conversion(data_dir, output_dir, record_format, processes):
 def write_inception_shards(data_dir, encoded_dir, output_dir):
     """Writes data_dir's photos as the Inception/ImageNet converter (build_image_data.py) does; returns seconds, bytes.
 
-    Its file names (train-00000-of-00002, validation-...), keys (1-based labels, class text, colorspace, channels,
-    format, file name) and file bytes as they are, in as many shards per split as this repo's encoded records in
-    encoded_dir hold: the same photos, the same bytes, another layout.
-    """
+    As many shards per split as the encoded records in encoded_dir: the same photos and bytes, another layout."""
     started = time.perf_counter()
     manifest = onu_dataset.read_manifest(encoded_dir)
     data = onu_dataset.describe(data_dir)
@@ -144,9 +133,7 @@ def _synthetic_shards(folder, num_shards, num_records):
 def measure_record_counting(folder, num_shards, num_records, cold):
     """Seconds to find and count a synthetic set of TF-slim shards as training does (onu_layouts), and the count.
 
-    cold: from an empty count cache and a cold page cache (the first run on a data folder); otherwise with the
-    counts cached by an earlier call (every later run).
-    """
+    cold: from an empty count cache and a cold page cache; otherwise with the counts an earlier call cached."""
     _synthetic_shards(folder, num_shards, num_records)
     cache_dir = os.path.join(os.path.dirname(folder), 'count-cache')
     if cold:
@@ -217,13 +204,10 @@ def _training_batches(info, batch_size, image_size, cache, on_model, data_servic
 
 def measure_pipeline(info, batch_size, image_size, augment, warmup, batches, cache=None, augment_on='input',
                      reduced_decode=False):
-    """Images/sec of onu_input's pipeline over info: training (augment) or eval preprocessing.
+    """Images/sec of onu_input's pipeline over info: training (augment) or eval preprocessing (repeated).
 
-    augment=False measures the eval pipeline (exact decode, resize, scale), restarted at each epoch
-    end. Training pipelines are shuffled and repeated; cache: an onu_decoded_cache cache (None: auto_cache's);
-    reduced_decode: onu_input.training_batches'; augment_on='model' runs augment_batch in the graph after the
-    pipeline, as --augment_on=model does.
-    """
+    cache: an onu_decoded_cache cache (None: auto_cache's); augment_on='model' runs augment_batch after the
+    pipeline, as --augment_on=model does."""
     with tf.Graph().as_default():
         with tf.device(onu_input.PIPELINE_DEVICE):
             if augment:
@@ -322,11 +306,8 @@ def _single_core_dataset(paths, batch_size, image_size):
 
 
 def measure_single_core_decode(data_dir, batch_size, image_size, warmup, batches):
-    """Images/sec of decode+resize of data_dir's training photos on one thread: TensorFlow and cv2.
-
-    TensorFlow is the pipelines' decoder (and so the decode limit); cv2 is the serial loop's.
-    Run it in a FreshPython pinned to one CPU, so that no helper thread uses a second core.
-    """
+    """Images/sec of decode+resize of data_dir's training photos on one thread: TensorFlow (the pipelines' decoder)
+    and cv2 (the serial loop's). Run it in a FreshPython pinned to one CPU, so that no helper thread uses another."""
     info = onu_dataset.describe(data_dir).split('train', 'images')
     single_threaded = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=1)
     with tf.Graph().as_default():
@@ -381,9 +362,8 @@ def _synthetic_inputs(batch_size, image_size, num_classes):
 def training_inputs(way, info_of, batch_size, image_size, data_service=None):
     """Returns (images, labels, feeds) of one way, with every training augmentation; feeds None or an iterator.
 
-    info_of(way) -> the DatasetInfo that way reads (the photos' for serial_cv2 and synthetic). data_service: the
-    onu_input ways' batches are made by the tf.data service at this address.
-    """
+    info_of(way) -> the DatasetInfo that way reads; data_service: the tf.data service address that makes the
+    onu_input ways' batches."""
     photos = info_of('images')
     if way == 'synthetic':
         return _synthetic_inputs(batch_size, image_size, photos.num_classes) + (None,)
@@ -419,9 +399,7 @@ def _train_op(model_name, total_loss, global_step, num_examples_per_epoch, batch
 class TrainingRun:
     """A training graph of model_name fed by way, in its own session: run warmup, then time windows.
 
-    trace_every: trace every N-th step for its input wait, as training's LoggerHook does once per log line
-    (None: never), to measure what that costs. data_service: training_inputs'.
-    """
+    trace_every: trace every N-th step for its input wait as training's LoggerHook does (None: never)."""
 
     def __init__(self, model_name, way, info_of, batch_size, image_size, compute_dtype='float32', xla=False,
                  trace_every=None, data_service=None):
@@ -504,10 +482,7 @@ class TrainingRun:
 
 
 def _interleaved_windows(runs, warmup, steps, repeats):
-    """Warms up every TrainingRun of runs, then alternates their timed windows.
-
-    Alternating, a slow spell of the machine slows them all alike: the ratios are what matters.
-    """
+    """Warms up every TrainingRun of runs, then alternates their timed windows (a slow spell slows them alike)."""
     for run in runs.values():
         run.run(warmup)
     for _ in range(repeats):
@@ -521,10 +496,7 @@ WAIT_TRACED_STEPS = 10  # steps traced after the timed windows for the input wai
 def measure_training(model_name, way, info_of, batch_size, image_size, warmup, steps, repeats, **options):
     """Sec/batch of training model_name fed by way: the median over repeats of steps steps each.
 
-    The graph is onu_train's (inference, loss, train op with EMA) without its summaries;
-    options: TrainingRun's compute_dtype and xla. After the timed windows, WAIT_TRACED_STEPS steps run
-    traced as training's log lines trace theirs: wait_fraction, their median input wait.
-    """
+    options: TrainingRun's compute_dtype and xla. WAIT_TRACED_STEPS traced steps follow for wait_fraction."""
     run = TrainingRun(model_name, way, info_of, batch_size, image_size, **options)
     return _interleaved_results({way: run}, warmup, steps, repeats, batch_size, image_size, WAIT_TRACED_STEPS)[way]
 
@@ -538,21 +510,15 @@ def measure_wait_tracing(model_name, way, info_of, batch_size, image_size, warmu
 
 
 def mixed_compute_dtype():
-    """Returns what --precision=mixed computes in on this machine's fastest device, fast path or not.
-
-    The benchmark turns the rewrite on even where the hardware lacks the fast path (where training
-    would warn and stay float32), so that it measures what the rewrite costs there.
-    """
+    """Returns what --precision=mixed computes in on this machine's fastest device, fast path or not (training
+    would stay float32 without it; the benchmark measures what the rewrite costs there)."""
     return 'float16' if onu_precision.visible_gpus() else 'bfloat16'
 
 
 def measure_training_variants(model_name, way, info_of, batch_size, image_size, warmup, steps, repeats,
                               interleave):
-    """{variant: measure_training's result} for float32, mixed and XLA (PRECISION_VARIANTS) training.
-
-    interleave: keep the three sessions open and alternate their timed windows (_interleaved_windows);
-    otherwise measure one after the other (for a model too large to hold three times).
-    """
+    """{variant: measure_training's result} for float32, mixed and XLA training; interleave: alternate the timed
+    windows of three open sessions, else one after the other (a model too large to hold three times)."""
     options = {'float32': {}, 'mixed': {'compute_dtype': mixed_compute_dtype()}, 'xla': {'xla': True}}
     if not interleave:
         return {name: measure_training(model_name, way, info_of, batch_size, image_size, warmup, steps,
@@ -573,10 +539,7 @@ def _interleaved_results(runs, warmup, steps, repeats, batch_size, image_size, w
 
 
 def measure_training_side_by_side(model_name, ways, info_of, batch_size, image_size, warmup, steps, repeats):
-    """{way: measure_training's result} of model_name fed by each of ways, their timed windows alternated.
-
-    For a ratio between ways that a slow spell of the machine cannot bias.
-    """
+    """{way: measure_training's result} of model_name fed by each of ways, their timed windows alternated."""
     runs = {way: TrainingRun(model_name, way, info_of, batch_size, image_size) for way in ways}
     return _interleaved_results(runs, warmup, steps, repeats, batch_size, image_size, WAIT_TRACED_STEPS)
 
@@ -649,12 +612,8 @@ def _step_profile_summary(run, traces, steps):
 def measure_step_profile(model_name, info_of, batch_size, image_size, warmup, steps):
     """Where one training step of model_name on an in-memory batch spends its time, float32 and mixed.
 
-    Mixed is oneDNN's bfloat16 rewrite on the CPU (STEP_PROFILE_PRECISIONS). After warmup steps,
-    each run times one untraced window of steps (the whole step, wall clock), then steps steps
-    with a full trace (op_end - op_start of every op, summed by STEP_KINDS and op type; the ops of
-    a step overlap on several threads, so their sum can exceed the wall clock). The two sessions
-    alternate, so that a slow spell of the machine slows both alike.
-    """
+    Each run times one untraced window of steps, then traces steps steps (op times summed by STEP_KINDS and op
+    type: ops overlap on several threads, so their sum can exceed the wall clock); the two runs alternate."""
     runs = {name: TrainingRun(model_name, 'synthetic', info_of, batch_size, image_size, compute_dtype=dtype)
             for name, dtype in STEP_PROFILE_PRECISIONS.items()}
     _interleaved_windows(runs, warmup, steps, repeats=1)
@@ -772,10 +731,8 @@ def _service_pipeline(way, info, batch_size, image_size, warmup, batches, addres
 def measure_data_service(model_name, info_of, train_batch_size, train_image_size, warmup, steps, repeats,
                          pipeline_batch_size, pipeline_image_size, pipeline_warmup, pipeline_batches, work_dir):
     """{'training': {placement: ...}, 'pipeline': {placement: ...}} for each of DATA_SERVICE_PLACEMENTS: model_name
-    trained on encoded records without the decoded-epoch cache, and the pipeline alone at pipeline_image_size, with
-    the CPU ms per image of this process (the trainer) and of the one service worker, and the bytes per example the
-    loopback carried. The service runs here too, on the same cores: the CPU per image is the figure to carry over.
-    """
+    trained on encoded records without the decoded-epoch cache, and the pipeline alone, with the CPU ms per image
+    of the trainer and of the one service worker (on the same cores here), and the bytes per example sent."""
     results = {'training': {}, 'pipeline': {}}
     with local_data_service(work_dir) as (address, worker_pid):
         for placement, (way, on_service) in DATA_SERVICE_PLACEMENTS.items():

@@ -1,8 +1,5 @@
-"""What one onu_benchmark.py run measures: its Settings, the ways of feeding, and the task list in run order.
-
-Each *_tasks function returns benchmark_runner.Tasks (a label, a benchmark_measure call, a short
-result text, a time estimate) for one part of the run; repeats are tasks with the same key.
-"""
+"""What one onu_benchmark.py run measures: its Settings, the ways of feeding, and the task list in run order
+(benchmark_runner.Tasks: a label, a benchmark_measure call, a result text, an estimate; repeats share a key)."""
 import dataclasses
 import math
 import os
@@ -118,11 +115,8 @@ def augmentation_sizes(pipeline_image_size):
 
 
 def conversion_tasks(data_dir, work_dir, paths, repeats, converter):
-    """Tasks timing a plain read of the photos, encoded conversion, and raw conversion on 1 and all cores.
-
-    converter: the FreshPython that converts. The last repeat leaves encoded records in
-    work_dir/encoded and raw records in work_dir/raw.
-    """
+    """Tasks timing a plain read of the photos, encoded conversion, and raw conversion on 1 and all cores in the
+    FreshPython converter; the last repeat leaves encoded records in work_dir/encoded and raw ones in work_dir/raw."""
     cores = onu_pool.worker_count()
     count = len(paths)
     single_dir = os.path.join(work_dir, 'raw-1-process')
@@ -174,10 +168,7 @@ def counting_tasks(settings, work_dir):
 
 
 def pipeline_tasks(settings, data_dir, info_of, one_core):
-    """Tasks measuring every input pipeline with eval preprocessing and with augmentation, round by round.
-
-    info_of(way) -> the DatasetInfo that way reads; one_core: a FreshPython pinned to one CPU.
-    """
+    """Tasks measuring every input pipeline with eval preprocessing and with augmentation, round by round."""
     size, batch, warmup, batches = settings.image_size, settings.batch_size, settings.warmup_batches, settings.batches
     images = (warmup + batches) * batch
     estimate = 3 + images / PRIOR_IMAGES_PER_SEC['pipeline']
@@ -240,11 +231,8 @@ def _augmentation_run(info_of, way, variant, batch, size, warmup, batches, cache
 
 
 def augmentation_tasks(settings, data_dir, info_of, work_dir):
-    """Tasks measuring training preprocessing per mode and variant at each of augmentation_sizes.
-
-    Each measurement warms up for one epoch more than --warmup_batches, so that the cached variants
-    are timed at their steady state (the disk cache in work_dir/decoded); the others at the same point.
-    """
+    """Tasks measuring training preprocessing per mode and variant at each of augmentation_sizes, after one epoch
+    more than --warmup_batches: the cached variants at their steady state (the disk cache in work_dir/decoded)."""
     batch, batches = settings.batch_size, settings.batches
     warmup = settings.warmup_batches + _epoch_batches(info_of('images'), batch)
     estimate = 3 + (warmup + batches) * batch / PRIOR_IMAGES_PER_SEC['pipeline']
@@ -283,30 +271,37 @@ def _training_estimate(settings, model_name, steps):
     return spec.prior_build_seconds + step_seconds * steps
 
 
+def _examples_per_sec_text(result):
+    """Returns a side-by-side training result as 'float32 12.3, mixed 14.5 examples/sec'."""
+    return ', '.join(f'{name} {run["examples_per_sec"]:.1f}' for name, run in result.items()) + ' examples/sec'
+
+
+def _training_task(settings, info_of, model_name, way, warmup):
+    """The task timing model_name's training fed by way after warmup steps, settings.repeats windows."""
+    batch, size = settings.train_batch_size[model_name], settings.train_image_size[model_name]
+    steps = settings.train_steps[model_name]
+    return Task(('training', model_name, way), f'train {model_name} (batch {batch}, {size}x{size}) fed by {way}',
+                lambda: benchmark_measure.measure_training(model_name, way, info_of, batch, size, warmup, steps,
+                                                           settings.repeats),
+                lambda r: f'{r["sec_per_batch"]:.3f} sec/batch, {r["examples_per_sec"]:.1f} examples/sec',
+                _training_estimate(settings, model_name, warmup + 1 + steps * settings.repeats))
+
+
 def training_tasks(settings, info_of):
     """Tasks measuring each model fed by each way (repeats are windows within one session).
 
-    The small model warms up for one epoch more, so that its windows time the pipelines' steady
-    state (the decoded epoch cached); Inception-ResNet-v2's few steps all fall in the first epoch.
-    """
+    The small model warms up for one epoch more, so that its windows time the pipelines with the decoded epoch
+    cached; Inception-ResNet-v2's few steps all fall in the first epoch."""
     tasks = []
     for model_name in settings.models:
-        batch = settings.train_batch_size[model_name]
-        size = settings.train_image_size[model_name]
+        batch, size = settings.train_batch_size[model_name], settings.train_image_size[model_name]
         warmup, steps = settings.train_warmup_steps[model_name], settings.train_steps[model_name]
         ways = TRAINING_WAYS
         if model_name == 'small':
             warmup += _epoch_batches(info_of('images'), batch)
             ways += SMALL_MODEL_TRAINING_WAYS
+        tasks += [_training_task(settings, info_of, model_name, way, warmup) for way in ways]
         estimate = _training_estimate(settings, model_name, warmup + 1 + steps * settings.repeats)
-        for way in ways:
-            tasks.append(Task(
-                ('training', model_name, way), f'train {model_name} (batch {batch}, {size}x{size}) fed by {way}',
-                lambda model_name=model_name, way=way, batch=batch, size=size, warmup=warmup, steps=steps:
-                    benchmark_measure.measure_training(model_name, way, info_of, batch, size, warmup, steps,
-                                                       settings.repeats),
-                lambda r: f'{r["sec_per_batch"]:.3f} sec/batch, {r["examples_per_sec"]:.1f} examples/sec',
-                estimate))
         for way in PRECISION_WAYS:
             tasks.append(Task(
                 ('precision', model_name, way),
@@ -314,8 +309,7 @@ def training_tasks(settings, info_of):
                 lambda model_name=model_name, way=way, batch=batch, size=size, warmup=warmup, steps=steps:
                     benchmark_measure.measure_training_variants(model_name, way, info_of, batch, size, warmup, steps,
                                                       settings.repeats, interleave=model_name == 'small'),
-                lambda r: ', '.join(f'{name} {result["examples_per_sec"]:.1f}' for name, result in r.items())
-                + ' examples/sec', estimate * 3))
+                _examples_per_sec_text, estimate * 3))
     if LAYOUT_MODEL in settings.models:
         tasks += _main_job_side_by_side_tasks(settings, info_of)
     return tasks
@@ -336,8 +330,7 @@ def _main_job_side_by_side_tasks(settings, info_of):
                              model_name, 'encoded', info_of, batch, size, warmup, steps, repeats, WAIT_TRACE_EVERY)),
     }
     return [Task((key, model_name), f'train {model_name} (batch {batch}, {size}x{size}) {what}, side by side', run,
-                 lambda r: ', '.join(f'{name} {result["examples_per_sec"]:.1f}' for name, result in r.items())
-                 + ' examples/sec', _training_estimate(settings, model_name, warmup + 1 + steps * repeats) * 2)
+                 _examples_per_sec_text, _training_estimate(settings, model_name, warmup + 1 + steps * repeats) * 2)
             for key, (what, run) in measures.items()]
 
 
@@ -357,10 +350,7 @@ def step_profile_tasks(settings, info_of):
 
 
 def records_tasks(settings, formats, info_of):
-    """Tasks measuring a folder of records (no photos): each format it holds, eval and training, per model.
-
-    info_of(way) -> the DatasetInfo of that format (synthetic: of the first format, for its classes).
-    """
+    """Tasks measuring a folder of records (no photos): each format it holds, eval and training, per model."""
     size, batch, warmup, batches = settings.image_size, settings.batch_size, settings.warmup_batches, settings.batches
     estimate = 3 + (warmup + batches) * batch / PRIOR_IMAGES_PER_SEC['pipeline']
     tasks = []
@@ -372,18 +362,8 @@ def records_tasks(settings, formats, info_of):
                     lambda data_format=data_format, augment=augment: benchmark_measure.measure_pipeline(
                         info_of(data_format), batch, size, augment, warmup, batches), _rate_text, estimate))
     for model_name in settings.models:
-        model_batch, model_size = settings.train_batch_size[model_name], settings.train_image_size[model_name]
-        model_warmup = settings.train_warmup_steps[model_name]
-        steps = settings.train_steps[model_name]
-        for way in formats + ('synthetic',):
-            tasks.append(Task(
-                ('training', model_name, way), f'train {model_name} (batch {model_batch}, {model_size}x{model_size}) '
-                                               f'fed by {way}',
-                lambda model_name=model_name, way=way, model_batch=model_batch, model_size=model_size,
-                model_warmup=model_warmup, steps=steps: benchmark_measure.measure_training(
-                    model_name, way, info_of, model_batch, model_size, model_warmup, steps, settings.repeats),
-                lambda r: f'{r["sec_per_batch"]:.3f} sec/batch, {r["examples_per_sec"]:.1f} examples/sec',
-                _training_estimate(settings, model_name, model_warmup + 1 + steps * settings.repeats)))
+        tasks += [_training_task(settings, info_of, model_name, way, settings.train_warmup_steps[model_name])
+                  for way in formats + ('synthetic',)]
     return tasks
 
 

@@ -1,11 +1,5 @@
-"""What an onu_benchmark.py run concludes: rows of medians, pass/fail targets, the Markdown tables and the PNG.
-
-  assemble_rows, assemble_precision, assemble_augmentation, assemble_step_profile
-                          the measurements (benchmark_runner.run_tasks' results) as the report's tables;
-  evaluate_targets        the verdicts on the speed and size targets, each with its issue number;
-  markdown_report         the run as Markdown (every table), as printed and written to <timestamp>.md;
-  write_outputs           <timestamp>.json, .md and .png.
-"""
+"""What an onu_benchmark.py run concludes: rows of medians (assemble_*), pass/fail targets with their issue numbers,
+the Markdown tables (markdown_report) and the files (write_outputs: <timestamp>.json, .md, .png, HParams sessions)."""
 import json
 import math
 import os
@@ -53,6 +47,12 @@ def _median(results, field):
     return statistics.median(result[field] for result in results)
 
 
+def _rates(measured, stage):
+    """Returns a pipeline row's {stage_images_per_sec, stage_cores_busy}: the medians of its repeats."""
+    return {f'{stage}_images_per_sec': _median(measured, 'images_per_sec'),
+            f'{stage}_cores_busy': _median(measured, 'cores_busy')}
+
+
 def assemble_rows(results, settings):
     """Returns {row name: {measure: median}} for every way and baseline (see ROW_ORDER)."""
     models = settings.models
@@ -74,15 +74,10 @@ def assemble_rows(results, settings):
     rows['raw']['conversion_seconds_1_process'] = _median(results[('convert', 'raw', 1)], 'seconds')
     for way in benchmark_plan.PIPELINE_WAYS:
         for stage in ('eval', 'train'):
-            measured = results.get(('pipeline', way, stage))
-            if measured is None:
-                continue
-            rows[way][f'{stage}_images_per_sec'] = _median(measured, 'images_per_sec')
-            rows[way][f'{stage}_cores_busy'] = _median(measured, 'cores_busy')
+            if ('pipeline', way, stage) in results:
+                rows[way].update(_rates(results[('pipeline', way, stage)], stage))
     for way in benchmark_plan.TF_DATA_WAYS:  # training: onu_input's default pipeline at its steady state
-        measured = results[('augment', way, settings.image_size, 'cached')]
-        rows[way]['train_images_per_sec'] = _median(measured, 'images_per_sec')
-        rows[way]['train_cores_busy'] = _median(measured, 'cores_busy')
+        rows[way].update(_rates(results[('augment', way, settings.image_size, 'cached')], 'train'))
     limit = results[('decode_limit',)]
     rows['decode_limit'] = {'eval_images_per_sec': _median(limit, 'images_per_sec'), 'cores': limit[0]['cores'],
                             'single_core_images_per_sec': _median(limit, 'single_core_images_per_sec'),
@@ -118,7 +113,7 @@ def _training_entry(measured, synthetic, way):
     return entry
 
 
-def assemble_wait_tracing(results, settings):
+def assemble_wait_tracing(results):
     """Returns the main job's examples/sec with and without a step traced for its input wait, or None."""
     measured = results.get(('wait_tracing', benchmark_plan.LAYOUT_MODEL))
     if not measured:
@@ -134,9 +129,7 @@ def assemble_records_rows(results, settings, formats, infos):
     rows['synthetic'] = {}
     for fmt in formats:
         for stage in ('eval', 'train'):
-            measured = results[('pipeline', fmt, stage)]
-            rows[fmt][f'{stage}_images_per_sec'] = _median(measured, 'images_per_sec')
-            rows[fmt][f'{stage}_cores_busy'] = _median(measured, 'cores_busy')
+            rows[fmt].update(_rates(results[('pipeline', fmt, stage)], stage))
     for model_name in settings.models:
         synthetic = results[('training', model_name, 'synthetic')][0]
         for way in formats + ('synthetic',):
@@ -166,17 +159,14 @@ def assemble_precision(results, settings):
     return table
 
 
-def assemble_augmentation(results, settings):
+def assemble_augmentation(results):
     """Returns {'way size variant': {images_per_sec, cores_busy, cpu_ms_per_image}} of training preprocessing."""
     table = {}
     for key, measured in results.items():
-        if key[0] != 'augment':
-            continue
-        images_per_sec, cores_busy = _median(measured, 'images_per_sec'), _median(measured, 'cores_busy')
-        table[' '.join(str(part) for part in key[1:])] = {
-            'images_per_sec': images_per_sec, 'cores_busy': cores_busy,
-            'cpu_ms_per_image': benchmark_measure.cpu_ms_per_image({'images_per_sec': images_per_sec,
-                                                                    'cores_busy': cores_busy})}
+        if key[0] == 'augment':
+            rates = {field: _median(measured, field) for field in ('images_per_sec', 'cores_busy')}
+            table[' '.join(str(part) for part in key[1:])] = dict(
+                rates, cpu_ms_per_image=benchmark_measure.cpu_ms_per_image(rates))
     return table
 
 
@@ -283,7 +273,6 @@ def evaluate_targets(rows, augmentation, precision, settings, cores):
     return targets
 
 
-
 def _megabytes(num_bytes):
     """Returns bytes as '123.4 MB' (or GB above 10 GB)."""
     return f'{num_bytes / 1e9:.2f} GB' if num_bytes >= 1e10 else f'{num_bytes / 1e6:.1f} MB'
@@ -333,12 +322,15 @@ def study_comparison_table(report, model_name):
             + (benchmark_plan.SMALL_MODEL_TRAINING_WAYS if model_name == 'small' else ())
             + (('inception',) if model_name in rows.get('inception', {}).get('training', {}) else ()))
     return _table(['way', 'sec/batch', 'examples/sec', 'input-bound', 'logged: waiting, input work', 'data on disk'], [
-        [ROW_TITLES[way], _cell(rows[way]['training'][model_name]['sec_per_batch'], 3),
-         _cell(rows[way]['training'][model_name]['examples_per_sec']),
-         f'{rows[way]["training"][model_name].get("input_bound_fraction", 0):.0%}' if way != 'synthetic' else '-',
-         _logged_cell(rows[way]['training'][model_name]),
-         _megabytes(rows[way]['disk_bytes']) if 'disk_bytes' in rows[way] else '-']
+        [ROW_TITLES[way]] + _training_cells(rows[way]['training'][model_name], way)
+        + [_megabytes(rows[way]['disk_bytes']) if 'disk_bytes' in rows[way] else '-']
         for way in ways])
+
+
+def _training_cells(entry, way):
+    """Returns a training row's cells: sec/batch, examples/sec, input-bound fraction and what training would log."""
+    return [_cell(entry['sec_per_batch'], 3), _cell(entry['examples_per_sec']),
+            f'{entry.get("input_bound_fraction", 0):.0%}' if way != 'synthetic' else '-', _logged_cell(entry)]
 
 
 def _percent(fraction):
@@ -353,10 +345,8 @@ def _logged_cell(entry):
 
 
 def wait_tracing_sentence(report):
-    """Returns the sentence on what measuring the input wait for every log line costs the main job ('' if not run)."""
-    tracing = report.get('wait_tracing')
-    if not tracing:
-        return ''
+    """Returns the sentence on what measuring the input wait for every log line costs the main job."""
+    tracing = report['wait_tracing']
     return (f'Measuring what input costs as training logs it (one step in {tracing["trace_every"]} run with a '
             f'software trace) costs the main job ({tracing["model"]}, encoded) {1 - tracing["ratio"]:.1%} of its '
             f'speed: {tracing["traced"]:.1f} examples/sec with it, {tracing["untraced"]:.1f} without (windows '
@@ -488,12 +478,9 @@ def records_markdown(report):
         first = rows['synthetic']['training'][model_name]
         lines += [f'### Feeding modes compared: {model_name}, batch {first["batch_size"]}, '
                   f'{first["image_size"]}x{first["image_size"]}', '',
-                  _table(['fed by', 'sec/batch', 'examples/sec', 'input-bound', 'logged: waiting, input work'], [
-                      [way, _cell(rows[way]['training'][model_name]['sec_per_batch'], 3),
-                       _cell(rows[way]['training'][model_name]['examples_per_sec']),
-                       f'{rows[way]["training"][model_name]["input_bound_fraction"]:.0%}' if way != 'synthetic'
-                       else '-', _logged_cell(rows[way]['training'][model_name])]
-                      for way in formats + ['synthetic']]), '']
+                  _table(['fed by', 'sec/batch', 'examples/sec', 'input-bound', 'logged: waiting, input work'],
+                         [[way] + _training_cells(rows[way]['training'][model_name], way)
+                          for way in formats + ['synthetic']]), '']
     return '\n'.join(lines + [counting_sentence(report)]) + '\n'
 
 
@@ -566,12 +553,8 @@ def _step_gains_sentence(profile):
 
 
 def _least_gain_sentence(profile):
-    """Returns the sentences on the kind of op that holds the step's gain back, or '' if none stands out.
-
-    That kind is the one, among those with at least MIN_STEP_KIND_SHARE of the float32 op time,
-    that gains least; the sentences also say what the op time would gain had it gained as much as
-    the best of them.
-    """
+    """Returns the sentences on the kind of op (of at least MIN_STEP_KIND_SHARE of the float32 op time) that gains
+    least, and what the op time would gain had it gained as much as the best; '' if fewer than two such kinds."""
     float32, mixed = profile['float32']['kinds_ms'], profile['mixed']['kinds_ms']
     total32, total_mixed = profile['float32']['ops_ms'], profile['mixed']['ops_ms']
     gains = {kind: float32[kind] / mixed[kind] for kind in benchmark_measure.STEP_KINDS

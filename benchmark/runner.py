@@ -1,11 +1,5 @@
-"""How onu_benchmark.py runs its measurements: in order with progress, in fresh processes, on a known machine.
-
-  Task, run_tasks          one measurement each, a progress line each, the CPU time others took meanwhile;
-  FreshPython              a new Python process that runs a module's functions (timed without its imports);
-  prepare_photos,          the photo folder measured: the data dir, the sample data made there, or a
-  photo_paths              subset of its first photos per class;
-  hardware_info            the machine the run measured on.
-"""
+"""How onu_benchmark.py runs its measurements: in order with progress and the CPU time others took meanwhile, in
+fresh processes, on the photos measured and a known machine."""
 import collections
 import dataclasses
 import json
@@ -47,10 +41,8 @@ for line in sys.stdin:
 class FreshPython:
     """A new Python process that imports module_name once, then runs its functions on request.
 
-    Measurements timed in there exclude its imports. Worker processes it starts (the converter's)
-    import only what they need, as when a user runs convert_to_tfrecord.py; from the benchmark's
-    process they would import it, and TensorFlow with it. cpu: pin the whole process to that one CPU.
-    """
+    Its worker processes (the converter's) start as a user's script's would, not from the benchmark's imports.
+    cpu: pin the whole process to that one CPU."""
 
     def __init__(self, module_name, log_path, cpu=None):
         self._module_name = module_name
@@ -147,9 +139,8 @@ def own_cpu_seconds():
 def run_tasks(tasks):
     """Runs tasks in order, printing a line for each with its result, time so far and time left.
 
-    Returns {key: [result of each repeat]}; each result also holds other_processes_cores, the
-    cores that processes outside this benchmark kept busy meanwhile (0 on an idle machine).
-    """
+    Returns {key: [result of each repeat]}; each result also holds other_processes_cores, the cores processes
+    outside this benchmark kept busy meanwhile."""
     results, durations = collections.defaultdict(list), collections.defaultdict(list)
     started = time.time()
     width = len(str(len(tasks)))
@@ -181,20 +172,12 @@ def other_processes_summary(results):
             'measurements': len(measured)}
 
 
-def load_average():
-    """Returns the 1-minute load average."""
-    return os.getloadavg()[0]
-
-
 # ----------------------------------------------------------------------------------------------
 # The photos measured, and the machine.
 
 def prepare_photos(data_dir, work_dir, max_images_per_class, validation_percent):
-    """Returns the photo folder to measure: data_dir, or a copy in split folders of its first photos per class and split.
-
-    The default data dir gets the built-in sample data when it has none (as training does); bare class folders
-    are split as training splits them (validation_percent).
-    """
+    """Returns the photo folder to measure: data_dir (with the sample data if it is the default and empty, as in
+    training), or a copy in split folders of its first photos per class, bare class folders split as training does."""
     data, _ = onu_training.prepare_data(data_dir, 'images', validation_percent, None)
     class_names = data.photo_class_names()
     if not max_images_per_class and data.layout == onu_dataset.PHOTOS:
@@ -218,6 +201,11 @@ def photo_paths(data_dir):
     class_names = data.photo_class_names()
     return [image.path for split in data.photo_splits()
             for image in onu_dataset.list_split_images(data_dir, split, class_names)[0]]
+
+
+def folder_bytes(folder):
+    """Returns the bytes of every file below folder (0 if there is none)."""
+    return sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(folder) for name in names)
 
 
 def hardware_info():

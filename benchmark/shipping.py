@@ -80,12 +80,6 @@ def exported(train_dir):
     return onu_serving.version_dirs(export_dir)[-1][1]
 
 
-def val_pixels(run_config):
-    """(uint8 pixels [n, size, size, 3], labels [n]) of the whole val split as eval preprocesses it, rounded to pixels."""
-    info = run_config.split_info('val')
-    return onu_tflite.eval_pixels(info, run_config.image_size, info.num_examples)
-
-
 def saved_model_predictor(version_dir):
     """A function pixels [1, size, size, 3] -> probabilities of the SavedModel, in a one-thread session."""
     graph = tf.Graph()
@@ -127,16 +121,13 @@ def measure(predict, pixels, labels):
             probabilities)
 
 
-def folder_bytes(folder):
-    """The bytes of every file below folder."""
-    return sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(folder) for name in names)
-
-
 def measure_forms(version_dir):
     """The rows of every form of the export in version_dir: the SavedModel, then every TFLite format."""
     run_config = onu_serving.load_export_config(version_dir)
-    pixels, labels = val_pixels(run_config)
-    forms = [(SAVED_MODEL, saved_model_predictor(version_dir), folder_bytes(os.path.join(version_dir, 'variables')))]
+    info = run_config.split_info('val')
+    pixels, labels = onu_tflite.eval_pixels(info, run_config.image_size, info.num_examples)  # the whole val split
+    forms = [(SAVED_MODEL, saved_model_predictor(version_dir),
+              runner.folder_bytes(os.path.join(version_dir, 'variables')))]
     forms += [(f'TFLite {entry.name}', tflite_predictor(onu_tflite.tflite_path(version_dir, entry.name)),
                os.path.getsize(onu_tflite.tflite_path(version_dir, entry.name))) for entry in onu_tflite.TFLITE_FORMATS]
     rows, saved_model = [], None
@@ -172,7 +163,7 @@ def measure_model(model_name, image_size, max_steps, batch_size):
         print(json.dumps({'model': model_name, **row}), flush=True)
     step = onu_serving.load_export_config(version_dir).export['global_step']
     return {'model': model_name, 'image_size': run_config.image_size, 'steps': step, 'batch_size': batch_size,
-            'saved_model_bytes': folder_bytes(version_dir) - sum(
+            'saved_model_bytes': runner.folder_bytes(version_dir) - sum(
                 os.path.getsize(onu_tflite.tflite_path(version_dir, entry.name)) for entry in onu_tflite.TFLITE_FORMATS),
             'rows': rows}
 
