@@ -89,21 +89,6 @@ class EvalResult:
                 for i, name in enumerate(self.class_names)}
 
 
-def restore_checkpoint(session, checkpoint_path, run_config, allow_raw_weights):
-    """Restores the model of the session's graph; returns (global step, weights used).
-
-    Raises onu_checkpoint.CheckpointGone when the checkpoint's files vanish while they are read,
-    onu_checkpoint.DamagedCheckpoint when they are damaged.
-    """
-    try:
-        step = onu_checkpoint.checkpoint_step(checkpoint_path)
-    except onu_checkpoint.READ_ERRORS as e:
-        raise onu_checkpoint.read_error(checkpoint_path, e) from None
-    weights = onu_checkpoint.restore(session, checkpoint_path, run_config.moving_average_decay,
-                                     allow_raw_weights)
-    return step, weights
-
-
 # ----------------------------------------------------------------------------------------------
 # Evaluation
 
@@ -162,11 +147,9 @@ class Predictions:
 
 
 def run_predictions(session, fetches, limit, max_mistakes):
-    """Runs the eval graph over its input until the end (or limit examples); returns (Predictions, loss sum).
+    """Runs the eval graph until the end of its input (or limit examples); returns (Predictions, loss sum).
 
-    fetches: {'labels', 'filenames', 'probabilities', 'losses'} tensors of a batch, and 'images' when
-    max_mistakes > 0. Only the photos of the current worst max_mistakes mistakes are kept, so memory
-    stays bounded.
+    fetches: the tensors of a batch: labels, filenames, probabilities, losses, and images when max_mistakes > 0.
     """
     filenames, labels, probabilities, kept_images, chosen, loss_sum = [], [], [], {}, [], 0.0
     with tqdm(total=limit, unit='photo', desc='evaluating', leave=False, disable=not onu_cli.show_progress()) as bar:
@@ -221,9 +204,7 @@ def evaluate(checkpoint_path, run_config, info, batch_size=32, num_examples=None
              allow_raw_weights=False, device='cpu', compute_dtype='float32', max_mistakes=DEFAULT_MAX_MISTAKES):
     """Evaluates one checkpoint on the examples of info, the eval split (each once); returns its EvalResult.
 
-    run_config: model, image_size, class_names, moving_average_decay; info: run_config.split_info's.
-    compute_dtype: a Precision's (bfloat16 or float16 rewrite the graph; variables stay float32).
-    Raises onu_checkpoint.CheckpointGone when the checkpoint is deleted while it is read.
+    Raises onu_checkpoint.CheckpointGone or DamagedCheckpoint when the checkpoint is deleted or damaged.
     """
     class_names = check_class_names(run_config, info)
     limit = min(num_examples or info.num_examples, info.num_examples)
@@ -240,7 +221,12 @@ def evaluate(checkpoint_path, run_config, info, batch_size=32, num_examples=None
         session_config = onu_precision.set_precision_options(
             onu_precision.session_config(hide_gpus=device == 'cpu'), compute_dtype)
         with tf.compat.v1.Session(config=session_config) as session:
-            step, weights = restore_checkpoint(session, checkpoint_path, run_config, allow_raw_weights)
+            try:
+                step = onu_checkpoint.checkpoint_step(checkpoint_path)
+            except onu_checkpoint.READ_ERRORS as e:
+                raise onu_checkpoint.read_error(checkpoint_path, e) from None
+            weights = onu_checkpoint.restore(session, checkpoint_path, run_config.moving_average_decay,
+                                             allow_raw_weights)
             with onu_dataset.read_errors_as_data_error(info):
                 predictions, loss_sum = run_predictions(session, fetches, limit, max_mistakes)
     confusion = confusion_of(predictions.labels, predictions.probabilities, len(class_names))
@@ -300,12 +286,6 @@ def result_record(result, run_config, eval_data):
         'data_dir': run_config.data_dir,
         'data_format': run_config.data_format,
     }
-
-
-def summary_writer(eval_dir):
-    """Returns a FileWriter for eval_dir (v1 FileWriters need graph mode to be created)."""
-    with tf.Graph().as_default():
-        return tf.compat.v1.summary.FileWriter(eval_dir)
 
 
 def report(result, record, writer, eval_dir, best_precision):
@@ -399,14 +379,6 @@ def wait_for_checkpoints(checkpoint_dir, done, interval_secs, timeout_secs):
         time.sleep(max(pause, 0.0))
 
 
-def no_checkpoint_error(checkpoint_dir, waited_secs=None):
-    """Returns the DataError for a checkpoint dir without any checkpoint."""
-    after = f' after waiting {waited_secs:g} s' if waited_secs is not None else ''
-    return onu_errors.DataError(
-        f'{checkpoint_dir}: no checkpoint{after}; train first (python onu_train.py '
-        f'--train_dir={checkpoint_dir}) or point --checkpoint_dir at the training run')
-
-
 def reported_results(eval_dir, eval_data):
     """Returns {global step: results.jsonl record} of what eval_dir already holds for eval_data."""
     path = os.path.join(eval_dir, RESULTS_FILENAME)
@@ -422,11 +394,6 @@ def reported_results(eval_dir, eval_data):
             if record.get('eval_data') == eval_data and isinstance(record.get('step'), int):
                 records[record['step']] = record
     return records
-
-
-def export_best_dir():
-    """Where --export_best puts its version folders: --export_dir, default eval_dir/export."""
-    return FLAGS.export_dir or onu_serving.default_export_dir(FLAGS.eval_dir)
 
 
 def keep_best(eval_dir, checkpoint_path, record, checkpoint_dir, best):
@@ -450,11 +417,7 @@ def keep_best(eval_dir, checkpoint_path, record, checkpoint_dir, best):
 
 
 def evaluate_checkpoints(writer, precision):
-    """Evaluates each new checkpoint of --checkpoint_dir once, until the final step, --timeout_secs or --run_once.
-
-    Checkpoints whose step results.jsonl already holds (an earlier run of the evaluator) are not
-    evaluated again; damaged ones are skipped with a note.
-    """
+    """Evaluates each new checkpoint of --checkpoint_dir once, until the final step, --timeout_secs or --run_once."""
     checkpoint_dir, eval_data = FLAGS.checkpoint_dir, FLAGS.eval_data
     check_same_split(checkpoint_dir)
     run_config = info = None
@@ -483,7 +446,9 @@ def evaluate_checkpoints(writer, precision):
         else:
             pending = wait_for_checkpoints(checkpoint_dir, done, FLAGS.eval_interval_secs, FLAGS.timeout_secs)
         if not pending and not done:
-            raise no_checkpoint_error(checkpoint_dir, None if FLAGS.run_once else FLAGS.timeout_secs)
+            after = '' if FLAGS.run_once else f' after waiting {FLAGS.timeout_secs:g} s'
+            raise onu_errors.DataError(f'{checkpoint_dir}: no checkpoint{after}; train first (python onu_train.py '
+                                       f'--train_dir={checkpoint_dir}) or point --checkpoint_dir at the training run')
         if not pending:
             if not FLAGS.run_once:
                 print(f'No new checkpoint in {checkpoint_dir} for {FLAGS.timeout_secs:g} s: stopping.', flush=True)
@@ -514,8 +479,9 @@ def evaluate_checkpoints(writer, precision):
         if is_best:
             kept = keep_best(FLAGS.eval_dir, path, record, checkpoint_dir, best)
             if FLAGS.export_best and kept is not best:
+                export_dir = FLAGS.export_dir or onu_serving.default_export_dir(FLAGS.eval_dir)
                 onu_serving.export_saved_model(os.path.join(onu_best.best_dir(FLAGS.eval_dir), kept['checkpoint']),
-                                               run_config, export_best_dir(), FLAGS.allow_raw_weights)
+                                               run_config, export_dir, FLAGS.allow_raw_weights)
             best = kept
         if FLAGS.run_once:
             return
@@ -570,7 +536,8 @@ def evaluate_from_flags():
     use_device(FLAGS.device)
     precision = onu_precision.resolve_precision(FLAGS.precision, use_gpus=FLAGS.device == 'gpu')
     with onu_run_folder.stop_on_write_failure(FLAGS.eval_dir, 'evaluation'):
-        writer = summary_writer(FLAGS.eval_dir)
+        with tf.Graph().as_default():  # a v1 FileWriter is created in graph mode
+            writer = tf.compat.v1.summary.FileWriter(FLAGS.eval_dir)
         try:
             evaluate_checkpoints(writer, precision)
         except KeyboardInterrupt:
