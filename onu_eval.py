@@ -147,10 +147,7 @@ class Predictions:
 
 
 def run_predictions(session, fetches, limit, max_mistakes):
-    """Runs the eval graph until the end of its input (or limit examples); returns (Predictions, loss sum).
-
-    fetches: the tensors of a batch: labels, filenames, probabilities, losses, and images when max_mistakes > 0.
-    """
+    """Runs the eval graph until the end of its input (or limit examples); returns (Predictions, loss sum)."""
     filenames, labels, probabilities, kept_images, chosen, loss_sum = [], [], [], {}, [], 0.0
     with tqdm(total=limit, unit='photo', desc='evaluating', leave=False, disable=not onu_cli.show_progress()) as bar:
         while len(labels) < limit:
@@ -248,8 +245,7 @@ def confusion_markdown(result):
 
 
 def result_summary(result, best_precision):
-    """Returns the Summary proto of an EvalResult: precision (and the best so far), loss, recall per class,
-    confusion matrix."""
+    """Returns the Summary proto of an EvalResult, with best_precision: the best precision @ 1 so far."""
     value = tf.compat.v1.Summary.Value
     values = [value(tag=onu_hparams.PRECISION_TAG, simple_value=result.precision_at_1),
               value(tag=onu_hparams.BEST_PRECISION_TAG, simple_value=best_precision),
@@ -289,8 +285,7 @@ def result_record(result, run_config, eval_data):
 
 
 def report(result, record, writer, eval_dir, best_precision):
-    """Prints the precision line, writes the summaries (with the best precision @ 1 so far on the same eval data) and
-    appends record to eval_dir/results.jsonl."""
+    """Prints the precision line, writes the summaries and appends record to eval_dir/results.jsonl."""
     raw = ', raw weights' if result.weights == onu_checkpoint.WEIGHTS_RAW else ''
     print(f'{datetime.now()}: step {result.step}, precision @ 1 = {result.precision_at_1:.3f} '
           f'(loss {result.loss:.4f}, {result.num_examples} {record["eval_data"]} examples{raw})',
@@ -397,8 +392,7 @@ def reported_results(eval_dir, eval_data):
 
 
 def keep_best(eval_dir, checkpoint_path, record, checkpoint_dir, best):
-    """Keeps checkpoint_path, whose record beats best, in eval_dir/best/, saying so in one line; returns the record
-    of what best/ holds after it."""
+    """Keeps checkpoint_path, whose record beats best, in eval_dir/best/; returns the record best/ holds after it."""
     where = onu_best.best_dir(eval_dir)
     was = 'the first'
     if best and onu_best.same_eval_data(record, best):

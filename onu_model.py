@@ -189,10 +189,7 @@ def _residual_stack(net, block, activation_fn, scope):
 @_fast_graph_building
 def inception_resnet_v2_base(inputs, final_endpoint='Conv2d_7b_1x1', output_stride=16,
                              align_feature_maps=False, scope=None, activation_fn=tf.nn.relu):
-    """Builds Inception-ResNet-v2 from inputs up to final_endpoint; returns (net, end_points).
-
-    output_stride 8 (atrous) works up to 'PreAuxLogits'; align_feature_maps: SAME padding in the reductions.
-    """
+    """Builds Inception-ResNet-v2 from inputs up to final_endpoint (TF-slim's signature); returns (net, end_points)."""
     if output_stride not in (8, 16):
         raise ValueError(f'output_stride must be 8 or 16, not {output_stride}')
     if final_endpoint not in IRV2_END_POINTS:
@@ -287,10 +284,7 @@ def _classifier_head(net, num_classes, dropout_keep_prob, is_training, end_point
 @_fast_graph_building
 def inception_resnet_v2(inputs, num_classes=1001, is_training=True, dropout_keep_prob=0.8, reuse=None,
                         scope=IRV2_SCOPE, create_aux_logits=True, activation_fn=tf.nn.relu):
-    """Builds Inception-ResNet-v2 with its classifier (TF-slim's signature and defaults); returns (logits, end_points).
-
-    With num_classes 0 or None it returns the globally pooled 1536-d features instead of logits.
-    """
+    """Builds Inception-ResNet-v2 and its classifier (TF-slim's signature, defaults); returns (logits, end_points)."""
     with tf.compat.v1.variable_scope(scope, IRV2_SCOPE, [inputs], reuse=reuse) as var_scope:
         with slim.arg_scope([slim.batch_norm, slim.dropout], is_training=is_training):
             net, end_points = inception_resnet_v2_base(inputs, scope=var_scope,
@@ -343,10 +337,7 @@ SMALL_DEPTHS = (32, 64, 128, 256)
 
 @_fast_graph_building
 def small_net(inputs, num_classes=1001, is_training=True, dropout_keep_prob=0.5, reuse=None, scope=SMALL_SCOPE):
-    """Builds the small CNN (3x3 conv+BN layers, 2x2 pooling between, global pool, dropout, linear) at any size.
-
-    Called like inception_resnet_v2 (slim's defaults); returns (logits, end_points).
-    """
+    """Builds the small CNN (3x3 conv+BN layers, 2x2 pooling between, global pool, dropout, linear) at any size."""
     end_points = {}
     with tf.compat.v1.variable_scope(scope, values=[inputs], reuse=reuse):
         with slim.arg_scope([slim.batch_norm, slim.dropout], is_training=is_training):
@@ -424,10 +415,7 @@ def model_spec(model_name):
 
 def inference(images, num_classes, model_name, is_training, weight_decay=None, dropout_keep_prob=None,
               create_aux_logits=True, reuse=None):
-    """Builds model_name on images (float32 [batch, h, w, 3] in [-1, 1]); returns (logits, end_points).
-
-    weight_decay and dropout_keep_prob None: the model's own (its MODELS entry).
-    """
+    """Builds model_name on images (float32 [batch, h, w, 3] in [-1, 1]); returns (logits, end_points)."""
     spec = model_spec(model_name)
     options = {'create_aux_logits': create_aux_logits} if spec.aux_logits else {}
     with slim.arg_scope(spec.arg_scope(weight_decay=spec.weight_decay if weight_decay is None else weight_decay)):
@@ -461,10 +449,7 @@ def loss_name(loss_tensor):
 def make_learning_rate(global_step, initial_learning_rate, schedule='exponential',
                        num_examples_per_epoch=None, batch_size=None, num_epochs_per_decay=2.0,
                        decay_factor=0.94):
-    """Returns the learning-rate tensor (named learning_rate, with a learning_rate summary).
-
-    'exponential' multiplies it by decay_factor every num_epochs_per_decay epochs (staircase).
-    """
+    """Returns the learning-rate tensor (named learning_rate, with a learning_rate summary)."""
     if schedule == 'fixed':
         rate = tf.constant(initial_learning_rate, tf.float32)
     elif schedule == 'exponential':
@@ -486,10 +471,7 @@ def make_learning_rate(global_step, initial_learning_rate, schedule='exponential
 
 def make_optimizer(name, learning_rate, compute_dtype='float32', momentum=0.9, rmsprop_decay=0.9,
                    epsilon=None):
-    """Returns the tf.compat.v1 optimizer called name (see OPTIMIZER_NAMES), loss-scaled for float16.
-
-    epsilon None means 1.0 for rmsprop (as Inception was trained) and 1e-8 for adam.
-    """
+    """Returns the tf.compat.v1 optimizer called name (see OPTIMIZER_NAMES), loss-scaled for float16."""
     train = tf.compat.v1.train
     if name == 'sgd':
         optimizer = train.GradientDescentOptimizer(learning_rate)
@@ -497,7 +479,7 @@ def make_optimizer(name, learning_rate, compute_dtype='float32', momentum=0.9, r
         optimizer = train.MomentumOptimizer(learning_rate, momentum)
     elif name == 'rmsprop':
         optimizer = train.RMSPropOptimizer(learning_rate, decay=rmsprop_decay, momentum=momentum,
-                                           epsilon=1.0 if epsilon is None else epsilon)
+                                           epsilon=1.0 if epsilon is None else epsilon)  # as Inception was trained
     elif name == 'adam':
         optimizer = train.AdamOptimizer(learning_rate, epsilon=1e-8 if epsilon is None else epsilon)
     else:
