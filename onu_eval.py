@@ -4,14 +4,11 @@
     python onu_eval.py                    # another: evaluates each new checkpoint of /tmp/onu_train
     tensorboard --logdir_spec=train:/tmp/onu_train,eval:/tmp/onu_eval
 
-Each checkpoint is evaluated once, with the moving averages of the weights that training kept, on
-every example of the split exactly once. For each it prints `<time>: step N, precision @ 1 = 0.xxx`,
-writes TensorBoard summaries at the checkpoint's global step (Precision @ 1, eval/loss: the mean
-cross-entropy, eval/recall/<class>, eval/confusion_matrix as a text table and as a heatmap image,
-eval/mistakes: a grid of up to --max_mistakes misclassified photos with their file names, true and
-predicted classes, and pr_curves/<class>: a precision-recall curve per class) and appends a JSON
-line to eval_dir/results.jsonl (with the misclassified file names). On a terminal a progress bar
-shows the examples evaluated; in logs and pipes there is none.
+Each checkpoint is evaluated once, with the moving averages of the weights that training kept, on every example
+of the split exactly once. For each it prints `<time>: step N, precision @ 1 = 0.xxx`, writes TensorBoard summaries
+at the checkpoint's global step (precision, loss, recall per class, confusion matrix, up to --max_mistakes
+misclassified photos, PR curves) and appends a JSON line to eval_dir/results.jsonl (with the misclassified file
+names). On a terminal a progress bar shows the examples evaluated; in logs and pipes there is none.
 The best checkpoint so far (precision @ 1 on the same eval data; ties: the lower loss, then the earlier step) is
 copied into eval_dir/best/, a checkpoint folder of its own that outlives the trainer's --keep_checkpoint_max and
 that onu_export.py --checkpoint_dir=eval_dir/best exports; `Best precision @ 1` is its TensorBoard scalar. With
