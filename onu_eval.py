@@ -4,14 +4,11 @@
     python onu_eval.py                    # another: evaluates each new checkpoint of /tmp/onu_train
     tensorboard --logdir_spec=train:/tmp/onu_train,eval:/tmp/onu_eval
 
-Each checkpoint is evaluated once, with the moving averages of the weights that training kept, on
-every example of the split exactly once. For each it prints `<time>: step N, precision @ 1 = 0.xxx`,
-writes TensorBoard summaries at the checkpoint's global step (Precision @ 1, eval/loss: the mean
-cross-entropy, eval/recall/<class>, eval/confusion_matrix as a text table and as a heatmap image,
-eval/mistakes: a grid of up to --max_mistakes misclassified photos with their file names, true and
-predicted classes, and pr_curves/<class>: a precision-recall curve per class) and appends a JSON
-line to eval_dir/results.jsonl (with the misclassified file names). On a terminal a progress bar
-shows the examples evaluated; in logs and pipes there is none.
+Each checkpoint is evaluated once, with the moving averages of the weights that training kept, on every example
+of the split exactly once. For each it prints `<time>: step N, precision @ 1 = 0.xxx`, writes TensorBoard summaries
+at the checkpoint's global step (precision, loss, recall per class, confusion matrix, up to --max_mistakes
+misclassified photos, PR curves) and appends a JSON line to eval_dir/results.jsonl (with the misclassified file
+names). On a terminal a progress bar shows the examples evaluated; in logs and pipes there is none.
 The best checkpoint so far (precision @ 1 on the same eval data; ties: the lower loss, then the earlier step) is
 copied into eval_dir/best/, a checkpoint folder of its own that outlives the trainer's --keep_checkpoint_max and
 that onu_export.py --checkpoint_dir=eval_dir/best exports; `Best precision @ 1` is its TensorBoard scalar. With
@@ -89,21 +86,6 @@ class EvalResult:
                 for i, name in enumerate(self.class_names)}
 
 
-def restore_checkpoint(session, checkpoint_path, run_config, allow_raw_weights):
-    """Restores the model of the session's graph; returns (global step, weights used).
-
-    Raises onu_checkpoint.CheckpointGone when the checkpoint's files vanish while they are read,
-    onu_checkpoint.DamagedCheckpoint when they are damaged.
-    """
-    try:
-        step = onu_checkpoint.checkpoint_step(checkpoint_path)
-    except onu_checkpoint.READ_ERRORS as e:
-        raise onu_checkpoint.read_error(checkpoint_path, e) from None
-    weights = onu_checkpoint.restore(session, checkpoint_path, run_config.moving_average_decay,
-                                     allow_raw_weights)
-    return step, weights
-
-
 # ----------------------------------------------------------------------------------------------
 # Evaluation
 
@@ -162,12 +144,7 @@ class Predictions:
 
 
 def run_predictions(session, fetches, limit, max_mistakes):
-    """Runs the eval graph over its input until the end (or limit examples); returns (Predictions, loss sum).
-
-    fetches: {'labels', 'filenames', 'probabilities', 'losses'} tensors of a batch, and 'images' when
-    max_mistakes > 0. Only the photos of the current worst max_mistakes mistakes are kept, so memory
-    stays bounded.
-    """
+    """Runs the eval graph until the end of its input (or limit examples); returns (Predictions, loss sum)."""
     filenames, labels, probabilities, kept_images, chosen, loss_sum = [], [], [], {}, [], 0.0
     with tqdm(total=limit, unit='photo', desc='evaluating', leave=False, disable=not onu_cli.show_progress()) as bar:
         while len(labels) < limit:
@@ -221,9 +198,7 @@ def evaluate(checkpoint_path, run_config, info, batch_size=32, num_examples=None
              allow_raw_weights=False, device='cpu', compute_dtype='float32', max_mistakes=DEFAULT_MAX_MISTAKES):
     """Evaluates one checkpoint on the examples of info, the eval split (each once); returns its EvalResult.
 
-    run_config: model, image_size, class_names, moving_average_decay; info: run_config.split_info's.
-    compute_dtype: a Precision's (bfloat16 or float16 rewrite the graph; variables stay float32).
-    Raises onu_checkpoint.CheckpointGone when the checkpoint is deleted while it is read.
+    Raises onu_checkpoint.CheckpointGone or DamagedCheckpoint when the checkpoint is deleted or damaged.
     """
     class_names = check_class_names(run_config, info)
     limit = min(num_examples or info.num_examples, info.num_examples)
@@ -240,7 +215,12 @@ def evaluate(checkpoint_path, run_config, info, batch_size=32, num_examples=None
         session_config = onu_precision.set_precision_options(
             onu_precision.session_config(hide_gpus=device == 'cpu'), compute_dtype)
         with tf.compat.v1.Session(config=session_config) as session:
-            step, weights = restore_checkpoint(session, checkpoint_path, run_config, allow_raw_weights)
+            try:
+                step = onu_checkpoint.checkpoint_step(checkpoint_path)
+            except onu_checkpoint.READ_ERRORS as e:
+                raise onu_checkpoint.read_error(checkpoint_path, e) from None
+            weights = onu_checkpoint.restore(session, checkpoint_path, run_config.moving_average_decay,
+                                             allow_raw_weights)
             with onu_dataset.read_errors_as_data_error(info):
                 predictions, loss_sum = run_predictions(session, fetches, limit, max_mistakes)
     confusion = confusion_of(predictions.labels, predictions.probabilities, len(class_names))
@@ -262,8 +242,7 @@ def confusion_markdown(result):
 
 
 def result_summary(result, best_precision):
-    """Returns the Summary proto of an EvalResult: precision (and the best so far), loss, recall per class,
-    confusion matrix."""
+    """Returns the Summary proto of an EvalResult, with best_precision: the best precision @ 1 so far."""
     value = tf.compat.v1.Summary.Value
     values = [value(tag=onu_hparams.PRECISION_TAG, simple_value=result.precision_at_1),
               value(tag=onu_hparams.BEST_PRECISION_TAG, simple_value=best_precision),
@@ -302,15 +281,8 @@ def result_record(result, run_config, eval_data):
     }
 
 
-def summary_writer(eval_dir):
-    """Returns a FileWriter for eval_dir (v1 FileWriters need graph mode to be created)."""
-    with tf.Graph().as_default():
-        return tf.compat.v1.summary.FileWriter(eval_dir)
-
-
 def report(result, record, writer, eval_dir, best_precision):
-    """Prints the precision line, writes the summaries (with the best precision @ 1 so far on the same eval data) and
-    appends record to eval_dir/results.jsonl."""
+    """Prints the precision line, writes the summaries and appends record to eval_dir/results.jsonl."""
     raw = ', raw weights' if result.weights == onu_checkpoint.WEIGHTS_RAW else ''
     print(f'{datetime.now()}: step {result.step}, precision @ 1 = {result.precision_at_1:.3f} '
           f'(loss {result.loss:.4f}, {result.num_examples} {record["eval_data"]} examples{raw})',
@@ -399,14 +371,6 @@ def wait_for_checkpoints(checkpoint_dir, done, interval_secs, timeout_secs):
         time.sleep(max(pause, 0.0))
 
 
-def no_checkpoint_error(checkpoint_dir, waited_secs=None):
-    """Returns the DataError for a checkpoint dir without any checkpoint."""
-    after = f' after waiting {waited_secs:g} s' if waited_secs is not None else ''
-    return onu_errors.DataError(
-        f'{checkpoint_dir}: no checkpoint{after}; train first (python onu_train.py '
-        f'--train_dir={checkpoint_dir}) or point --checkpoint_dir at the training run')
-
-
 def reported_results(eval_dir, eval_data):
     """Returns {global step: results.jsonl record} of what eval_dir already holds for eval_data."""
     path = os.path.join(eval_dir, RESULTS_FILENAME)
@@ -424,14 +388,8 @@ def reported_results(eval_dir, eval_data):
     return records
 
 
-def export_best_dir():
-    """Where --export_best puts its version folders: --export_dir, default eval_dir/export."""
-    return FLAGS.export_dir or onu_serving.default_export_dir(FLAGS.eval_dir)
-
-
 def keep_best(eval_dir, checkpoint_path, record, checkpoint_dir, best):
-    """Keeps checkpoint_path, whose record beats best, in eval_dir/best/, saying so in one line; returns the record
-    of what best/ holds after it."""
+    """Keeps checkpoint_path, whose record beats best, in eval_dir/best/; returns the record best/ holds after it."""
     where = onu_best.best_dir(eval_dir)
     was = 'the first'
     if best and onu_best.same_eval_data(record, best):
@@ -450,11 +408,7 @@ def keep_best(eval_dir, checkpoint_path, record, checkpoint_dir, best):
 
 
 def evaluate_checkpoints(writer, precision):
-    """Evaluates each new checkpoint of --checkpoint_dir once, until the final step, --timeout_secs or --run_once.
-
-    Checkpoints whose step results.jsonl already holds (an earlier run of the evaluator) are not
-    evaluated again; damaged ones are skipped with a note.
-    """
+    """Evaluates each new checkpoint of --checkpoint_dir once, until the final step, --timeout_secs or --run_once."""
     checkpoint_dir, eval_data = FLAGS.checkpoint_dir, FLAGS.eval_data
     check_same_split(checkpoint_dir)
     run_config = info = None
@@ -483,7 +437,9 @@ def evaluate_checkpoints(writer, precision):
         else:
             pending = wait_for_checkpoints(checkpoint_dir, done, FLAGS.eval_interval_secs, FLAGS.timeout_secs)
         if not pending and not done:
-            raise no_checkpoint_error(checkpoint_dir, None if FLAGS.run_once else FLAGS.timeout_secs)
+            after = '' if FLAGS.run_once else f' after waiting {FLAGS.timeout_secs:g} s'
+            raise onu_errors.DataError(f'{checkpoint_dir}: no checkpoint{after}; train first (python onu_train.py '
+                                       f'--train_dir={checkpoint_dir}) or point --checkpoint_dir at the training run')
         if not pending:
             if not FLAGS.run_once:
                 print(f'No new checkpoint in {checkpoint_dir} for {FLAGS.timeout_secs:g} s: stopping.', flush=True)
@@ -514,8 +470,9 @@ def evaluate_checkpoints(writer, precision):
         if is_best:
             kept = keep_best(FLAGS.eval_dir, path, record, checkpoint_dir, best)
             if FLAGS.export_best and kept is not best:
+                export_dir = FLAGS.export_dir or onu_serving.default_export_dir(FLAGS.eval_dir)
                 onu_serving.export_saved_model(os.path.join(onu_best.best_dir(FLAGS.eval_dir), kept['checkpoint']),
-                                               run_config, export_best_dir(), FLAGS.allow_raw_weights)
+                                               run_config, export_dir, FLAGS.allow_raw_weights)
             best = kept
         if FLAGS.run_once:
             return
@@ -570,7 +527,8 @@ def evaluate_from_flags():
     use_device(FLAGS.device)
     precision = onu_precision.resolve_precision(FLAGS.precision, use_gpus=FLAGS.device == 'gpu')
     with onu_run_folder.stop_on_write_failure(FLAGS.eval_dir, 'evaluation'):
-        writer = summary_writer(FLAGS.eval_dir)
+        with tf.Graph().as_default():  # a v1 FileWriter is created in graph mode
+            writer = tf.compat.v1.summary.FileWriter(FLAGS.eval_dir)
         try:
             evaluate_checkpoints(writer, precision)
         except KeyboardInterrupt:

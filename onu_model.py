@@ -14,13 +14,8 @@ models); the flags' defaults and help, the benchmark and the tests read it, so a
     optimizer = make_optimizer('momentum', make_learning_rate(global_step, 0.01, 'fixed'))
     train_op = build_train_op(optimizer, optimizer.compute_gradients(total_loss), global_step)
 
-Multi-tower training builds the same train op from its towers' averaged gradients. build_train_op
-keeps moving averages of the weights and batch-norm statistics (averaged_variables, named by
-moving_average_name), which evaluation restores through onu_checkpoint.
-
-Precision: onu_lib/onu_precision.py picks it for the hardware and sets the session's graph rewrite;
-here make_optimizer wraps the optimizer in dynamic loss scaling when the Precision's compute_dtype is
-float16 (loss_scaled). Variables, moving averages and checkpoints stay float32 either way.
+build_train_op keeps moving averages of the weights and batch-norm statistics, which evaluation restores
+through onu_checkpoint. Variables, moving averages and checkpoints stay float32 at every precision.
 
 A library module: explicit arguments only, no flags.
 """
@@ -67,13 +62,10 @@ enable_slim_batch_norm()
 
 
 def _fast_graph_building(build):
-    """Decorates a graph builder to run with TF1 tensor hashing and control flow (2-3x faster).
+    """Decorates a graph builder to run with TF1 tensor hashing and control flow, restored afterwards.
 
-    Under TF2 behaviour every variable hash first checks for eager execution, and tf-slim layers
-    hash all graph variables for each new weight (quadratic: ~15 s for Inception-ResNet-v2);
-    ExponentialMovingAverage builds one cond per variable, a function graph each in control flow v2.
-    In graph mode variables hash by id anyway, and the conds only pick a shadow's initial value,
-    so the result is the same graph semantics; both settings are restored afterwards.
+    tf-slim hashes every graph variable for each new weight, and TF2 hashing checks for eager mode each time;
+    ExponentialMovingAverage builds a cond per variable, a function graph each in control flow v2. Same graph.
     """
     @functools.wraps(build)
     def wrapper(*args, **kwargs):
@@ -197,11 +189,7 @@ def _residual_stack(net, block, activation_fn, scope):
 @_fast_graph_building
 def inception_resnet_v2_base(inputs, final_endpoint='Conv2d_7b_1x1', output_stride=16,
                              align_feature_maps=False, scope=None, activation_fn=tf.nn.relu):
-    """Builds Inception-ResNet-v2 from inputs up to final_endpoint; returns (net, end_points).
-
-    output_stride 8 (atrous Mixed_6a and block17) is supported up to 'PreAuxLogits';
-    align_feature_maps uses SAME instead of VALID padding in the reductions.
-    """
+    """Builds Inception-ResNet-v2 from inputs up to final_endpoint (TF-slim's signature); returns (net, end_points)."""
     if output_stride not in (8, 16):
         raise ValueError(f'output_stride must be 8 or 16, not {output_stride}')
     if final_endpoint not in IRV2_END_POINTS:
@@ -296,13 +284,7 @@ def _classifier_head(net, num_classes, dropout_keep_prob, is_training, end_point
 @_fast_graph_building
 def inception_resnet_v2(inputs, num_classes=1001, is_training=True, dropout_keep_prob=0.8, reuse=None,
                         scope=IRV2_SCOPE, create_aux_logits=True, activation_fn=tf.nn.relu):
-    """Builds Inception-ResNet-v2 with its classifier; returns (logits, end_points).
-
-    TF-slim's signature and defaults (nets/inception_resnet_v2.py): inception_resnet_v2(images) inside
-    inception_resnet_v2_arg_scope() builds slim's 1001-class training network. With num_classes 0 or None
-    it returns the globally pooled 1536-d features instead of logits. inference() passes its MODELS entry's
-    settings instead of these defaults.
-    """
+    """Builds Inception-ResNet-v2 and its classifier (TF-slim's signature, defaults); returns (logits, end_points)."""
     with tf.compat.v1.variable_scope(scope, IRV2_SCOPE, [inputs], reuse=reuse) as var_scope:
         with slim.arg_scope([slim.batch_norm, slim.dropout], is_training=is_training):
             net, end_points = inception_resnet_v2_base(inputs, scope=var_scope,
@@ -324,12 +306,8 @@ def _conv_bn_arg_scope(weight_decay, batch_norm_decay, batch_norm_epsilon, activ
                        batch_norm_updates_collections, batch_norm_scale):
     """Returns an arg_scope: L2-decayed conv/fc weights and biases, batch-normed convolutions."""
     regularizer = slim.l2_regularizer(weight_decay)
-    batch_norm_params = {
-        'decay': batch_norm_decay,
-        'epsilon': batch_norm_epsilon,
-        'scale': batch_norm_scale,
-        'updates_collections': batch_norm_updates_collections,
-    }
+    batch_norm_params = {'decay': batch_norm_decay, 'epsilon': batch_norm_epsilon, 'scale': batch_norm_scale,
+                         'updates_collections': batch_norm_updates_collections}
     with slim.arg_scope([slim.conv2d, slim.fully_connected], weights_regularizer=regularizer,
                         biases_regularizer=regularizer):
         with slim.arg_scope([slim.conv2d], activation_fn=activation_fn, normalizer_fn=slim.batch_norm,
@@ -341,10 +319,9 @@ def inception_resnet_v2_arg_scope(weight_decay=0.00004, batch_norm_decay=0.9997,
                                   activation_fn=tf.nn.relu,
                                   batch_norm_updates_collections=tf.compat.v1.GraphKeys.UPDATE_OPS,
                                   batch_norm_scale=False):
-    """Returns the arg_scope Inception-ResNet-v2 is built (and its checkpoint was trained) with.
+    """Returns the arg_scope Inception-ResNet-v2 is built (and its checkpoint was trained) with; TF-slim's defaults.
 
-    TF-slim's signature and defaults. batch_norm_updates_collections None (statistics updated in place)
-    fails inside tf-slim on TF 2.21 (its fused batch norm uses the removed ops.Tensor).
+    batch_norm_updates_collections None fails inside tf-slim on TF 2.21 (its fused batch norm uses ops.Tensor).
     """
     return _conv_bn_arg_scope(weight_decay, batch_norm_decay, batch_norm_epsilon, activation_fn,
                               batch_norm_updates_collections, batch_norm_scale)
@@ -360,12 +337,7 @@ SMALL_DEPTHS = (32, 64, 128, 256)
 
 @_fast_graph_building
 def small_net(inputs, num_classes=1001, is_training=True, dropout_keep_prob=0.5, reuse=None, scope=SMALL_SCOPE):
-    """Builds the small CNN (four 3x3 conv+BN layers, 2x2 pooling between, global pool, dropout, linear).
-
-    Works at any input size; returns (logits, end_points). Called like Inception-ResNet-v2 (slim's
-    1001 classes and training mode by default): small_net(images) inside small_net_arg_scope(), or
-    through inference() with its MODELS entry's settings.
-    """
+    """Builds the small CNN (3x3 conv+BN layers, 2x2 pooling between, global pool, dropout, linear) at any size."""
     end_points = {}
     with tf.compat.v1.variable_scope(scope, values=[inputs], reuse=reuse):
         with slim.arg_scope([slim.batch_norm, slim.dropout], is_training=is_training):
@@ -394,11 +366,8 @@ def small_net_arg_scope(weight_decay=0.0005, batch_norm_decay=0.99, batch_norm_e
 class ModelSpec:
     """A registered model: how inference() builds it and every setting that differs between models.
 
-    build(images, num_classes, is_training=, dropout_keep_prob=, reuse=, scope=) returns (logits,
-    end_points); inference() calls it inside arg_scope(weight_decay) with this entry's values. A model with
-    aux_logits also takes create_aux_logits= and puts an 'AuxLogits' end point, which loss() adds with
-    AUX_LOSS_WEIGHT. Like TF-slim's nets, build and arg_scope also take the minimal call,
-    build(images) inside arg_scope(), with defaults of their own.
+    build(images, num_classes, is_training=, dropout_keep_prob=, reuse=, scope=) returns (logits, end_points),
+    inside arg_scope(weight_decay=); with aux_logits it also takes create_aux_logits= (an 'AuxLogits' end point).
     """
     name: str                     # --model's spelling, saved in run_config.json
     build: object
@@ -446,11 +415,7 @@ def model_spec(model_name):
 
 def inference(images, num_classes, model_name, is_training, weight_decay=None, dropout_keep_prob=None,
               create_aux_logits=True, reuse=None):
-    """Builds model_name on images (float32 [batch, h, w, 3] in [-1, 1]); returns (logits, end_points).
-
-    weight_decay and dropout_keep_prob default to the model's own (its MODELS entry); create_aux_logits
-    applies to the models with an auxiliary classifier (ModelSpec.aux_logits).
-    """
+    """Builds model_name on images (float32 [batch, h, w, 3] in [-1, 1]); returns (logits, end_points)."""
     spec = model_spec(model_name)
     options = {'create_aux_logits': create_aux_logits} if spec.aux_logits else {}
     with slim.arg_scope(spec.arg_scope(weight_decay=spec.weight_decay if weight_decay is None else weight_decay)):
@@ -460,12 +425,7 @@ def inference(images, num_classes, model_name, is_training, weight_decay=None, d
 
 
 def loss(logits, labels, end_points=None, label_smoothing=0.0):
-    """Returns the total loss: cross-entropy + 0.4 x auxiliary cross-entropy + weight decay.
-
-    The (weighted) cross-entropies go to the tf.compat.v1.GraphKeys.LOSSES collection, weight
-    decay is the REGULARIZATION_LOSSES collection; each part and the total get a scalar summary
-    under losses/.
-    """
+    """Returns the total loss: cross-entropy + 0.4 x auxiliary cross-entropy + weight decay; summaries losses/*."""
     onehot_labels = tf.one_hot(labels, logits.shape[-1], dtype=logits.dtype)
     parts = {'cross_entropy': tf.compat.v1.losses.softmax_cross_entropy(
         onehot_labels, logits, label_smoothing=label_smoothing, scope='cross_entropy')}
@@ -481,10 +441,7 @@ def loss(logits, labels, end_points=None, label_smoothing=0.0):
 
 
 def loss_name(loss_tensor):
-    """Returns the name loss() gives a loss term in TensorBoard (losses/<name>): cross_entropy, ..., total.
-
-    The term's op is named by its scope: cross_entropy/value, aux_cross_entropy/value, total_loss, ...
-    """
+    """Returns the name loss() gives a loss term in TensorBoard (losses/<name>), from its op's scope."""
     scope = loss_tensor.op.name.split('/')[0]
     return {'total_loss': 'total', 'regularization_loss': 'regularization'}.get(scope, scope)
 
@@ -492,11 +449,7 @@ def loss_name(loss_tensor):
 def make_learning_rate(global_step, initial_learning_rate, schedule='exponential',
                        num_examples_per_epoch=None, batch_size=None, num_epochs_per_decay=2.0,
                        decay_factor=0.94):
-    """Returns the learning-rate tensor (named learning_rate, with a learning_rate summary).
-
-    'fixed' keeps initial_learning_rate; 'exponential' multiplies it by decay_factor every
-    num_epochs_per_decay epochs (staircase), an epoch being num_examples_per_epoch / batch_size steps.
-    """
+    """Returns the learning-rate tensor (named learning_rate, with a learning_rate summary)."""
     if schedule == 'fixed':
         rate = tf.constant(initial_learning_rate, tf.float32)
     elif schedule == 'exponential':
@@ -518,11 +471,7 @@ def make_learning_rate(global_step, initial_learning_rate, schedule='exponential
 
 def make_optimizer(name, learning_rate, compute_dtype='float32', momentum=0.9, rmsprop_decay=0.9,
                    epsilon=None):
-    """Returns the tf.compat.v1 optimizer called name (see OPTIMIZER_NAMES), loss-scaled for float16.
-
-    compute_dtype: an onu_precision.Precision's (see loss_scaled). epsilon None means 1.0 for rmsprop (as
-    Inception was trained) and 1e-8 for adam.
-    """
+    """Returns the tf.compat.v1 optimizer called name (see OPTIMIZER_NAMES), loss-scaled for float16."""
     train = tf.compat.v1.train
     if name == 'sgd':
         optimizer = train.GradientDescentOptimizer(learning_rate)
@@ -530,7 +479,7 @@ def make_optimizer(name, learning_rate, compute_dtype='float32', momentum=0.9, r
         optimizer = train.MomentumOptimizer(learning_rate, momentum)
     elif name == 'rmsprop':
         optimizer = train.RMSPropOptimizer(learning_rate, decay=rmsprop_decay, momentum=momentum,
-                                           epsilon=1.0 if epsilon is None else epsilon)
+                                           epsilon=1.0 if epsilon is None else epsilon)  # as Inception was trained
     elif name == 'adam':
         optimizer = train.AdamOptimizer(learning_rate, epsilon=1e-8 if epsilon is None else epsilon)
     else:
@@ -541,9 +490,7 @@ def make_optimizer(name, learning_rate, compute_dtype='float32', momentum=0.9, r
 def loss_scaled(optimizer, compute_dtype, initial_loss_scale=LOSS_SCALE_INITIAL):
     """Returns optimizer wrapped in dynamic loss scaling when compute_dtype is float16, else optimizer.
 
-    A step whose scaled gradients overflow is skipped and the scale halved: not an error. The
-    scale's variables are local (initialised at every start, never in a checkpoint), so runs of
-    either precision resume from each other's checkpoints.
+    The scale's variables are local (never in a checkpoint), so either precision resumes from the other's.
     """
     if compute_dtype != 'float16':
         return optimizer
@@ -603,12 +550,9 @@ def _apply_moving_average(moving_average_decay, global_step, variables):
 
 def build_train_op(optimizer, grads_and_vars, global_step, moving_average_decay=DEFAULT_MOVING_AVERAGE_DECAY,
                    update_ops=None, extra_ops=()):
-    """Returns the train op: batch-norm updates, the gradient step, the moving averages, extra_ops.
+    """Returns the train op: batch-norm updates (default: UPDATE_OPS), the gradient step, moving averages, extra_ops.
 
-    The one train-op builder of the project. update_ops defaults to the graph's UPDATE_OPS;
-    moving_average_decay 0 or None keeps no moving averages; they count global_step as their
-    number of updates. A SyncReplicasOptimizer (onu_cluster.SyncReplicas) keeps them itself, on
-    the chief, after each averaged step. extra_ops (e.g. the loss averages) run with the step.
+    moving_average_decay 0 or None keeps no moving averages; a SyncReplicasOptimizer keeps them itself.
     """
     if update_ops is None:
         update_ops = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)

@@ -3,20 +3,18 @@
     python onu_predict.py photo.jpg more_photos/ --model_dir=/tmp/onu_train/export
     python onu_predict.py DATA/val --model_dir=/tmp/onu_train --json
 
---model_dir is an exported SavedModel version folder, an export folder of versions (the newest is
-used), a training run's train_dir (its latest checkpoint, with the moving averages of the weights,
-built in-process with onu_serving's graph), or a .tflite file of onu_export.py --tflite (run by LiteRT on
-the pixels eval's resize gives, rounded to uint8 as an app would feed them; class names from the labels.txt
-beside it). Folders are searched recursively; hidden files are
-ignored. Each image is sent to the serving signature as the bytes an encoded TFRecord of it would
-hold: the file itself for an upright JPEG, else the upright image re-encoded (EXIF orientation
-applied, as convert_to_tfrecord.py does), so predictions equal evaluation on encoded records.
+--model_dir is an exported SavedModel version folder, an export folder of versions (the newest is used), a
+training run's train_dir (its latest checkpoint, with the moving averages of the weights, built in-process with
+onu_serving's graph), or a .tflite file of onu_export.py --tflite (run by LiteRT on the pixels eval's resize gives,
+rounded to uint8 as an app would feed them; class names from the labels.txt beside it). Folders are searched
+recursively; hidden files are ignored. Each image is sent to the serving signature as the bytes an encoded TFRecord
+of it would hold: the file itself for an upright JPEG, else the upright image re-encoded (EXIF orientation applied,
+as convert_to_tfrecord.py does), so predictions equal evaluation on encoded records.
 
-Output: `path<TAB>class name<TAB>probability` per image, or with --json one JSON object per line
-(path, class_id, class_name, probability, probabilities by class name); stderr names the model
-used. A file that cannot be classified prints `error: <path>: <reason>` to stderr (and, with
---json, an object with `error`); the others still run. Exit code: 0 if at least one image was
-classified, 1 if none, 2 for a bad --model_dir or no paths.
+Output: `path<TAB>class name<TAB>probability` per image, or with --json one JSON object per line (path, class_id,
+class_name, probability, probabilities by class name); stderr names the model used. A file that cannot be
+classified prints `error: <path>: <reason>` to stderr (and, with --json, an object with `error`); the others still
+run. Exit code: 0 if at least one image was classified, 1 if none, 2 for a bad --model_dir or no paths.
 """
 import itertools
 import json
@@ -186,7 +184,6 @@ def model_input_bytes(path):
     """Returns the bytes to classify for the image at path; UnreadableImage(reason) if it is not usable."""
     try:
         info = onu_photos.read_image_info(path)
-        # The bytes an encoded record holds (see the module docstring).
         payload, payload_format = onu_converter.encoded_payload(info)
     except OSError as e:
         raise onu_photos.UnreadableImage(f'unreadable ({e.strerror or e})') from None

@@ -4,11 +4,9 @@
     if beats(record, best):                     # record: the evaluator's results.jsonl entry
         best = keep(eval_dir, checkpoint_path, record, checkpoint_dir)   # CheckpointGone if it was deleted
 
-best/ holds the checkpoint's files, a `checkpoint` state file naming it, the training run's run_config.json and
-best.json (step, precision @ 1, loss, eval data, where it came from), so every tool that takes --checkpoint_dir
-reads it as it is. A new best is copied beside it (best.new-<pid>), then swapped in by two renames; an evaluator
-stopped between them leaves the previous best as best.old, which the next read_best puts back: a half-written
-best is never in best/.
+best/ holds the checkpoint's files, a `checkpoint` state file, the training run's run_config.json and best.json, so
+every tool that takes --checkpoint_dir reads it. A new best is copied beside it, then swapped in by two renames; an
+evaluator stopped between them leaves the previous best as best.old, which the next read_best puts back.
 
 A library module: explicit arguments only, no flags.
 """

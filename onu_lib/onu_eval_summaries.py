@@ -1,21 +1,13 @@
 """Pictures of an evaluation for TensorBoard: confusion-matrix heatmap, grid of mistakes, PR curves.
 
-    confusion_matrix_png(confusion, class_names)           -> PNG bytes (confusion_matrix_figure: the Figure)
-    mistakes_grid_png(mistakes, class_names, max_mistakes)  -> PNG bytes, None without mistakes (mistakes_grid_figure)
-    select_mistakes / misclassified                         -> which examples were wrong
-    image_summary_value(tag, png) / pr_curve_summary_values(labels, probabilities, class_names)
-                                                            -> tf.compat.v1.Summary.Value(s)
-    eval_summary_values(confusion, class_names, labels, probabilities, mistakes)  -> all of them
+    values = eval_summary_values(confusion, class_names, labels, probabilities, mistakes)  # Summary.Values
 
-The caller writes tf.compat.v1.Summary(value=[...]) with its FileWriter at the checkpoint's global
-step. Figures are drawn on matplotlib.figure.Figure with the Agg canvas: pyplot's global state and
-backend are never touched. Labels are class indices into class_names; probabilities are [N, C]
-softmax outputs; a prediction is their argmax (numpy.argmax: the first class on ties).
+The caller writes tf.compat.v1.Summary(value=values) at the checkpoint's global step. Figures are drawn on
+matplotlib.figure.Figure with the Agg canvas: pyplot's global state is never touched. Labels are class indices
+into class_names; probabilities are [N, C] softmax outputs; a prediction is their argmax (ties: the first class).
 
-Class and file names are drawn in matplotlib's default font; characters it lacks (Chinese, Japanese and
-Korean names: its DejaVu Sans has none) come from an installed font that has them all (fonts-noto-cjk),
-found through matplotlib's font_manager by the fonts' character maps. Without one, those characters are
-shown as Python escapes (\\u578b) and one line per process says how to get the font.
+Characters the default font lacks (Chinese, Japanese, Korean) come from an installed font that has them all
+(fonts-noto-cjk); without one they are shown as Python escapes (\\u578b), and one line per process says so.
 """
 import collections
 import dataclasses
@@ -119,10 +111,7 @@ def _font_names():
 
 
 def _add_new_system_fonts():
-    """Adds the system's font files missing from matplotlib's font cache; returns how many were added.
-
-    matplotlib builds its cache once: a font installed after that (apt-get install fonts-noto-cjk) is not in it.
-    """
+    """Adds the system's font files missing from matplotlib's font cache (built once); returns how many."""
     known = {entry.fname for entry in font_manager.fontManager.ttflist}
     added = 0
     for path in font_manager.findSystemFonts():
@@ -136,16 +125,11 @@ def _add_new_system_fonts():
     return added
 
 
-def _known_font_with(characters):
-    """Returns the name of the first font matplotlib knows that has every one of characters, None if none has."""
-    return next((name for name in _font_names() if characters <= _characters(name)), None)
-
-
 def find_font_with(characters):
     """Returns the name of an installed font that has every one of characters (code points), None if none has."""
-    name = _known_font_with(characters)
+    name = next((name for name in _font_names() if characters <= _characters(name)), None)
     if name is None and _add_new_system_fonts():
-        name = _known_font_with(characters)
+        return find_font_with(characters)  # once more, with the fonts installed since matplotlib's cache was built
     return name
 
 
@@ -206,11 +190,7 @@ def confusion_matrix_png(confusion, class_names, title=None):
 
 
 def confusion_matrix_figure(confusion, class_names, title=None):
-    """Returns a Figure: a heatmap of confusion[true, predicted] counts, each cell annotated with its count.
-
-    Cells are coloured by the fraction of their row (the true class), so that rare classes stay
-    readable; the default title gives the number of examples.
-    """
+    """Returns a Figure: a heatmap of confusion[true, predicted] counts, coloured by the fraction of their row."""
     confusion = np.asarray(confusion)
     count = len(class_names)
     if confusion.shape != (count, count):
@@ -218,8 +198,7 @@ def confusion_matrix_figure(confusion, class_names, title=None):
     totals = confusion.sum(axis=1, keepdims=True)
     fractions = confusion / np.maximum(totals, 1)
     side = max(4.0, 1.5 + 0.55 * count)
-    # 'compressed', not 'constrained': square cells fix the axes' aspect, and constrained layout then misjudges the
-    # left margin (the true-class label was cut off at the left edge for y labels of 7 to 8 characters).
+    # 'compressed': with square cells, constrained layout misjudges the left margin and cuts off the y label.
     figure = Figure(figsize=(side + 1.0, side), dpi=DPI, layout='compressed')
     axes = figure.subplots()
     heatmap = axes.imshow(fractions, cmap='Blues', vmin=0.0, vmax=1.0)
@@ -250,10 +229,7 @@ def _short_name(filename):
 
 
 def mistake_caption(mistake, class_names, shown=str):
-    """Returns a tile's caption: file name, then true class -> predicted class and its probability.
-
-    shown: how a name is drawn (TextFont.shown); the file name is shortened after it.
-    """
+    """Returns a tile's caption: file name, then true -> predicted class and its probability; shown: TextFont.shown."""
     true = f'true {shown(class_names[mistake.true_label])}'
     predicted = f'-> {shown(class_names[mistake.predicted_label])} {mistake.probability:.2f}'
     between = ' ' if len(true) + 1 + len(predicted) <= MAX_CAPTION_LINE else '\n'
@@ -267,10 +243,7 @@ def mistakes_grid_png(mistakes, class_names, max_mistakes):
 
 
 def mistakes_grid_figure(mistakes, class_names, max_mistakes):
-    """Returns a Figure: a grid of the first max_mistakes mistakes with captions; None if there are none.
-
-    The grid is up to GRID_COLUMNS tiles wide; each tile is TILE_SIZE_INCHES at DPI.
-    """
+    """Returns a Figure: a grid of the first max_mistakes mistakes with captions; None if there are none."""
     shown = list(mistakes)[:max(max_mistakes, 0)]
     if not shown:
         return None
@@ -320,10 +293,7 @@ def pr_curve_summary_values(labels, probabilities, class_names, num_thresholds=D
 
 def eval_summary_values(confusion, class_names, labels, probabilities, mistakes,
                         num_thresholds=DEFAULT_NUM_THRESHOLDS):
-    """Returns the Summary.Values of one evaluation: confusion heatmap, mistakes grid (if any), PR curves.
-
-    mistakes: the Mistakes to show, all of them (select_mistakes picks and orders them).
-    """
+    """Returns the Summary.Values of one evaluation: confusion heatmap, grid of all mistakes (if any), PR curves."""
     values = [image_summary_value(CONFUSION_MATRIX_IMAGE_TAG, confusion_matrix_png(confusion, class_names))]
     grid = mistakes_grid_png(mistakes, class_names, len(mistakes))
     if grid is not None:

@@ -141,11 +141,7 @@ def _publish(temp_dir, version_dir):
 
 
 def export_saved_model(checkpoint_path, run_config, export_dir, allow_raw_weights=False):
-    """Exports checkpoint_path as export_dir/<global step>/; returns that folder.
-
-    An existing version folder is left unchanged (and said so). A failed export leaves neither a
-    version folder nor its temporary folder.
-    """
+    """Exports checkpoint_path as export_dir/<global step>/ (an existing one is left unchanged); returns that folder."""
     started = time.time()
     step = onu_checkpoint.checkpoint_step(checkpoint_path)
     version_dir = os.path.join(export_dir, str(step))
@@ -196,13 +192,9 @@ def load_export_config(version_dir):
 
 
 class PeriodicExportListener(tf.compat.v1.train.CheckpointSaverListener):
-    """Exports the checkpoint just saved whenever training has passed another N-epoch boundary.
+    """Exports the first checkpoint saved at or after each N-epoch boundary, logging each try in exports.jsonl.
 
-    The checkpoint saver runs by seconds or steps, so a boundary is exported from the first
-    checkpoint at or after it (save every epoch's worth of steps to land on it exactly). The export
-    runs in a fresh graph; a failure is logged in one line and training goes on (the next boundary
-    exports again), except a full disk or a read-only folder, which stops training (WriteFailed). Every
-    attempt is appended to export_dir/exports.jsonl.
+    A failed export is reported in one line and training goes on, except on a full disk or a read-only folder.
     """
 
     def __init__(self, checkpoint_dir, run_config, export_dir, every_n_epochs, examples_per_step):
@@ -213,12 +205,8 @@ class PeriodicExportListener(tf.compat.v1.train.CheckpointSaverListener):
         self._examples_per_step = examples_per_step
         self._last_period = None
 
-    def _period(self, step):
-        """Returns how many whole N-epoch periods training has done by step."""
-        return step * self._examples_per_step // self._examples_per_period
-
     def after_save(self, session, global_step_value):
-        period = self._period(int(global_step_value))
+        period = int(global_step_value) * self._examples_per_step // self._examples_per_period  # whole N epochs
         if self._last_period is None:  # the checkpoint saved when the session starts: a baseline
             self._last_period = period
         elif period > self._last_period:

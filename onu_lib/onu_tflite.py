@@ -7,10 +7,8 @@ Every format takes the same input and gives the same output, so an app swaps one
   input   uint8 [1, size, size, 3]: RGB resized to the model's size, as a camera gives them. The scaling to the
           model's range is inside the model: it is the SavedModel's predict_pixels signature, converted.
   output  float32 [1, num_classes]: the probabilities, in the order of labels.txt (one class name per line).
-The formats are TFLITE_FORMATS: one entry each, with what the converter is told. int8 is full-integer
-post-training quantization, calibrated on photos of the train split as eval preprocesses them
-(calibration_pixels). A model file is written beside the SavedModel it was converted from, under a temporary name
-renamed when complete, so a .tflite in a version folder is always whole.
+The formats are TFLITE_FORMATS; int8 is full-integer post-training quantization, calibrated on train photos. A
+model file is written beside its SavedModel under a temporary name renamed when complete, so it is always whole.
 
 A library module: explicit arguments only, no flags.
 """
@@ -107,9 +105,8 @@ def eval_pixels(info, image_size, num_examples):
 
 
 def calibration_pixels(run_config, data_dir, num_examples):
-    """Returns the uint8 pixels int8 calibrates on: up to num_examples photos of the train split of data_dir (the
-    run's data, read as the run read it), spread over it, as eval preprocesses them; DataError when it has none.
-    Never the val split: the int8 model's precision is measured there."""
+    """Returns the uint8 pixels int8 calibrates on: up to num_examples photos of data_dir's train split (never val:
+    the int8 model's precision is measured there), as eval preprocesses them; DataError when it has none."""
     return eval_pixels(run_config.split_info('train', data_dir), run_config.image_size, num_examples)[0]
 
 
