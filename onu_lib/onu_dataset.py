@@ -17,9 +17,8 @@ The layouts:
   other tools'   the record layouts of onu_layouts.RECORD_LAYOUTS (the study's, TF-slim's, Inception's, TFDS's).
 Photos and bare class folders may have this repo's records beside them (converted once, on demand).
 
-Also where this repo's records are written (the manifest, labels.txt, shard names and record keys: read and
-written here), and the one line that reports skipped files (skipped_line).
-Pure Python, no TensorFlow at import: every script and worker process imports it cheaply.
+Also this repo's records' manifest, labels.txt, shard names and record keys, and the one line that reports skipped
+files (skipped_line). Pure Python, no TensorFlow at import: every script and worker process imports it cheaply.
 """
 import collections
 import contextlib
@@ -156,10 +155,7 @@ def bare_class_folders(entries):
 
 
 def split_of(relative_path, validation_percent):
-    """'val' or 'train': the split of a photo of bare class folders, from its path relative to the folder.
-
-    A hash, not a draw: the same on every run and machine, and adding photos never moves an old one.
-    """
+    """'val' or 'train': the split of a photo of bare class folders, from a hash of its path relative to the folder."""
     name = unicodedata.normalize('NFC', relative_path)  # macOS spells accents decomposed
     position = int.from_bytes(hashlib.sha256(name.encode('utf-8')).digest()[:8], 'big') * 100.0 / 2 ** 64
     return 'val' if position < validation_percent else 'train'
@@ -208,10 +204,8 @@ def find_class_names(data_dir):
 
 
 def list_split_images(data_dir, split, class_names, validation_percent=DEFAULT_VALIDATION_PERCENT):
-    """(images, skipped) of one split: ImageInfos sorted by (label, path) and (path, reason) pairs.
-
-    Split folders: the files of split_dir(data_dir, split); bare class folders: the files split_of puts in split.
-    """
+    """(images, skipped) of one split (bare class folders: the files split_of puts in it): ImageInfos sorted by
+    (label, path) and (path, reason) pairs."""
     bare = not has_split_folders(data_dir)
     images, skipped = [], []
     for label, class_name in enumerate(class_names):
@@ -619,11 +613,8 @@ class DataDir:
 
 
 def describe(data_dir, validation_percent=None, labels_offset=None):
-    """Returns the DataDir of data_dir: what it holds, found once; DataError when it holds nothing known.
-
-    validation_percent: bare class folders' held-out share (None: DEFAULT_VALIDATION_PERCENT); labels_offset:
-    other tools' records' (None: from evidence, onu_layouts). The error is one line saying what was looked for.
-    """
+    """Returns the DataDir of data_dir, found once; DataError when it holds nothing known. validation_percent None:
+    DEFAULT_VALIDATION_PERCENT; labels_offset (other tools' records) None: from evidence."""
     if not os.path.isdir(data_dir):
         raise missing_data_dir_error(data_dir)
     validation_percent = DEFAULT_VALIDATION_PERCENT if validation_percent is None else validation_percent
@@ -715,13 +706,8 @@ def _translated(info, error):
 
 @contextlib.contextmanager
 def read_errors_as_data_error(info):
-    """Re-raises the data errors of reading info through the input pipeline as one-line DataErrors.
-
-    A damaged record becomes a message naming the shard and what is wrong; a label outside the classes one
-    naming --labels_offset; a record without the first one's keys one naming them; a photo that does not decode
-    one naming it and why. Other errors pass. Wrap the loop that runs the graph built from onu_input's pipelines
-    of info.
-    """
+    """Re-raises the data errors of running onu_input's pipelines of info (damaged records, labels outside the
+    classes, records without the first one's keys, photos that do not decode) as one-line DataErrors."""
     try:
         yield
     except Exception as error:  # TensorFlow's errors: the caller's process has imported it
