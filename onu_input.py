@@ -128,11 +128,8 @@ def augmentation_named(name):
 # Decoding and preprocessing: one image at a time, usable in tf.data maps and tf.map_fn.
 
 def decode_image_bytes(encoded, at_least=None):
-    """Returns the uint8 [height, width, 3] RGB image of JPEG/PNG/GIF/BMP bytes.
-
-    at_least: None decodes exactly; a side length lets a JPEG decode at the smallest DCT scale keeping at least that
-    many pixels on its shorter side (much cheaper, slightly different pixels: training only).
-    """
+    """Returns the uint8 [height, width, 3] RGB image of JPEG/PNG/GIF/BMP bytes; at_least (a side length, training
+    only): decode a JPEG at the smallest DCT scale keeping that many pixels on its shorter side."""
     if at_least is None:
         # INTEGER_ACCURATE is the IDCT Pillow uses, so encoded records and files match raw records
         # exactly; TensorFlow's default (INTEGER_FAST) is about 1/255 off on average.
@@ -234,8 +231,7 @@ def distortion_params(draws):
 
 
 def rotation_transforms(angles, height, width):
-    """Returns [batch, 8] ImageProjectiveTransform rows rotating each image by its angle about its centre: each maps
-    an output pixel to the input point it samples, input = centre + R(angle) (output - centre)."""
+    """Returns [batch, 8] ImageProjectiveTransform rows: input = centre + R(angle) (output - centre), per image."""
     cos, sin = tf.cos(angles), tf.sin(angles)
     centre_x, centre_y = (width - 1.0) / 2.0, (height - 1.0) / 2.0
     zeros = tf.zeros_like(angles)
@@ -361,8 +357,7 @@ def _compiled_augmentation(options):
 
 
 def augment_batch(images, draws, augment=True):
-    """Returns uint8 [batch, size, size, 3] images augmented per image by their [batch, NUM_DRAWS] draws (random_draws):
-    float32 in [-1, 1]; the same in the pipeline and on the model's device."""
+    """Returns uint8 [batch, size, size, 3] images augmented by their [batch, NUM_DRAWS] draws, float32 in [-1, 1]."""
     images = tf.convert_to_tensor(images)
     if images.dtype != tf.uint8:
         raise ValueError(f'expected uint8 images, got {images.dtype.name}')
@@ -392,8 +387,7 @@ def _photo_order(num_files, training, seed):
 
 
 def _read_photo(info, at_least):
-    """Returns read(index) -> a dataset of the (upright uint8 image, int32 label, file name) of photo `index` of info,
-    or an onu_dataset.UNDECODABLE_PHOTO error naming it."""
+    """Returns read(index) -> a dataset of photo `index`'s (upright uint8 image, int32 label, file name)."""
     paths = tf.constant(info.files)
     labels = tf.constant(info.labels, tf.int32)
     orientations = tf.constant(info.orientations, tf.int32)
@@ -525,13 +519,9 @@ def decoded_epoch_bytes(num_examples, image_size):
 
 
 def _decoded_examples(info, image_size, reduced_decode, seed, repeat):
-    """Returns shuffled (uint8 [size, size, 3] image, label) training examples decoded from info: one epoch, or
-    endless (repeat)."""
-    at_least = image_size if reduced_decode else None
-    if info.data_format == 'images':
-        examples = _decoded_files(info, True, seed, at_least=at_least, repeat=repeat)
-    else:
-        examples = _decoded_records(info, True, seed, at_least=at_least, repeat=repeat)
+    """Returns shuffled (uint8 [size, size, 3] image, label) training examples of info: one epoch, or endless."""
+    decoded = _decoded_files if info.data_format == 'images' else _decoded_records
+    examples = decoded(info, True, seed, at_least=image_size if reduced_decode else None, repeat=repeat)
     return examples.map(lambda image, label, name: (resize_for_training(image, image_size), label),
                         num_parallel_calls=tf.data.AUTOTUNE, deterministic=seed is not None)
 
@@ -544,11 +534,8 @@ def training_examples(info, image_size, cache, seed=None, reduced_decode=False):
 
 @_pipeline
 def training_batches(info, batch_size, image_size, cache, seed=None, reduced_decode=False, augment=None):
-    """Returns endless shuffled training batches of info (a static batch size; seed makes them reproducible).
-
-    augment: the AugmentOptions applied here: batches of (images in [-1, 1], labels); None: batches of (uint8 images,
-    labels, draws) for augment_batch on the model's device (--augment_on=model).
-    """
+    """Returns endless shuffled training batches of info: (images in [-1, 1], labels) augmented by augment, or with
+    augment None, (uint8 images, labels, draws) for augment_batch on the model's device (--augment_on=model)."""
     batches = training_examples(info, image_size, cache, seed, reduced_decode).batch(batch_size, drop_remainder=True)
 
     def with_draws(batch, batch_seed):
@@ -567,10 +554,8 @@ def training_batches(info, batch_size, image_size, cache, seed=None, reduced_dec
 def eval_batches(info, batch_size, image_size, with_filenames=False):
     """Returns the eval batches of (images, labels[, file names]) of info: each example once, in order, then the end
     (the final batch may be smaller: the batch dimension is None)."""
-    if info.data_format == 'images':
-        examples = _decoded_files(info, False, None, repeat=False)
-    else:
-        examples = _decoded_records(info, False, None)
+    decoded = _decoded_files if info.data_format == 'images' else _decoded_records
+    examples = decoded(info, False, None, repeat=False)
 
     def preprocessed(image, label, name):
         example = (preprocess_for_eval(image, image_size), label)
@@ -588,10 +573,7 @@ MAX_RECORDS_PER_SHARD = 2**24  # an example's key is shard draw * this + its ind
 
 def _service_examples(info, image_size, seed, reduced_decode, num_epochs=None):
     """Returns the (resized uint8 image, label, example key) the service's workers make: endless, or num_epochs epochs.
-
-    The dispatcher hands out draws of units (SERVICE_PHOTOS_PER_UNIT photos of an epoch's order, or shards) one at a
-    time, so each unit goes to one worker once per epoch. The key, unique in its epoch, seeds the batch's draws.
-    """
+    The dispatcher hands each draw of a unit (photos, or a shard) to one worker; the key seeds the batch's draws."""
     at_least = image_size if reduced_decode else None
     if info.data_format == 'images':
         num_files = len(info.files)
@@ -679,8 +661,7 @@ PIPELINE_MODEL_OPS = 'onu_input_pipeline_models'
 
 
 def next_batch(dataset):
-    """Returns the tensors of a one-shot iterator over dataset, on PIPELINE_DEVICE (its tf.data model's op goes to
-    PIPELINE_MODEL_OPS)."""
+    """Returns the tensors of a one-shot iterator over dataset, its tf.data model's op in PIPELINE_MODEL_OPS."""
     with tf.device(PIPELINE_DEVICE):
         iterator = tf.compat.v1.data.make_one_shot_iterator(dataset)
         # pylint: disable=protected-access  (the v1 iterator's resource: the one handle to its tf.data model)
@@ -698,8 +679,7 @@ class PipelineWork:
 
 
 def pipeline_work(serialized_models):
-    """Returns the PipelineWork of the input pipelines from their serialized tf.data models (the values of
-    PIPELINE_MODEL_OPS)."""
+    """Returns the PipelineWork of the input pipelines from the values of PIPELINE_MODEL_OPS."""
     node_seconds, batches = {}, 0
     for pipeline, serialized in enumerate(serialized_models):
         model = model_pb2.ModelProto.FromString(serialized)

@@ -293,8 +293,7 @@ def _converted_payload(image_bytes, features, source, record_format):
 
 
 def convert_foreign_record(task, source, record_format):
-    """Worker: the ConvertedImage (no class name yet, or a skip reason) of a task (serialized record, <shard>#<index>)
-    of another tool's records."""
+    """Worker: the ConvertedImage (no class name yet) of a task: (serialized record of another tool, its name)."""
     serialized, name = task
     where = os.path.join(source.folder, name)
     try:
@@ -331,8 +330,7 @@ def _foreign_records(record_set):
 
 
 def _convert_record_split(record_set, output_dir, record_format, options, pool, skipped):
-    """Writes the shards of one split of another tool's records in record_format, in their order (readers shuffle);
-    returns (entry, image sizes)."""
+    """Writes one split of another tool's records in record_format, in their order; returns (entry, image sizes)."""
     growth = 12 if record_format == 'raw' and record_set.data_format == 'encoded' else 1  # pixels vs JPEG bytes
     num_shards = options['num_shards'] or math.ceil(record_set.record_bytes * growth / TARGET_SHARD_BYTES)
     num_shards = max(1, min(num_shards, record_set.num_examples))
@@ -551,8 +549,7 @@ def _unreadable(skipped):
 
 
 def _list_inputs(data, splits, strict):
-    """(class names, {split: (images, skipped)}, skipped as manifest entries), without splits that have no image
-    (said); DataError on any skip if strict."""
+    """(class names, {split with images: (images, skipped)}, skipped manifest entries); DataError if strict skips."""
     data_dir, validation_percent = data.path, data.validation_percent
     class_names = data.photo_class_names()
     listings = {split: onu_dataset.list_split_images(data_dir, split, class_names, validation_percent)

@@ -149,8 +149,7 @@ def split_dir(data_dir, split):
 
 
 def bare_class_folders(entries):
-    """The visible subfolders among data_dir's entries (os.scandir) that would be classes of bare class folders (not
-    tfrecords/)."""
+    """The visible subfolders but tfrecords/ among data_dir's entries (os.scandir): bare class folders' classes."""
     return [name for name in visible_subdirs(entries) if name != RECORDS_SUBDIR]
 
 
@@ -250,8 +249,7 @@ def skipped_line(reasons, total, full_list):
 
 
 def _write_skipped_list(data_dir, split, skipped):
-    """Writes the (path, reason) of the photos of split left out of images mode to a file in the cache; returns its
-    path, or why it could not be written."""
+    """Writes split's skipped (path, reason) pairs to a file in the cache; returns its path, or why it was not."""
     path = os.path.join(onu_files.cache_dir(), 'skipped', f'{onu_files.folder_key(data_dir)}-{split}.txt')
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -270,8 +268,7 @@ def cached_records_dir(data_dir):
 
 
 def records_dirs(data_dir):
-    """The folders holding this repo's records of data_dir (a manifest), in order: data_dir itself,
-    data_dir/tfrecords, and its folder in the cache (where records of a read-only data_dir go)."""
+    """The folders holding a manifest of data_dir's records, in order: data_dir, data_dir/tfrecords, the cache's."""
     return [candidate for candidate in (data_dir, os.path.join(data_dir, RECORDS_SUBDIR), cached_records_dir(data_dir))
             if os.path.isfile(os.path.join(candidate, MANIFEST_FILENAME))]
 
@@ -669,8 +666,7 @@ def find_damaged_shards(info):
 
 
 def _asserted_number(sign, message):
-    """Returns the number an error of onu_input's checks starting with sign (LABEL_OUT_OF_RANGE, UNDECODABLE_PHOTO)
-    holds, or None if message is another error's."""
+    """Returns the number an error of onu_input's check starting with sign holds, or None for another error."""
     match = re.search(re.escape(sign) + r'\]\s*\[(-?\d+)\]', str(message))
     return int(match.group(1)) if match else None
 

@@ -292,8 +292,7 @@ def _record_group(layout, folder, split, names):
 
 
 def _folder_state(data_dir, entries):
-    """What finding records in data_dir (entries: its listing) depends on: its own and its subfolders' modification
-    times."""
+    """What finding records in data_dir depends on: its own and its subfolders' modification times."""
     return tuple((entry.name, entry.stat().st_mtime_ns) for entry in entries if entry.is_dir()) + (
         os.stat(data_dir).st_mtime_ns,)
 

@@ -222,8 +222,7 @@ def count_records(path, compression):
 
 
 def read_records(path, compression):
-    """Yields the payload of each record of a TFRecord file, in order, its CRC checked; DamagedRecord (naming the
-    record) for a damaged payload or length header, or a file cut short, instead of yielding it."""
+    """Yields the payload of each record of a TFRecord file, CRC checked; DamagedRecord where the file is not whole."""
     yield from _walk(path, compression, read=True, verify=True)
 
 
@@ -236,8 +235,7 @@ def first_record(path, compression):
 
 
 def write_record(file, parts):
-    """Writes one record to the binary file whose payload is the parts (bytes-like) one after the other, without
-    joining them: a large payload is not copied."""
+    """Writes one record whose payload is the parts (bytes-like), not joined (not copied), to the binary file."""
     length = sum(memoryview(part).nbytes for part in parts).to_bytes(LENGTH_BYTES, 'little')
     file.write(length + masked_crc32c(length).to_bytes(4, 'little'))
     for part in parts:
@@ -246,8 +244,7 @@ def write_record(file, parts):
 
 
 def write_records(path, payloads, compression='NONE'):
-    """Writes the payloads as a TFRecord file at path, as TensorFlow's TFRecordWriter does (GZIP or ZLIB: the whole
-    stream compressed); returns how many were written."""
+    """Writes the payloads as a TFRecord file at path, as TensorFlow's TFRecordWriter does; returns their count."""
     count = 0
     with open(path, 'wb') as raw:
         compressed = (gzip.GzipFile(fileobj=raw, mode='wb') if compression == 'GZIP' else
