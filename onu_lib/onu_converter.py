@@ -264,10 +264,7 @@ class RecordSource:
 
 def _converted_payload(image_bytes, features, source, record_format):
     """(payload, payload format, width, height) of one record's image in record_format; UnreadableImage if unusable.
-
-    The pixels of reading the records as they are (RGB, no EXIF orientation, as the tools' readers do): encoded
-    images TensorFlow decodes are kept byte for byte, raw pixels become a lossless PNG of their own mode.
-    """
+    The pixels are those of reading the records as they are (RGB, no EXIF orientation, as the tools' readers do)."""
     if source.data_format == 'raw':
         height = features[source.height_key].values[0]
         width = features[source.width_key].values[0]
@@ -318,8 +315,7 @@ def convert_foreign_record(task, source, record_format):
 
 
 def _foreign_records(record_set):
-    """Yields (serialized record, <file>#<index>) of every record of record_set, in file order, each CRC checked;
-    DataError naming the file and the record at the first damaged one (never rewritten with a fresh CRC)."""
+    """Yields (serialized record, <file>#<index>) of each record of record_set; DataError at a damaged one."""
     for path in record_set.files:
         try:
             for index, serialized in enumerate(onu_tfrecord.read_records(path, record_set.compression)):

@@ -203,8 +203,7 @@ def find_class_names(data_dir):
 
 
 def list_split_images(data_dir, split, class_names, validation_percent=DEFAULT_VALIDATION_PERCENT):
-    """(images, skipped) of one split (bare class folders: the files split_of puts in it): ImageInfos sorted by
-    (label, path) and (path, reason) pairs."""
+    """(ImageInfos sorted by (label, path), (path, reason) pairs of skipped files) of one split."""
     bare = not has_split_folders(data_dir)
     images, skipped = [], []
     for label, class_name in enumerate(class_names):
@@ -396,8 +395,7 @@ class DatasetInfo:
 
 @dataclasses.dataclass(frozen=True)
 class DataDir:
-    """What a data folder holds (describe): its layout, this repo's records and other tools' records in it, and the
-    split and labels offset asked for where the data leaves them open."""
+    """What a data folder holds (describe): its layout and records, and the split and labels offset asked for."""
     path: str
     layout: str
     validation_percent: float         # bare class folders: the share held out for val
@@ -420,8 +418,7 @@ class DataDir:
         return tuple(fmt for fmt in RECORD_FORMATS if fmt in formats)
 
     def records_dir(self, data_format=None):
-        """Where this repo's records of the folder are: the first records folder whose manifest lists data_format
-        (None: any); data_dir/tfrecords if none does."""
+        """The first records folder whose manifest lists data_format (None: any); data_dir/tfrecords if none does."""
         for records_dir, manifest in self.manifests:
             if data_format is None or any(data_format in formats for formats in manifest.get('splits', {}).values()):
                 return records_dir
@@ -491,8 +488,7 @@ class DataDir:
         return [split for split in SPLITS if self.layout == CLASS_FOLDERS or os.path.isdir(split_dir(self.path, split))]
 
     def source_paths(self):
-        """Paths of what conversion reads, sorted: other tools' record files and the files that name their classes
-        or count them, or the class folders and their entries."""
+        """Paths of what conversion reads, sorted: other tools' files, or the class folders and their entries."""
         if self.foreign is not None:
             return self.foreign.source_paths()
         paths = []

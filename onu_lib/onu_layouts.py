@@ -171,8 +171,7 @@ LAYOUT_NAMES = tuple(layout.name for layout in RECORD_LAYOUTS)
 
 
 def _check_layouts_exclusive(layouts):
-    """ValueError when a layout's sample files match another layout's pattern: which one is found would then depend
-    on the registry's order (or when two layouts share a name)."""
+    """ValueError when two layouts share a name, or a layout's sample files match another layout's pattern."""
     names = [layout.name for layout in layouts]
     if len(set(names)) != len(names):
         raise ValueError(f'record layouts share a name: {names}')
@@ -685,8 +684,7 @@ class ForeignRecords:
                          record_bytes=sum(os.path.getsize(path) for path in files))
 
     def source_paths(self):
-        """Paths of what converting these records reads, sorted: the record files, and the files beside them that
-        name their classes or count them."""
+        """Paths of what converting these records reads, sorted: the record files, their names and counts files."""
         beside = [os.path.join(self.folder, name) for name in self.layout.names_files
                   + ((self.layout.counts_file.name,) if self.layout.counts_file else ())]
         return sorted([path for group in self.groups for path in group.files]

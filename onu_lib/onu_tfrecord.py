@@ -168,8 +168,7 @@ class DamagedRecord(Exception):
 
 
 def _next_frame(stream, index):
-    """(payload length, None) of the next record of stream, leaving it at the payload; (None, problem or None for a
-    clean end) at the end."""
+    """(payload length, None) of the next record, the stream left at its payload; (None, problem or None) at the end."""
     header = stream.read(HEADER_BYTES)
     if not header:
         return None, stream.error
@@ -465,8 +464,7 @@ def _feature_message(values):
 
 
 def serialize_example(features):
-    """A serialized tf.train.Example of {key: value or list of values} (bytes/str, int or float), keys sorted as
-    TensorFlow's deterministic serialization orders them."""
+    """A serialized tf.train.Example of {key: value or list of values} (bytes/str, int or float), keys sorted."""
     entries = [part for key in sorted(features)
                for part in _field(1, _field(1, [key.encode()]) + _field(2, _feature_message(features[key])))]
     return b''.join(_field(1, entries))
