@@ -430,8 +430,9 @@ def _remove_stale_temp_shards(output_dir):
 
 def default_output_dir(data):
     """Where a DataDir's records go: its records folder, or, if the folder is read-only, a folder in the cache (said)."""
-    output_dir = onu_dataset.writable_records_dir(data)
-    if output_dir != data.records_dir():
+    records_dir = data.records_dir()
+    output_dir = records_dir if onu_dataset.can_write_in(records_dir) else onu_dataset.cached_records_dir(data.path)
+    if output_dir != records_dir:
         print(f'{data.path} is read-only: writing its records to {output_dir} (found there by every script; '
               f'--output_dir chooses another place)', flush=True)
     return output_dir

@@ -632,12 +632,6 @@ def describe(data_dir, validation_percent=None, labels_offset=None):
                    manifests=manifests, foreign=foreign)
 
 
-def writable_records_dir(data):
-    """Where conversion writes a DataDir's records: its records folder, or cached_records_dir if that is read-only."""
-    records_dir = data.records_dir()
-    return records_dir if can_write_in(records_dir) else cached_records_dir(data.path)
-
-
 # ----------------------------------------------------------------------------------------------
 # The input pipeline's errors, said in one line naming the file and the fix
 

@@ -533,24 +533,21 @@ class ForeignRecords:
         if groups:
             return groups
         there = sorted({group.data_format for group in self.groups if group.split == split})
-        names = ' or '.join(SPLIT_NAMES[split])
         if there:
             raise DataError(f'{self.folder}: its {self.layout.name} records of {split} hold {" and ".join(there)} '
                             f'images, not {data_format}: use --data_format={there[0]}')
         raise DataError(f'{self.folder}: no {split} records among its {self.layout.name} files (looked for the '
-                        f'split names {names} in {self.layout.looks_like})')
+                        f'split names {" or ".join(SPLIT_NAMES[split])} in {self.layout.looks_like})')
 
     def _counts(self, groups):
         """Records per file of groups: TFDS's own counts, else the framing counted once; DataError for a cut file."""
-        counts = []
+        counts, counts_file = [], self.layout.counts_file
         for group in groups:
-            counts_file = self.layout.counts_file
             listed = (counts_file.read(os.path.join(self.folder, counts_file.name), self._tokens[group.split],
                                        len(group.files)) if counts_file else None)
-            if listed is not None:
-                counts += listed
-                continue
-            counts += [self._check_framing(path, group.compression) for path in group.files]
+            if listed is None:
+                listed = [self._check_framing(path, group.compression) for path in group.files]
+            counts += listed
         return counts
 
     def _check_framing(self, path, compression):
