@@ -661,7 +661,7 @@ PIPELINE_MODEL_OPS = 'onu_input_pipeline_models'
 
 
 def next_batch(dataset):
-    """Returns the tensors of a one-shot iterator over dataset, its tf.data model's op in PIPELINE_MODEL_OPS."""
+    """Returns dataset's next tensors from a one-shot iterator on PIPELINE_DEVICE (its model op: PIPELINE_MODEL_OPS)."""
     with tf.device(PIPELINE_DEVICE):
         iterator = tf.compat.v1.data.make_one_shot_iterator(dataset)
         # pylint: disable=protected-access  (the v1 iterator's resource: the one handle to its tf.data model)
