@@ -1,8 +1,6 @@
 """Converts a photo folder (DATA/train/<class>/*, DATA/val/<class>/*, or PHOTOS/<class>/* split by
---validation_percent), or the records another tool wrote (onu_layouts.py: the study's, TF-slim's,
-Inception/ImageNet's, TFDS's), into this repo's TFRecords, once for many trainings (the record kinds and
-their keys: see onu_converter.py). It prints a table with the size of the records against their source, and
-one line of the files it skipped.
+--validation_percent), or the records another tool wrote (onu_layouts.py), into this repo's TFRecords
+(onu_converter.py), once for many trainings; prints the records' size against their source and the files skipped.
 
     python convert_to_tfrecord.py                   # /tmp/onu_data, where onu_train.py looks
     python convert_to_tfrecord.py --data_dir=DATA --format=both

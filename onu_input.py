@@ -1,30 +1,21 @@
 """Bytes -> tensors for the ONU classifier (the CIFAR-10 tutorial's cifar10_input.py role).
 
-It takes a DatasetInfo (what one split holds: the files, their keys and labels, found by onu_dataset, which
-answers what a data folder holds) and turns its bytes into tensors: decode, resize, augment, batch, with tf.data
-inside the caller's tf.compat.v1 graph. It opens no folder and knows no layout. Three ways to feed the same photos:
+It turns the bytes of a DatasetInfo (one split, found by onu_dataset) into tensors with tf.data inside the caller's
+tf.compat.v1 graph: decode, resize, augment, batch. It opens no folder and knows no layout. Three ways to feed the
+same photos, all giving the same pixels (upright, RGB, same resize):
   images   the photo files, decoded at training time;
   raw      TFRecords of decoded pixels, read back with tf.io.decode_raw;
   encoded  TFRecords of the file bytes, decoded like the files.
-All three give the same pixels for the same photo: upright (EXIF applied), RGB, same resize.
 
-    info = onu_dataset.describe(data_dir).split('train', 'encoded')     # what to read, found once
+    info = onu_dataset.describe(data_dir).split('train', 'encoded')
     cache = onu_decoded_cache.MemoryCache(info.num_examples)            # where the decoded epoch is kept
     images, labels = distorted_inputs(training_batches(info, 32, 299, cache, augment=AugmentOptions.default()))
     images, labels = next_batch(eval_batches(onu_dataset.describe(data_dir).split('val', 'encoded'), 32, 299))
 
-Images are float32 [batch, size, size, 3] in [-1, 1] (what Inception checkpoints expect), labels
-int32 [batch]. preprocess_for_eval is the one eval/serving preprocessing; export reuses it with
-decode_image_bytes. Training decodes and resizes each photo to uint8, keeps the decoded epoch in
-memory when it fits, and augments whole batches with augment_batch (one XLA function, per-image
-draws; the augmentations are the entries of AUGMENTATIONS), in the pipeline or, with --augment_on=model,
-on the model's device:
-
-    batches = training_batches(info, 32, 299, cache)            # uint8 images, labels and draws, for the model
-    images, labels = distorted_inputs(batches, AugmentOptions.default())   # augmented in the caller's device scope
-
-A tf.data service's workers can make the same training batches (service_batches, for a ServiceJob) and the trainer
-only receives them.
+Images are float32 [batch, size, size, 3] in [-1, 1] (what Inception checkpoints expect), labels int32 [batch].
+preprocess_for_eval is the one eval/serving preprocessing. Training batches uint8 images and augments whole batches
+with augment_batch (the entries of AUGMENTATIONS), in the pipeline or, with augment=None and --augment_on=model, in
+distorted_inputs on the model's device. service_batches makes the same batches on a tf.data service's workers.
 """
 import dataclasses
 import functools
@@ -43,10 +34,8 @@ from onu_lib import onu_dataset  # the one constant of the label check, shared w
 ROTATION_FILL_VALUE = 0.5
 # Where an augmentation's op runs (augment_batch runs them in this order) and what it takes; parameters are
 # [batch], one per image, and weight is [batch, h, w, 1]: the share of each pixel the photo covers.
-#   geometry  op(x, y, parameters, height, width) -> (x, y): moves pixels, said as where each pixel it makes reads
-#             from: x and y are [batch, h, w] float column and row coordinates, of the pixels it makes in, of the
-#             pixels it reads out. The ops' maps are composed and the photo sampled once (bilinear), so what they
-#             uncover is known by construction (it becomes ROTATION_FILL_VALUE at the end).
+#   geometry  op(x, y, parameters, height, width) -> (x, y): maps the [batch, h, w] column and row coordinates of
+#             the pixels it makes to those it reads; the maps are composed and the photo sampled once (bilinear).
 #   hsv       op(channels, weight, parameters) -> channels: on {'hue', 'saturation', 'value'} ([batch, h, w]
 #             each), all such ops in one HSV round trip.
 #   rgb       op(images, weight, parameters) -> images: on float RGB in [0, 1], unclipped.
@@ -58,22 +47,17 @@ SHUFFLE_BUFFER_BYTES = 256 * 2**20
 MAX_SHUFFLE_BUFFER = 10000
 NUM_SUMMARY_IMAGES = 3
 PIPELINE_DEVICE = '/cpu:0'
-# Where training augmentation runs: in the tf.data pipeline, or in the training graph on the model's
-# device (the pipeline then ships resized uint8 images and the draws).
-AUGMENT_PLACEMENTS = ('input', 'model')
+AUGMENT_PLACEMENTS = ('input', 'model')  # where training augmentation runs: the tf.data pipeline, or the model's device
 # JPEG DCT scale divisors libjpeg decodes at (1 = full size).
 DCT_RATIOS = (1, 2, 4, 8)
-# Training keeps the resized uint8 images of one epoch in memory when they take at most this many
-# bytes: later epochs then skip reading and decoding and pay only for the augmentation.
+# Training keeps the decoded epoch in memory up to this many bytes: later epochs skip reading and decoding.
 DECODED_CACHE_BYTES = 2 * 2**30
 
 
 @dataclasses.dataclass(frozen=True)
 class Augmentation:
-    """One training augmentation (an entry of AUGMENTATIONS): its name, as --augmentations spells it; the range
-    [low, high] its per-image parameter is drawn from, uniformly; where its batched op runs (one of
-    AUGMENTATION_SPACES: an op that moves pixels is 'geometry', the others act on each pixel where it is) and the op;
-    and whether training applies it when --augmentations is not given."""
+    """One training augmentation: its --augmentations name, the uniform range of its per-image parameter, the
+    AUGMENTATION_SPACES entry its op runs in, the op, and whether it is on when --augmentations is not given."""
     name: str
     low: float
     high: float
@@ -144,12 +128,8 @@ def augmentation_named(name):
 # Decoding and preprocessing: one image at a time, usable in tf.data maps and tf.map_fn.
 
 def decode_image_bytes(encoded, at_least=None):
-    """Returns the uint8 [height, width, 3] RGB image of JPEG/PNG/GIF/BMP bytes.
-
-    at_least: None decodes exactly, at full size. A side length lets a JPEG decode at the smallest
-    DCT scale (1/2, 1/4, 1/8) whose shorter side still has at least that many pixels: much less
-    work, slightly different pixels, so only training uses it.
-    """
+    """Returns the uint8 [height, width, 3] RGB image of JPEG/PNG/GIF/BMP bytes; at_least (a side length, training
+    only): decode a JPEG at the smallest DCT scale keeping that many pixels on its shorter side."""
     if at_least is None:
         # INTEGER_ACCURATE is the IDCT Pillow uses, so encoded records and files match raw records
         # exactly; TensorFlow's default (INTEGER_FAST) is about 1/255 off on average.
@@ -196,8 +176,7 @@ def to_unit_range(image, image_size):
     image = tf.convert_to_tensor(image)
     if image.dtype != tf.uint8:
         raise ValueError(f'expected a uint8 image, got {image.dtype.name}')
-    # resize returns float32 in [0, 255] whatever it is given, so scale explicitly here:
-    # convert_image_dtype after resize would see float input and scale nothing (the study's bug).
+    # resize returns float32 in [0, 255] whatever it is given: convert_image_dtype after it would scale nothing.
     resized = tf.image.resize(image, [image_size, image_size], method='bilinear')
     return resized * (1.0 / 255.0)
 
@@ -237,17 +216,12 @@ def _per_pixel(parameters):
     return parameters[:, tf.newaxis, tf.newaxis, tf.newaxis]
 
 
-def _stream_seed(seed, augmentation):
-    """Returns the [2] seed of augmentation's draws for a batch's [2] int seed: its own stream."""
-    return tf.random.experimental.stateless_fold_in(seed, tf.constant(augmentation.stream, tf.int64))
-
-
 def random_draws(seed, batch_size):
     """Returns [batch_size, NUM_DRAWS] uniform draws in [0, 1) for a [2] int seed: one row per image, one column
     per augmentation of AUGMENTATIONS, each from its own stream, so adding one leaves the others' draws as they are."""
-    return tf.stack([tf.random.stateless_uniform([batch_size], seed=_stream_seed(seed, augmentation),
-                                                 minval=0.0, maxval=1.0)
-                     for augmentation in AUGMENTATIONS], axis=1)
+    streams = [tf.random.experimental.stateless_fold_in(seed, tf.constant(augmentation.stream, tf.int64))
+               for augmentation in AUGMENTATIONS]
+    return tf.stack([tf.random.stateless_uniform([batch_size], seed=stream) for stream in streams], axis=1)
 
 
 def distortion_params(draws):
@@ -257,11 +231,7 @@ def distortion_params(draws):
 
 
 def rotation_transforms(angles, height, width):
-    """Returns [batch, 8] ImageProjectiveTransform rows rotating each image by its angle about its centre.
-
-    Each row maps an output pixel (x, y) to the input point it samples:
-    input = centre + R(angle) (output - centre).
-    """
+    """Returns [batch, 8] ImageProjectiveTransform rows: input = centre + R(angle) (output - centre), per image."""
     cos, sin = tf.cos(angles), tf.sin(angles)
     centre_x, centre_y = (width - 1.0) / 2.0, (height - 1.0) / 2.0
     zeros = tf.zeros_like(angles)
@@ -270,14 +240,9 @@ def rotation_transforms(angles, height, width):
 
 
 def _sample_bilinear(images, x, y):
-    """Returns uint8 [b, h, w, 3] images sampled at [b, h, w] input coordinates (column x, row y), bilinear: the
-    colours as float RGB in [0, 1], and the share of each output pixel that falls inside the photo ([b, h, w, 1]).
-
-    As ImageProjectiveTransformV3 resamples, but the sample position is computed once per pixel (that op computes
-    it once per channel) and all four neighbours are gathered as RGB rows. A neighbour outside the image
-    contributes nothing to the colour; the coverage is the weight of the neighbours inside, so the caller blends in
-    the fill after the colour ops.
-    """
+    """Returns uint8 [b, h, w, 3] images sampled bilinearly at [b, h, w] input coordinates (column x, row y): the
+    colours as float RGB in [0, 1] (neighbours outside count nothing), and the share of each output pixel inside
+    the photo ([b, h, w, 1]), so the caller blends in the fill after the colour ops."""
     shape = tf.shape(images)
     batch, height, width = shape[0], shape[1], shape[2]
     x_floor, y_floor = tf.floor(x), tf.floor(y)
@@ -334,9 +299,8 @@ def _scale_contrast(images, weight, factors):
     return (images - mean) * _per_pixel(factors) + mean
 
 
-# The training augmentations, in --augmentations' order. A new one is an entry here: the flag, AugmentOptions,
-# the draws (a column each, from its own seed stream) and the tests follow from it; benchmark_baselines says in
-# one line that it needs its own version there.
+# The training augmentations, in --augmentations' order. A new one is an entry here: the flag, AugmentOptions, the
+# draws and the tests follow from it (benchmark_baselines says if it needs its own version there).
 AUGMENTATIONS = (
     Augmentation('saturation', 0.8, 1.2, 'hsv', _scale_saturation),  # factor
     Augmentation('brightness', -32.0 / 255.0, 32.0 / 255.0, 'rgb', _shift_brightness),  # delta on [0, 1]
@@ -387,20 +351,13 @@ def _augment_batch(images, draws, options):
 @functools.lru_cache(maxsize=None)
 def _compiled_augmentation(options):
     """Returns _augment_batch for options as one XLA-compiled function (CPU or GPU alike)."""
-    # XLA fuses the dozen per-pixel steps into a few loops over the batch: on CPU about 3x less
-    # time than running them as separate TensorFlow kernels, each of which reads and writes the batch.
-    # autograph=False: plain TensorFlow ops, nothing to convert (AutoGraph's conversion costs seconds at start-up).
+    # XLA fuses the dozen per-pixel steps into a few loops instead of one kernel pass over the batch each.
     return tf.function(lambda images, draws: _augment_batch(images, draws, options), jit_compile=True,
                        autograph=False)
 
 
 def augment_batch(images, draws, augment=True):
-    """Returns uint8 [batch, size, size, 3] images augmented per image by their draws: float32 in [-1, 1].
-
-    draws: [batch, NUM_DRAWS] uniform in [0, 1) (random_draws), one row of parameters per image.
-    The same function runs in the input pipeline (--augment_on=input) and on the model's device
-    (--augment_on=model), so both give the same images for the same draws.
-    """
+    """Returns uint8 [batch, size, size, 3] images augmented by their [batch, NUM_DRAWS] draws, float32 in [-1, 1]."""
     images = tf.convert_to_tensor(images)
     if images.dtype != tf.uint8:
         raise ValueError(f'expected uint8 images, got {images.dtype.name}')
@@ -414,10 +371,8 @@ def add_input_summary(images):
 
 
 # ----------------------------------------------------------------------------------------------
-# Images mode. The listing (onu_dataset) left out what it can tell will not decode; a photo that still fails
-# (damaged inside, or changed since) stops the pipeline with an error naming it, never a silent gap in an epoch.
-# Position p of epoch e is photo order(e, p) (_photo_order: the listing's order for eval, a fresh permutation each
-# epoch for training).
+# Images mode. A photo that fails to decode (damaged inside, or changed since the listing) stops the pipeline with
+# an error naming it, never a silent gap in an epoch. Position p of epoch e is photo order(e, p) (_photo_order).
 
 def _photo_order(num_files, training, seed):
     """Returns (epoch, positions) -> file indices: the listing's order, or a permutation per epoch."""
@@ -432,8 +387,7 @@ def _photo_order(num_files, training, seed):
 
 
 def _read_photo(info, at_least):
-    """Returns read(index) -> a dataset of the one (upright uint8 image, int32 label, file name) of photo `index` of
-    info (at_least: decode_image_bytes's), or an onu_dataset.UNDECODABLE_PHOTO error naming the file."""
+    """Returns read(index) -> a dataset of photo `index`'s (upright uint8 image, int32 label, file name)."""
     paths = tf.constant(info.files)
     labels = tf.constant(info.labels, tf.int32)
     orientations = tf.constant(info.orientations, tf.int32)
@@ -456,8 +410,7 @@ def _read_photo(info, at_least):
 
 
 def _photo_unit(info, order, epoch, first, end, at_least=None):
-    """Returns the photos at positions [first, end) of epoch's order, in order: (upright uint8 image, label, file
-    name, position)."""
+    """Returns (upright uint8 image, label, file name, position) of positions [first, end) of epoch's order."""
     read = _read_photo(info, at_least)
     epoch = tf.cast(epoch, tf.int64)
 
@@ -468,11 +421,8 @@ def _photo_unit(info, order, epoch, first, end, at_least=None):
 
 
 def _decoded_files(info, training, seed, at_least=None, repeat=True):
-    """Returns a dataset of (uint8 image, int32 label, file name) from the image files of info.
-
-    The file name is relative to the data dir, as records store it. at_least: decode JPEGs at a reduced scale down
-    to this side (decode_image_bytes); repeat: a new permutation per epoch forever (training), else one epoch.
-    """
+    """Returns a dataset of (uint8 image, int32 label, file name relative to the data dir) from the image files of
+    info: repeat, a new permutation per epoch forever (training), else one epoch."""
     num_files = len(info.files)
     order = _photo_order(num_files, training, seed)
     epochs = tf.data.Dataset.counter() if repeat else tf.data.Dataset.range(1)
@@ -484,27 +434,19 @@ def _decoded_files(info, training, seed, at_least=None, repeat=True):
 # Record modes.
 
 def _raw_pixels(features, info):
-    """Returns the uint8 [h, w, 3] image of a raw record: 1 byte per pixel is grey, 4 is RGBA (alpha dropped).
-
-    The channels come from the byte count (the data description checked it fits height x width x 1, 3 or 4).
-    """
+    """Returns the uint8 [h, w, 3] image of a raw record (channels from the byte count): grey replicated, no alpha."""
     height, width = features[info.height_key], features[info.width_key]
     pixels = tf.io.decode_raw(features[info.image_key], tf.uint8)
     channels = tf.size(pixels, out_type=tf.int64) // tf.maximum(height * width, 1)
     image = tf.reshape(pixels, tf.stack([height, width, channels]))
-    # Index 0: grey, replicated as Pillow's convert('RGB') does; 1: RGB as it is; 2: RGBA without its alpha.
     image = tf.switch_case(tf.cast(tf.minimum(channels // 2, 2), tf.int32), [
         lambda: tf.tile(image, [1, 1, 3]), lambda: image, lambda: image[:, :, :3]])
     return tf.ensure_shape(image, [None, None, 3])
 
 
 def _parse_record(serialized, info, at_least=None, record_name=''):
-    """Returns (uint8 image, int32 class, file name) of one record of info (at_least: decode_image_bytes's).
-
-    The keys are info's (this repo's, or those another tool wrote); class = stored label - info.labels_offset,
-    checked to be one of the classes (a LABEL_OUT_OF_RANGE error otherwise). A record that names no file
-    is named record_name.
-    """
+    """Returns (uint8 image, int32 class, file name or record_name) of one record of info; class = stored label -
+    info.labels_offset, a LABEL_OUT_OF_RANGE error when it is not one of the classes."""
     spec = {info.image_key: tf.io.FixedLenFeature([], tf.string),
             info.label_key: tf.io.FixedLenFeature([], tf.int64)}
     if info.filename_key:
@@ -533,12 +475,8 @@ def _shuffle_buffer_size(info):
 
 
 def _decoded_records(info, training, seed, at_least=None, repeat=True):
-    """Returns a dataset of (uint8 image, int32 label, file name) from the record shards of info.
-
-    Training interleaves the shards in a shuffled order (a new one each epoch; forever when
-    repeat) and shuffles records in a buffer, in an order a seed repeats; eval reads the shards one after the other,
-    in the order info lists them in. at_least: decode_image_bytes's.
-    """
+    """Returns a dataset of (uint8 image, int32 label, file name) from the record shards of info: training
+    interleaves shuffled shards (forever when repeat) and shuffles records; eval reads them in info's order."""
     if training:
         deterministic = seed is not None
         files = tf.data.Dataset.from_tensor_slices(list(info.files))
@@ -553,8 +491,7 @@ def _decoded_records(info, training, seed, at_least=None, repeat=True):
         return records.map(lambda record: _parse_record(record, info, at_least),
                            num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
 
-    def named_records(path, prefix):
-        """The records of one shard, each with the name <prefix><index> for records that name no file."""
+    def named_records(path, prefix):  # each record with <prefix><index>, its name if it names no file
         return tf.data.TFRecordDataset(path, compression_type=info.compression_type).enumerate().map(
             lambda index, record: (record, prefix + tf.strings.as_string(index)))
     records = tf.data.Dataset.from_tensor_slices((list(info.files), list(info.record_name_prefixes)))
@@ -565,8 +502,7 @@ def _decoded_records(info, training, seed, at_least=None, repeat=True):
 
 # ----------------------------------------------------------------------------------------------
 # Pipelines: training examples and batches, eval batches. A dataset is built on PIPELINE_DEVICE and not converted by
-# AutoGraph: its functions are plain TensorFlow ops (tf.cond, not Python if), and converting its dozens of functions
-# would cost seconds at every start-up.
+# AutoGraph: its functions are plain TensorFlow ops (tf.cond, not Python if), and converting them slows start-up.
 
 def _pipeline(build):
     """Returns build (a function that builds a dataset) building on PIPELINE_DEVICE, without AutoGraph."""
@@ -583,35 +519,23 @@ def decoded_epoch_bytes(num_examples, image_size):
 
 
 def _decoded_examples(info, image_size, reduced_decode, seed, repeat):
-    """Returns shuffled (uint8 [size, size, 3] image, label) training examples decoded from info: one epoch, or
-    endless (repeat). reduced_decode: decode JPEGs at a reduced DCT scale (decode_image_bytes)."""
-    at_least = image_size if reduced_decode else None
-    if info.data_format == 'images':
-        examples = _decoded_files(info, True, seed, at_least=at_least, repeat=repeat)
-    else:
-        examples = _decoded_records(info, True, seed, at_least=at_least, repeat=repeat)
+    """Returns shuffled (uint8 [size, size, 3] image, label) training examples of info: one epoch, or endless."""
+    decoded = _decoded_files if info.data_format == 'images' else _decoded_records
+    examples = decoded(info, True, seed, at_least=image_size if reduced_decode else None, repeat=repeat)
     return examples.map(lambda image, label, name: (resize_for_training(image, image_size), label),
                         num_parallel_calls=tf.data.AUTOTUNE, deterministic=seed is not None)
 
 
 def training_examples(info, image_size, cache, seed=None, reduced_decode=False):
-    """Returns endless shuffled (uint8 [size, size, 3] image, int32 label) training examples of info.
-
-    cache: where the decoded epoch is kept (onu_decoded_cache's memory, disk or none): its training_examples turns
-    the decoded examples into these. reduced_decode: decode JPEGs at a reduced DCT scale: cheaper, but the pixels
-    differ from eval's (see README).
-    """
+    """Returns endless shuffled (uint8 [size, size, 3] image, int32 label) training examples of info, through cache
+    (onu_decoded_cache's memory, disk or none). reduced_decode: decode at a reduced DCT scale (see README)."""
     return cache.training_examples(functools.partial(_decoded_examples, info, image_size, reduced_decode), seed)
 
 
 @_pipeline
 def training_batches(info, batch_size, image_size, cache, seed=None, reduced_decode=False, augment=None):
-    """Returns endless training batches of info: shuffled, a static batch size, each image with its own draws.
-
-    augment: the AugmentOptions applied here, in the pipeline: batches of (images in [-1, 1], labels); None: batches
-    of (uint8 images, labels, draws) for augment_batch on the model's device (--augment_on=model). seed: makes the
-    order and the augmentations reproducible. cache, reduced_decode: training_examples'.
-    """
+    """Returns endless shuffled training batches of info: (images in [-1, 1], labels) augmented by augment, or with
+    augment None, (uint8 images, labels, draws) for augment_batch on the model's device (--augment_on=model)."""
     batches = training_examples(info, image_size, cache, seed, reduced_decode).batch(batch_size, drop_remainder=True)
 
     def with_draws(batch, batch_seed):
@@ -628,16 +552,10 @@ def training_batches(info, batch_size, image_size, cache, seed=None, reduced_dec
 
 @_pipeline
 def eval_batches(info, batch_size, image_size, with_filenames=False):
-    """Returns the eval batches of info's split: each example once, in order, with the eval preprocessing, then the
-    end; the final batch may be smaller, so the batch dimension is None.
-
-    Batches of (images, labels), or with_filenames: (images, labels, file names relative to the data dir, or
-    <shard>#<index> for records that name none).
-    """
-    if info.data_format == 'images':
-        examples = _decoded_files(info, False, None, repeat=False)
-    else:
-        examples = _decoded_records(info, False, None)
+    """Returns the eval batches of (images, labels[, file names]) of info: each example once, in order, then the end
+    (the final batch may be smaller: the batch dimension is None)."""
+    decoded = _decoded_files if info.data_format == 'images' else _decoded_records
+    examples = decoded(info, False, None, repeat=False)
 
     def preprocessed(image, label, name):
         example = (preprocess_for_eval(image, image_size), label)
@@ -654,14 +572,8 @@ MAX_RECORDS_PER_SHARD = 2**24  # an example's key is shard draw * this + its ind
 
 
 def _service_examples(info, image_size, seed, reduced_decode, num_epochs=None):
-    """Returns the dataset of (resized uint8 image, label, example key) the service's workers make: endless, or
-    num_epochs epochs.
-
-    Its source is a counter of draws of units (runs of SERVICE_PHOTOS_PER_UNIT positions of an epoch's photo order
-    in images mode, shards in record modes): the dispatcher hands the draws out one at a time (processing mode
-    distributed_epoch), so every unit goes to one worker once per epoch. The key, unique to an example in its epoch,
-    seeds the batch's augmentation (all workers run the same graph and seed).
-    """
+    """Returns the (resized uint8 image, label, example key) the service's workers make: endless, or num_epochs epochs.
+    The dispatcher hands each draw of a unit (photos, or a shard) to one worker; the key seeds the batch's draws."""
     at_least = image_size if reduced_decode else None
     if info.data_format == 'images':
         num_files = len(info.files)
@@ -702,8 +614,7 @@ def _unit_draws(num_units, num_epochs):
 
 
 def _quantized(images):
-    """Returns augmented [-1, 1] images as uint8 for the network: a quarter of float32's bytes to send and receive
-    (at 299x299 that was most of the trainer's CPU per image), within half a grey level of them."""
+    """Returns augmented [-1, 1] images as uint8 (within half a grey level): a quarter of float32's bytes to send."""
     return tf.cast(tf.round((tf.clip_by_value(images, -1.0, 1.0) + 1.0) * 127.5), tf.uint8)
 
 
@@ -714,9 +625,8 @@ def _dequantized(images):
 
 @dataclasses.dataclass(frozen=True)
 class ServiceJob:
-    """Where a tf.data service makes training batches: its dispatcher's address (grpc://HOST:PORT); the name of the
-    job trainers share (one epoch among them: a cluster's workers), None for this trainer's own; and the job's epochs
-    (None: endless, as training)."""
+    """Where a tf.data service makes training batches: its dispatcher's grpc://HOST:PORT; the job name trainers share
+    (None: this trainer's own); the job's epochs (None: endless)."""
     address: str
     name: str = None
     num_epochs: int = None
@@ -724,13 +634,8 @@ class ServiceJob:
 
 @_pipeline
 def service_batches(info, batch_size, image_size, job, seed=None, reduced_decode=False, augment=None):
-    """Returns training_batches' batches of info (augment: the same), made by the workers of the tf.data service job
-    (a ServiceJob).
-
-    The workers read, decode, resize, batch, draw and (augment) augment; the trainer receives uint8 batches: augmented
-    and rounded to uint8 (_quantized), or resized with their draws. No decoded-epoch cache (a worker sees only its
-    share of each epoch), and nothing a worker cannot run (no py_function).
-    """
+    """Returns training_batches' batches of info, made by the workers of a ServiceJob: they arrive as uint8 (augmented
+    and _quantized, or with their draws); no decoded-epoch cache (a worker sees only its share of an epoch)."""
     seed = 0 if seed is None else seed
     examples = _service_examples(info, image_size, seed, reduced_decode, job.num_epochs)
 
@@ -751,14 +656,12 @@ def service_batches(info, batch_size, image_size, job, seed=None, reduced_decode
     return batches.prefetch(tf.data.AUTOTUNE)
 
 
-# Graph collection of the ops that serialize each input iterator's tf.data model (next_batch): its nodes'
-# processing times, the work the pipeline has done so far (pipeline_work).
+# Graph collection of the ops that serialize each input iterator's tf.data model (next_batch, for pipeline_work).
 PIPELINE_MODEL_OPS = 'onu_input_pipeline_models'
 
 
 def next_batch(dataset):
-    """Returns the tensors of a one-shot iterator over dataset, on PIPELINE_DEVICE (its tf.data model's op goes to
-    PIPELINE_MODEL_OPS)."""
+    """Returns dataset's next tensors from a one-shot iterator on PIPELINE_DEVICE (its model op: PIPELINE_MODEL_OPS)."""
     with tf.device(PIPELINE_DEVICE):
         iterator = tf.compat.v1.data.make_one_shot_iterator(dataset)
         # pylint: disable=protected-access  (the v1 iterator's resource: the one handle to its tf.data model)
@@ -776,8 +679,7 @@ class PipelineWork:
 
 
 def pipeline_work(serialized_models):
-    """Returns the PipelineWork of the input pipelines from their serialized tf.data models (the values of
-    PIPELINE_MODEL_OPS)."""
+    """Returns the PipelineWork of the input pipelines from the values of PIPELINE_MODEL_OPS."""
     node_seconds, batches = {}, 0
     for pipeline, serialized in enumerate(serialized_models):
         model = model_pb2.ModelProto.FromString(serialized)
@@ -788,20 +690,15 @@ def pipeline_work(serialized_models):
 
 
 def work_between(before, after):
-    """Returns (seconds of pipeline work, batches made) between two PipelineWorks.
-
-    A node's work counts by how much it grew; a node made in between (an epoch's or a shard's dataset) counts all
-    it did, and one gone in between (its epoch ended) nothing more: a node's time never counts against the rest,
-    so the figure is never negative. Between readings far apart, sum those of the readings in between.
-    """
+    """Returns (seconds of pipeline work, batches made) between two PipelineWorks: what each node grew by (a node
+    made in between counts all it did, one gone in between nothing), so never negative."""
     grown = sum(max(0.0, seconds - before.node_seconds.get(node, 0.0)) for node, seconds in after.node_seconds.items())
     return grown, after.batches - before.batches
 
 
 def distorted_inputs(batches, augment=True):
-    """Returns training (images in [-1, 1], labels) of batches (training_batches' or service_batches'), with an image
-    summary of the first few: as the pipeline augmented them, or, when the batches hold their draws (augment=None
-    there: --augment_on=model), augmented by augment here, in the caller's device scope (the model's)."""
+    """Returns training (images in [-1, 1], labels) of batches, with an image summary of the first few; batches
+    holding their draws (--augment_on=model) are augmented by augment here, in the caller's device scope."""
     images, labels, *draws = next_batch(batches)
     if draws:
         images = augment_batch(images, draws[0], augment)

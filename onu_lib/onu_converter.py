@@ -2,18 +2,15 @@
 
 Two record kinds, both with the TF-slim metadata keys (label, class text, upright height/width, channels=3,
 file name relative to the data dir):
-  encoded: image/encoded = the original file bytes when it is an upright RGB/grayscale JPEG (no decode at all),
+  encoded: image/encoded = the file's bytes when it decodes to the upright RGB image as it is (no decode at all),
            otherwise the upright RGB image re-encoded (JPEG sources as JPEG, others as PNG);
   raw:     image/raw = upright RGB uint8 pixels, H*W*3 bytes, decoded by every CPU core.
-Train examples are shuffled across shards with --seed; val keeps the sorted order. Each shard is written
-under a temporary name, read back and counted, then renamed. labels.txt and manifest.json (record counts,
-sizes, skipped files) sit next to the shards. Unchanged inputs make a re-run a no-op.
+Train examples are shuffled across shards with --seed; val keeps the sorted order. Each shard is written under a
+temporary name, read back and counted, then renamed. labels.txt and manifest.json sit next to the shards.
 
-The library behind convert_to_tfrecord.py (and training's on-demand conversion): convert() does it all, for
-the folder onu_dataset.describe() described. No TensorFlow: records are written by onu_tfrecord, byte for byte as
-TensorFlow's writer and deterministic Example serialization write them.
+The library behind convert_to_tfrecord.py and training's on-demand conversion: convert(). No TensorFlow: onu_tfrecord
+writes the records byte for byte as TensorFlow would.
 """
-
 import contextlib
 import dataclasses
 import functools
@@ -72,15 +69,12 @@ def encoded_payload(info):
     return buffer.getvalue(), onu_dataset.PAYLOAD_PNG
 
 
-_PAYLOAD_KEYS = {'raw': onu_dataset.KEY_RAW, 'encoded': onu_dataset.KEY_ENCODED}
 _attached_blocks = {}  # in a worker process: the shared-memory blocks it has attached, by name
 
 
 def _raw_into_block(task):
-    """Worker: decodes images into a shared-memory block, image k at offset k * slot_bytes.
-
-    Returns (byte count, 'raw') or (None, skip reason) per image.
-    """
+    """Worker: decodes images into a shared-memory block, image k at offset k * slot_bytes; returns (byte count, 'raw')
+    or (None, skip reason) per image."""
     infos, block_name, slot_bytes = task
     block = _attached_blocks.get(block_name)
     if block is None:
@@ -109,11 +103,8 @@ def _shared_blocks(count, size):
 
 
 def _payloads(order, record_format, pool, window):
-    """Yields (payload, payload format) or (None, skip reason) for each image of order, made by pool's workers.
-
-    Raw pixels (megabytes per image) come back through shared memory instead of being pickled through a
-    pipe, which would cost the writing process as much time again as the decoding saves it.
-    """
+    """Yields (payload, payload format) or (None, skip reason) for each image of order, made by pool's workers; raw
+    pixels come back through shared memory (pickling megabytes through a pipe would stall the writing process)."""
     if record_format == 'encoded':
         needs_decoding = not all(info.is_kept_as_is for info in order)
         yield from onu_pool.parallel_map(encoded_payload, order, pool if needs_decoding else None, window)
@@ -135,17 +126,6 @@ def _payloads(order, record_format, pool, window):
                     yield (None, detail) if size is None else (bytes(buffer[start:start + size]), detail)
 
 
-def _serialized_example(info, payload, payload_key, payload_format, filename):
-    """One tf.train.Example as bytes (map keys sorted, so the same input gives the same bytes).
-
-    info: what is said of the image (label, class_name, upright height and width): an ImageInfo or a ConvertedImage.
-    """
-    return onu_tfrecord.serialize_example({
-        payload_key: payload, onu_dataset.KEY_FORMAT: payload_format, onu_dataset.KEY_LABEL: info.label,
-        onu_dataset.KEY_TEXT: info.class_name, onu_dataset.KEY_HEIGHT: info.height, onu_dataset.KEY_WIDTH: info.width,
-        onu_dataset.KEY_CHANNELS: onu_dataset.CHANNELS, onu_dataset.KEY_FILENAME: os.fsencode(filename)})
-
-
 def _num_shards(requested, images, record_format):
     """The shard count of one split and format: requested, or about TARGET_SHARD_BYTES each; never empty shards."""
     if not requested:
@@ -159,11 +139,10 @@ def _num_shards(requested, images, record_format):
 
 def _split_order(images, split, seed):
     """Train examples shuffled with seed (so shards mix classes); other splits keep the sorted order."""
-    if split != 'train':
-        return list(images)
-    shuffled = list(images)
-    random.Random(seed).shuffle(shuffled)
-    return shuffled
+    order = list(images)
+    if split == 'train':
+        random.Random(seed).shuffle(order)
+    return order
 
 
 def _write_verified_shard(path, examples, compression):
@@ -211,7 +190,7 @@ def _converted_photos(data_dir, order, payloads):
 def _write_split(output_dir, split, record_format, images, count, num_shards, options, skipped):
     """Writes ConvertedImages (count of them) of one split into num_shards shards; returns the manifest entry."""
     started = time.time()
-    payload_key = _PAYLOAD_KEYS[record_format]
+    payload_key = onu_dataset.IMAGE_KEYS[record_format]
     entry = {'shards': [], 'records': 0, 'records_per_class': {}, 'record_bytes': 0, 'source_bytes': 0,
              'pixel_bytes': 0}
     sizes = []
@@ -236,7 +215,11 @@ def _write_split(output_dir, split, record_format, images, count, num_shards, op
             entry['source_bytes'] += image.source_bytes
             entry['pixel_bytes'] += pixel_bytes
             sizes.append((image.width, image.height))
-            yield _serialized_example(image, image.payload, payload_key, image.payload_format, image.filename)
+            yield onu_tfrecord.serialize_example({  # keys sorted: the same input gives the same bytes
+                payload_key: image.payload, onu_dataset.KEY_FORMAT: image.payload_format,
+                onu_dataset.KEY_LABEL: image.label, onu_dataset.KEY_TEXT: image.class_name,
+                onu_dataset.KEY_HEIGHT: image.height, onu_dataset.KEY_WIDTH: image.width,
+                onu_dataset.KEY_CHANNELS: onu_dataset.CHANNELS, onu_dataset.KEY_FILENAME: os.fsencode(image.filename)})
 
     bounds = [round(i * count / num_shards) for i in range(num_shards + 1)]
     for index in range(num_shards):
@@ -281,11 +264,7 @@ class RecordSource:
 
 def _converted_payload(image_bytes, features, source, record_format):
     """(payload, payload format, width, height) of one record's image in record_format; UnreadableImage if unusable.
-
-    Pixels are what reading the records as they are gives: raw grey or RGBA pixels become RGB (alpha dropped),
-    encoded bytes are decoded without EXIF orientation (as the tools' own readers do). Encoded images that
-    TensorFlow decodes are kept byte for byte; raw pixels are stored as a lossless PNG of their own mode.
-    """
+    The pixels are those of reading the records as they are (RGB, no EXIF orientation, as the tools' readers do)."""
     if source.data_format == 'raw':
         height = features[source.height_key].values[0]
         width = features[source.width_key].values[0]
@@ -311,10 +290,7 @@ def _converted_payload(image_bytes, features, source, record_format):
 
 
 def convert_foreign_record(task, source, record_format):
-    """Worker: the ConvertedImage (no class name yet) of one serialized record of another tool's.
-
-    task: (serialized record, its name <shard>#<index>). A record that cannot be used is skipped with the reason.
-    """
+    """Worker: the ConvertedImage (no class name yet) of a task: (serialized record of another tool, its name)."""
     serialized, name = task
     where = os.path.join(source.folder, name)
     try:
@@ -339,8 +315,7 @@ def convert_foreign_record(task, source, record_format):
 
 
 def _foreign_records(record_set):
-    """Yields (serialized record, <file>#<index>) of every record of record_set, in file order, each CRC checked;
-    DataError naming the file and the record at the first damaged one (never rewritten with a fresh CRC)."""
+    """Yields (serialized record, <file>#<index>) of each record of record_set; DataError at a damaged one."""
     for path in record_set.files:
         try:
             for index, serialized in enumerate(onu_tfrecord.read_records(path, record_set.compression)):
@@ -351,10 +326,7 @@ def _foreign_records(record_set):
 
 
 def _convert_record_split(record_set, output_dir, record_format, options, pool, skipped):
-    """Writes the shards of one split of another tool's records in record_format; returns (entry, image sizes).
-
-    The records keep their order (readers shuffle); decoding or encoding runs in pool's workers.
-    """
+    """Writes one split of another tool's records in record_format, in their order; returns (entry, image sizes)."""
     growth = 12 if record_format == 'raw' and record_set.data_format == 'encoded' else 1  # pixels vs JPEG bytes
     num_shards = options['num_shards'] or math.ceil(record_set.record_bytes * growth / TARGET_SHARD_BYTES)
     num_shards = max(1, min(num_shards, record_set.num_examples))
@@ -458,8 +430,9 @@ def _remove_stale_temp_shards(output_dir):
 
 def default_output_dir(data):
     """Where a DataDir's records go: its records folder, or, if the folder is read-only, a folder in the cache (said)."""
-    output_dir = onu_dataset.writable_records_dir(data)
-    if output_dir != data.records_dir():
+    records_dir = data.records_dir()
+    output_dir = records_dir if onu_dataset.can_write_in(records_dir) else onu_dataset.cached_records_dir(data.path)
+    if output_dir != records_dir:
         print(f'{data.path} is read-only: writing its records to {output_dir} (found there by every script; '
               f'--output_dir chooses another place)', flush=True)
     return output_dir
@@ -470,16 +443,9 @@ def convert(data, output_dir=None, formats=onu_dataset.RECORD_FORMATS, num_shard
     """Converts a DataDir's photos, or the records other tools wrote there, to this repo's TFRecords; returns the
     manifest.
 
-    data: onu_dataset.describe()'s, with the split (bare class folders' validation_percent) and labels offset
-    (other tools' records) to convert with. output_dir: default data_dir/tfrecords, or a folder in the cache when
-    data_dir is read-only. num_shards None or 0 picks about TARGET_SHARD_BYTES per shard; processes None or 0
-    uses every core.
-    Records already built from the same inputs with the same settings are kept (a re-run is a no-op);
-    overwrite rebuilds the requested formats anyway. Records of other formats are kept while they match
-    the inputs and compression, else removed. strict turns every skipped file (except hidden/system files)
-    into a DataError; skipped files are said in one line (onu_dataset.skipped_line). Workers are spawned
-    processes: a script calling this needs the usual
-    `if __name__ == '__main__':` guard.
+    output_dir None: default_output_dir; num_shards None or 0: about TARGET_SHARD_BYTES each; processes None or 0:
+    every core. Records built from the same inputs and settings are kept unless overwrite. strict turns every skipped
+    file (but hidden/system ones) into a DataError. Workers are spawned: the caller needs the __main__ guard.
     """
     known_formats = bool(formats) and set(formats) <= set(onu_dataset.RECORD_FORMATS)
     if not known_formats or compression not in onu_dataset.COMPRESSIONS:
@@ -580,10 +546,7 @@ def _unreadable(skipped):
 
 
 def _list_inputs(data, splits, strict):
-    """(class names, {split: (images, skipped)}, skipped as manifest entries); DataError on any skip if strict.
-
-    A split with no image (bare class folders with too few photos for a val split) is left out, with a note.
-    """
+    """(class names, {split with images: (images, skipped)}, skipped manifest entries); DataError if strict skips."""
     data_dir, validation_percent = data.path, data.validation_percent
     class_names = data.photo_class_names()
     listings = {split: onu_dataset.list_split_images(data_dir, split, class_names, validation_percent)

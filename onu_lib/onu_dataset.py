@@ -17,9 +17,8 @@ The layouts:
   other tools'   the record layouts of onu_layouts.RECORD_LAYOUTS (the study's, TF-slim's, Inception's, TFDS's).
 Photos and bare class folders may have this repo's records beside them (converted once, on demand).
 
-Also where this repo's records are written (the manifest, labels.txt, shard names and record keys: read and
-written here), and the one line that reports skipped files (skipped_line).
-Pure Python, no TensorFlow at import: every script and worker process imports it cheaply.
+Also this repo's records' manifest, labels.txt, shard names and record keys, and the one line that reports skipped
+files (skipped_line). Pure Python, no TensorFlow at import: every script and worker process imports it cheaply.
 """
 import collections
 import contextlib
@@ -150,16 +149,12 @@ def split_dir(data_dir, split):
 
 
 def bare_class_folders(entries):
-    """The visible subfolders among data_dir's entries (os.scandir) that would be classes of bare class folders (not
-    tfrecords/)."""
+    """The visible subfolders but tfrecords/ among data_dir's entries (os.scandir): bare class folders' classes."""
     return [name for name in visible_subdirs(entries) if name != RECORDS_SUBDIR]
 
 
 def split_of(relative_path, validation_percent):
-    """'val' or 'train': the split of a photo of bare class folders, from its path relative to the folder.
-
-    A hash, not a draw: the same on every run and machine, and adding photos never moves an old one.
-    """
+    """'val' or 'train': the split of a photo of bare class folders, from a hash of its path relative to the folder."""
     name = unicodedata.normalize('NFC', relative_path)  # macOS spells accents decomposed
     position = int.from_bytes(hashlib.sha256(name.encode('utf-8')).digest()[:8], 'big') * 100.0 / 2 ** 64
     return 'val' if position < validation_percent else 'train'
@@ -208,10 +203,7 @@ def find_class_names(data_dir):
 
 
 def list_split_images(data_dir, split, class_names, validation_percent=DEFAULT_VALIDATION_PERCENT):
-    """(images, skipped) of one split: ImageInfos sorted by (label, path) and (path, reason) pairs.
-
-    Split folders: the files of split_dir(data_dir, split); bare class folders: the files split_of puts in split.
-    """
+    """(ImageInfos sorted by (label, path), (path, reason) pairs of skipped files) of one split."""
     bare = not has_split_folders(data_dir)
     images, skipped = [], []
     for label, class_name in enumerate(class_names):
@@ -256,8 +248,7 @@ def skipped_line(reasons, total, full_list):
 
 
 def _write_skipped_list(data_dir, split, skipped):
-    """Writes the (path, reason) of the photos of split left out of images mode to a file in the cache; returns its
-    path, or why it could not be written."""
+    """Writes split's skipped (path, reason) pairs to a file in the cache; returns its path, or why it was not."""
     path = os.path.join(onu_files.cache_dir(), 'skipped', f'{onu_files.folder_key(data_dir)}-{split}.txt')
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -276,8 +267,7 @@ def cached_records_dir(data_dir):
 
 
 def records_dirs(data_dir):
-    """The folders holding this repo's records of data_dir (a manifest), in order: data_dir itself,
-    data_dir/tfrecords, and its folder in the cache (where records of a read-only data_dir go)."""
+    """The folders holding a manifest of data_dir's records, in order: data_dir, data_dir/tfrecords, the cache's."""
     return [candidate for candidate in (data_dir, os.path.join(data_dir, RECORDS_SUBDIR), cached_records_dir(data_dir))
             if os.path.isfile(os.path.join(candidate, MANIFEST_FILENAME))]
 
@@ -405,8 +395,7 @@ class DatasetInfo:
 
 @dataclasses.dataclass(frozen=True)
 class DataDir:
-    """What a data folder holds (describe): its layout, this repo's records and other tools' records in it, and the
-    split and labels offset asked for where the data leaves them open."""
+    """What a data folder holds (describe): its layout and records, and the split and labels offset asked for."""
     path: str
     layout: str
     validation_percent: float         # bare class folders: the share held out for val
@@ -429,8 +418,7 @@ class DataDir:
         return tuple(fmt for fmt in RECORD_FORMATS if fmt in formats)
 
     def records_dir(self, data_format=None):
-        """Where this repo's records of the folder are: the first records folder whose manifest lists data_format
-        (None: any); data_dir/tfrecords if none does."""
+        """The first records folder whose manifest lists data_format (None: any); data_dir/tfrecords if none does."""
         for records_dir, manifest in self.manifests:
             if data_format is None or any(data_format in formats for formats in manifest.get('splits', {}).values()):
                 return records_dir
@@ -500,8 +488,7 @@ class DataDir:
         return [split for split in SPLITS if self.layout == CLASS_FOLDERS or os.path.isdir(split_dir(self.path, split))]
 
     def source_paths(self):
-        """Paths of what conversion reads, sorted: other tools' record files and the files that name their classes
-        or count them, or the class folders and their entries."""
+        """Paths of what conversion reads, sorted: other tools' files, or the class folders and their entries."""
         if self.foreign is not None:
             return self.foreign.source_paths()
         paths = []
@@ -619,11 +606,8 @@ class DataDir:
 
 
 def describe(data_dir, validation_percent=None, labels_offset=None):
-    """Returns the DataDir of data_dir: what it holds, found once; DataError when it holds nothing known.
-
-    validation_percent: bare class folders' held-out share (None: DEFAULT_VALIDATION_PERCENT); labels_offset:
-    other tools' records' (None: from evidence, onu_layouts). The error is one line saying what was looked for.
-    """
+    """Returns the DataDir of data_dir, found once; DataError when it holds nothing known. validation_percent None:
+    DEFAULT_VALIDATION_PERCENT; labels_offset (other tools' records) None: from evidence."""
     if not os.path.isdir(data_dir):
         raise missing_data_dir_error(data_dir)
     validation_percent = DEFAULT_VALIDATION_PERCENT if validation_percent is None else validation_percent
@@ -646,12 +630,6 @@ def describe(data_dir, validation_percent=None, labels_offset=None):
             f'{onu_layouts.looked_for()}; see README "Bring your own data"')
     return DataDir(path=data_dir, layout=layout, validation_percent=validation_percent, labels_offset=labels_offset,
                    manifests=manifests, foreign=foreign)
-
-
-def writable_records_dir(data):
-    """Where conversion writes a DataDir's records: its records folder, or cached_records_dir if that is read-only."""
-    records_dir = data.records_dir()
-    return records_dir if can_write_in(records_dir) else cached_records_dir(data.path)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -678,8 +656,7 @@ def find_damaged_shards(info):
 
 
 def _asserted_number(sign, message):
-    """Returns the number an error of onu_input's checks starting with sign (LABEL_OUT_OF_RANGE, UNDECODABLE_PHOTO)
-    holds, or None if message is another error's."""
+    """Returns the number an error of onu_input's check starting with sign holds, or None for another error."""
     match = re.search(re.escape(sign) + r'\]\s*\[(-?\d+)\]', str(message))
     return int(match.group(1)) if match else None
 
@@ -715,13 +692,8 @@ def _translated(info, error):
 
 @contextlib.contextmanager
 def read_errors_as_data_error(info):
-    """Re-raises the data errors of reading info through the input pipeline as one-line DataErrors.
-
-    A damaged record becomes a message naming the shard and what is wrong; a label outside the classes one
-    naming --labels_offset; a record without the first one's keys one naming them; a photo that does not decode
-    one naming it and why. Other errors pass. Wrap the loop that runs the graph built from onu_input's pipelines
-    of info.
-    """
+    """Re-raises the data errors of running onu_input's pipelines of info (damaged records, labels outside the
+    classes, records without the first one's keys, photos that do not decode) as one-line DataErrors."""
     try:
         yield
     except Exception as error:  # TensorFlow's errors: the caller's process has imported it

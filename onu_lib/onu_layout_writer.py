@@ -13,31 +13,23 @@ from onu_lib import onu_tfrecord
 
 @dataclasses.dataclass(frozen=True)
 class StoredImage:
-    """One image to store as a tool would: its split, class (0-based), bytes, upright size and file name.
-
-    data: the file's bytes (encoded records), or PIL's tobytes of the image as opened (raw records).
-    """
+    """One image to store as a tool would: its split, class (0-based), bytes, upright size and file name."""
     split: str
     label: int
-    data: bytes
+    data: bytes  # the file's bytes (encoded records), or PIL's tobytes of the image as opened (raw records)
     width: int
     height: int
     file_name: str
-
-
-def _written_value(key, image, class_names):
-    """The value a tool writes under one of its written_keys for an image."""
-    values = {onu_layouts.SLIM_HEIGHT: image.height, onu_layouts.SLIM_WIDTH: image.width, 'image/channels': 3,
-              onu_layouts.SLIM_FORMAT: 'jpeg', onu_layouts.SLIM_TEXT: class_names[image.label],
-              onu_layouts.SLIM_FILENAME: image.file_name, 'image/colorspace': 'RGB'}
-    return values[key]
 
 
 def _stored_record(layout, image, class_names, data_format, keys):
     """The serialized record of one image as the layout's tool writes it (keys: the written_keys written)."""
     image_key = next(key for key, key_format in layout.image_keys.items() if key_format == data_format)
     features = {image_key: image.data, layout.label_key: image.label + (layout.labels_base or 0)}
-    features.update({key: _written_value(key, image, class_names) for key in keys})
+    written = {onu_layouts.SLIM_HEIGHT: image.height, onu_layouts.SLIM_WIDTH: image.width, 'image/channels': 3,
+               onu_layouts.SLIM_FORMAT: 'jpeg', onu_layouts.SLIM_TEXT: class_names[image.label],
+               onu_layouts.SLIM_FILENAME: image.file_name, 'image/colorspace': 'RGB'}
+    features.update({key: written[key] for key in keys})
     if data_format == 'raw':
         features.update({layout.height_key: image.height, layout.width_key: image.width})
     return onu_tfrecord.serialize_example(features)
@@ -53,12 +45,8 @@ def _names_file_text(layout, class_names):
 
 def write_records(layout, folder, images, class_names, data_format='encoded', num_shards=2, compression='NONE',
                   names_file=None, keys=None, name='flowers'):
-    """Writes StoredImages as layout's tool does: its file names, keys, labels, names file and counts file.
-
-    Returns the folder to give as --data_dir (a version folder's parent where the tool keeps one). num_shards: per
-    split, or {split: shards}; keys: which of the layout's written_keys to write (None: all); names_file: write
-    its names file, if it has one (None: if its tool does).
-    """
+    """Writes StoredImages as layout's tool does; returns the folder to give as --data_dir. num_shards: per split, or
+    {split: shards}; keys: the written_keys to write (None: all); names_file None: if the tool writes one."""
     data_dir = os.path.join(folder, name) if layout.version_folder else folder
     target = os.path.join(data_dir, layout.version_folder) if layout.version_folder else folder
     os.makedirs(target, exist_ok=True)

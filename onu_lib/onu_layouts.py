@@ -4,22 +4,15 @@
     records = find_foreign_records(data_dir, list(os.scandir(data_dir)))   # ForeignRecords, or None if none
     record_set = records.record_set('train', 'encoded', labels_offset=None)   # a RecordSet, for onu_dataset
 
-Only onu_dataset asks (its describe() is the one answer to "what is in this data folder"). A record layout is
-one whole RecordLayout entry of RECORD_LAYOUTS: its tool's file names (a pattern, and a sample the tests write),
-its record keys, its label convention and where the tool puts class names and epoch sizes. Finding, messages and
-the tests all iterate the list, so a new layout is one entry. Which layout a folder holds never depends on the
-list's order: entries whose files match each other's patterns are refused at import, and a folder with files of
-two layouts is a one-line error. Found, not assumed:
-  - the image key among the entry's (raw pixels or encoded bytes) and its label key, from the first record;
-  - the label offset (TF-slim's 0:background, Inception's 1-based labels), only from evidence: a labels file,
-    the class texts of the records, or the keys that show which converter wrote them. Never from the smallest
-    label seen (a split may lack class 0); with no evidence, --labels_offset must say it;
-  - class names: labels.txt (id:name or one name per line), TFDS's label.labels.txt, or image/class/text;
-    without any, class_<label>;
-  - epoch sizes: the tool's own counts file (TFDS's dataset_info.json), else counted once from the record
-    framing (onu_tfrecord: length headers and seeks) and cached outside the data folder
-    (onu_files.cache_dir()), keyed by path, size and modification time, so that a read-only folder works and a
-    changed shard is recounted.
+Only onu_dataset asks. A layout is one RecordLayout entry of RECORD_LAYOUTS (file names, record keys, label
+convention, where class names and epoch sizes are); finding, messages and the tests iterate the list, and entries
+whose files match each other's patterns are refused at import, so the list's order never matters. Found, not assumed:
+  - the image key (raw pixels or encoded bytes) and the label key, from the first record;
+  - the label offset (TF-slim's 0:background, Inception's 1-based labels), only from evidence: a labels file, the
+    records' class texts, or a converter's keys; never from the smallest label seen (a split may lack class 0);
+  - class names: the names file, or image/class/text; without any, class_<label>;
+  - epoch sizes: the tool's counts file (TFDS's dataset_info.json), else counted once from the record framing and
+    cached outside the data folder (onu_files.cache_dir()), keyed by path, size and modification time.
 Pure Python, no TensorFlow.
 """
 import dataclasses
@@ -85,22 +78,15 @@ TFDS_INFO = CountsFile('dataset_info.json', _read_tfds_info, _write_tfds_info)
 
 @dataclasses.dataclass(frozen=True)
 class RecordLayout:
-    """The TFRecords one tool writes: its file names, record keys, label convention, class names and counts.
-
-    image_keys: {key: the data format of its bytes ('encoded' or 'raw')}, in order of preference; written_keys: the
-    other keys the tool writes (image/height, image/class/text, ...). sample_file_name: str.format template of a
-    file the tool writes, with {name} (the data set's), {split} (a split token of split_tokens), {index} and
-    {count} (shard numbers; unsharded layouts have one file per split), {format} (the data format, as
-    format_tokens spells it in file names).
-    """
+    """The TFRecords one tool writes: its file names, record keys, label convention, class names and counts."""
     name: str
     looks_like: str             # the file names, for messages
     file_name: re.Pattern       # matches a file of the layout; its group 'split' is one of SPLIT_TOKENS
-    sample_file_name: str
+    sample_file_name: str       # str.format template: {name}, {split} (a token), {index} and {count}, {format}
     split_tokens: dict          # {'train': ..., 'val': ...}: the split tokens the tool writes (any SPLIT_NAMES is found)
-    image_keys: dict
+    image_keys: dict            # {key: 'encoded' or 'raw', what its bytes are}, in order of preference
     label_key: str
-    written_keys: tuple = ()
+    written_keys: tuple = ()    # the other keys the tool writes (image/height, image/class/text, ...)
     format_tokens: dict = None  # {data format: how the tool's file names spell it}; None: the format's name
     height_key: str = SLIM_HEIGHT  # raw pixels: their height and width
     width_key: str = SLIM_WIDTH
@@ -145,8 +131,7 @@ def _shards(prefix, suffix=''):
 
 _INCEPTION_KEYS = ('image/colorspace', 'image/channels', SLIM_TEXT)
 
-# The layouts of other tools' records, as their code writes them (file names, keys, labels). A new layout is one
-# entry: finding it, its messages and every test that takes `layout` follow (tests write its sample files).
+# The layouts of other tools' records, as their code writes them; the tests write each one's sample files.
 RECORD_LAYOUTS = (
     RecordLayout(
         name='tfds', looks_like='TFDS: <name>-train.tfrecord-00000-of-00016 beside dataset_info.json',
@@ -168,8 +153,7 @@ RECORD_LAYOUTS = (
         file_name=_shards('', f'-{SHARD_NUMBERS}'), sample_file_name='{split}-{index:05d}-of-{count:05d}',
         split_tokens={'train': 'train', 'val': 'validation'},
         image_keys={SLIM_ENCODED: 'encoded'}, label_key=SLIM_LABEL,
-        written_keys=(SLIM_HEIGHT, SLIM_WIDTH, SLIM_FORMAT,
-                      SLIM_FILENAME) + _INCEPTION_KEYS,
+        written_keys=(SLIM_HEIGHT, SLIM_WIDTH, SLIM_FORMAT, SLIM_FILENAME) + _INCEPTION_KEYS,
         labels_base=1, labels_base_keys=_INCEPTION_KEYS, names_files=(SLIM_LABELS_FILE,),
         writes_names_file=False, names_form='lines', first_line_label=1),
     RecordLayout(
@@ -187,8 +171,7 @@ LAYOUT_NAMES = tuple(layout.name for layout in RECORD_LAYOUTS)
 
 
 def _check_layouts_exclusive(layouts):
-    """ValueError when a layout's sample files match another layout's pattern: which one is found would then depend
-    on the registry's order (or when two layouts share a name)."""
+    """ValueError when two layouts share a name, or a layout's sample files match another layout's pattern."""
     names = [layout.name for layout in layouts]
     if len(set(names)) != len(names):
         raise ValueError(f'record layouts share a name: {names}')
@@ -308,8 +291,7 @@ def _record_group(layout, folder, split, names):
 
 
 def _folder_state(data_dir, entries):
-    """What finding records in data_dir (entries: its listing) depends on: its own and its subfolders' modification
-    times."""
+    """What finding records in data_dir depends on: its own and its subfolders' modification times."""
     return tuple((entry.name, entry.stat().st_mtime_ns) for entry in entries if entry.is_dir()) + (
         os.stat(data_dir).st_mtime_ns,)
 
@@ -318,11 +300,8 @@ _found = {}  # (real path, _folder_state) -> ForeignRecords or None, found once 
 
 
 def find_foreign_records(data_dir, entries):
-    """The ForeignRecords in data_dir (or in its newest version folder), or None if there are none.
-
-    entries: data_dir's listing (a list of os.scandir's entries), made once by the caller for every layout's check.
-    Found once per process while the folder does not change.
-    """
+    """The ForeignRecords in data_dir (or its newest version folder), or None; entries: data_dir's listing (a list of
+    os.scandir's). Found once per process while the folder does not change."""
     key = (os.path.realpath(data_dir), _folder_state(data_dir, entries))
     if key not in _found:
         _found[key] = _find(data_dir, entries)
@@ -382,22 +361,6 @@ def _load_index(folder):
     return files if isinstance(files, dict) and index.get('folder') == os.path.realpath(folder) else {}
 
 
-def _save_index(folder, files):
-    """Writes folder's index to the cache; where the cache cannot be written, counts are simply made again."""
-    path = _index_path(folder)
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        onu_files.write_text_atomic(path, json.dumps({'folder': os.path.realpath(folder), 'files': files}) + '\n')
-    except OSError:
-        pass
-
-
-def _file_identity(path):
-    """(size, modification time in ns): a shard with others is recounted."""
-    stat = os.stat(path)
-    return stat.st_size, stat.st_mtime_ns
-
-
 class _Index:
     """The cached counts and scans of one folder's record files: looked up by name, size and mtime."""
 
@@ -409,7 +372,8 @@ class _Index:
     def entry(self, path, compression):
         """The cached entry of path, or a fresh one if it is absent or the file changed."""
         name = os.path.basename(path)
-        size, mtime_ns = _file_identity(path)
+        stat = os.stat(path)
+        size, mtime_ns = stat.st_size, stat.st_mtime_ns
         entry = self._files.get(name)
         if not (isinstance(entry, dict) and entry.get('size') == size and entry.get('mtime_ns') == mtime_ns
                 and entry.get('compression') == compression):
@@ -435,9 +399,15 @@ class _Index:
         return entry['scan']
 
     def save(self):
-        """Writes what was counted or scanned to the cache."""
+        """Writes what was counted or scanned to the cache (where it cannot be written, counts are made again)."""
         if self._changed:
-            _save_index(self._folder, self._files)
+            path = _index_path(self._folder)
+            try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                onu_files.write_text_atomic(path, json.dumps({'folder': os.path.realpath(self._folder),
+                                                              'files': self._files}) + '\n')
+            except OSError:
+                pass
             self._changed = False
 
 
@@ -483,20 +453,16 @@ def _scan_file(path, compression, group, layout):
 _ID_NAME = re.compile(r'(\d+):(.+)')  # a line of TF-slim's labels file
 
 
-def _names_file_lines(path):
-    """The non-empty lines of a labels file, stripped; DataError when it is missing or unreadable."""
+def read_names_file(path):
+    """(form, names) of a labels file: ('ids', {id: name}) for id:name lines, ('lines', [name, ...]) otherwise;
+    DataError when it is missing or unreadable."""
     try:
         with open(path, encoding='utf-8-sig') as f:  # -sig: a byte-order mark some editors write is not a name
-            return [line.strip() for line in f if line.strip()]
+            lines = [line.strip() for line in f if line.strip()]
     except FileNotFoundError:
         raise DataError(f'{path} not found: run python convert_to_tfrecord.py to write it') from None
     except (OSError, UnicodeDecodeError) as error:
         raise DataError(f'{path}: unreadable labels file ({error}); save it as UTF-8 text, or move it away') from None
-
-
-def read_names_file(path):
-    """(form, names) of a labels file: ('ids', {id: name}) for id:name lines, ('lines', [name, ...]) otherwise."""
-    lines = _names_file_lines(path)
     pairs = [_ID_NAME.fullmatch(line) for line in lines]
     if lines and all(pairs):
         return 'ids', {int(pair.group(1)): pair.group(2).strip() for pair in pairs}
@@ -526,9 +492,9 @@ class ForeignRecords:
     def __init__(self, layout, folder, matches):
         self.layout = layout
         self.folder = folder
-        self._tokens = {}  # split -> the split token its files use (the first of SPLIT_NAMES there is)
-        for split, names in SPLIT_NAMES.items():
-            self._tokens[split] = next((name for name in names if name in matches.values()), None)
+        # split -> the split token its files use (the first of SPLIT_NAMES there is)
+        self._tokens = {split: next((name for name in names if name in matches.values()), None)
+                        for split, names in SPLIT_NAMES.items()}
         self.groups = []
         for split, token in self._tokens.items():
             if token is None:
@@ -567,24 +533,21 @@ class ForeignRecords:
         if groups:
             return groups
         there = sorted({group.data_format for group in self.groups if group.split == split})
-        names = ' or '.join(SPLIT_NAMES[split])
         if there:
             raise DataError(f'{self.folder}: its {self.layout.name} records of {split} hold {" and ".join(there)} '
                             f'images, not {data_format}: use --data_format={there[0]}')
         raise DataError(f'{self.folder}: no {split} records among its {self.layout.name} files (looked for the '
-                        f'split names {names} in {self.layout.looks_like})')
+                        f'split names {" or ".join(SPLIT_NAMES[split])} in {self.layout.looks_like})')
 
     def _counts(self, groups):
         """Records per file of groups: TFDS's own counts, else the framing counted once; DataError for a cut file."""
-        counts = []
+        counts, counts_file = [], self.layout.counts_file
         for group in groups:
-            counts_file = self.layout.counts_file
             listed = (counts_file.read(os.path.join(self.folder, counts_file.name), self._tokens[group.split],
                                        len(group.files)) if counts_file else None)
-            if listed is not None:
-                counts += listed
-                continue
-            counts += [self._check_framing(path, group.compression) for path in group.files]
+            if listed is None:
+                listed = [self._check_framing(path, group.compression) for path in group.files]
+            counts += listed
         return counts
 
     def _check_framing(self, path, compression):
@@ -667,10 +630,8 @@ class ForeignRecords:
         return self._labels[labels_offset]
 
     def _class_names(self, names_file, offset, evidence, line_one):
-        """The Labels with class names from the names file, else the records' texts, else class_<label>.
-
-        line_one: the label of line 1 of a names file with one name per line.
-        """
+        """The Labels with class names from the names file (line_one: the label of its line 1 when it has one name a
+        line), else the records' texts, else class_<label>."""
         if names_file is not None:
             path, (form, names) = names_file
             if form == 'ids':  # placed by id: a gap in the ids is a class without a name
@@ -720,8 +681,7 @@ class ForeignRecords:
                          record_bytes=sum(os.path.getsize(path) for path in files))
 
     def source_paths(self):
-        """Paths of what converting these records reads, sorted: the record files, and the files beside them that
-        name their classes or count them."""
+        """Paths of what converting these records reads, sorted: the record files, their names and counts files."""
         beside = [os.path.join(self.folder, name) for name in self.layout.names_files
                   + ((self.layout.counts_file.name,) if self.layout.counts_file else ())]
         return sorted([path for group in self.groups for path in group.files]

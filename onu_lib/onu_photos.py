@@ -104,11 +104,7 @@ def _damaged(image_format, error):
 
 def read_image_header(source):
     """The ImageHeader of an image file (a path) or of image bytes; UnreadableImage(reason) if it cannot be used.
-
-    JPEGs (nearly all photos) are checked cheaply: header plus the end-of-image marker; only a JPEG
-    without that marker is fully decoded to tell a truncated file from one with trailing data.
-    Other formats have no such cheap check and are fully decoded.
-    """
+    Only a JPEG with its end-of-image marker is not fully decoded (a cheap check that it is whole)."""
     image_format = None
     try:
         with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as image:
@@ -147,8 +143,7 @@ def upright_rgb(path, orientation):
 
 
 def to_rgb(image):
-    """The PIL image's pixels (read now) as RGB, as every feeding mode sees them: grey replicated, palette expanded,
-    alpha dropped."""
+    """The PIL image's pixels (read now) as RGB, as every feeding mode sees them (alpha dropped)."""
     image.load()
     return image if image.mode == 'RGB' else image.convert('RGB')
 

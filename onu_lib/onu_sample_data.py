@@ -285,15 +285,10 @@ def render_photo(class_name, rng, width, height):
     return _apply_camera(rng, image)
 
 
-def _photo_seed(seed, split, class_index, index):
-    """The random generator of one photo, independent of process count and generation order."""
-    return np.random.default_rng([seed, onu_dataset.SPLITS.index(split), class_index, index])
-
-
 def _write_photo(job):
     """Renders one photo and writes it as a JPEG; returns its size in bytes."""
     path, split, class_index, index, (width, height), seed = job
-    rng = _photo_seed(seed, split, class_index, index)
+    rng = np.random.default_rng([seed, onu_dataset.SPLITS.index(split), class_index, index])  # the same for any process count
     image = render_photo(SAMPLE_CLASS_NAMES[class_index], rng, width, height)
     quality = int(rng.integers(JPEG_QUALITY_RANGE[0], JPEG_QUALITY_RANGE[1] + 1))
     ok, encoded = cv2.imencode('.jpg', image[..., ::-1], [cv2.IMWRITE_JPEG_QUALITY, quality])
@@ -309,30 +304,22 @@ def _single_threaded_opencv():
     cv2.setNumThreads(1)
 
 
-def _read_sample_info(path):
-    """The settings recorded by an earlier generation, or None."""
-    try:
-        with open(path, encoding='utf-8') as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
 def generate_dataset(output_dir, train_per_class=DEFAULT_TRAIN_PER_CLASS, val_per_class=DEFAULT_VAL_PER_CLASS,
                      photo_size=DEFAULT_PHOTO_SIZE, seed=0, processes=None):
-    """Writes output_dir/{train,val}/{F603,F663N}/NNNNN.jpg; returns the settings and totals as a dict.
-
-    photo_size is (width, height). A no-op if output_dir already holds sample data of the same settings;
-    DataError if it holds anything else, which is never touched. Workers are spawned processes: a script
-    calling this with processes != 1 needs the usual `if __name__ == '__main__':` guard.
-    """
+    """Writes output_dir/{train,val}/{F603,F663N}/NNNNN.jpg of photo_size (width, height); returns the settings and
+    totals as a dict. A no-op for the same settings, a DataError for anything else there (never touched); the
+    workers are spawned: the caller needs the __main__ guard."""
     width, height = photo_size
     settings = {'class_names': list(SAMPLE_CLASS_NAMES), 'seed': seed, 'image_size': [width, height],
                 'per_class': {'train': train_per_class, 'val': val_per_class}}
     info_path = os.path.join(output_dir, SAMPLE_INFO_FILENAME)
     existing_splits = [s for s in onu_dataset.SPLITS if os.path.exists(os.path.join(output_dir, s))]
     if existing_splits:
-        info = _read_sample_info(info_path)
+        try:
+            with open(info_path, encoding='utf-8') as f:
+                info = json.load(f)
+        except (OSError, ValueError):
+            info = None
         if info is not None and info.get('settings') == settings:
             return dict(info, generated=False)
         what = 'of sample data made with other settings' if info else 'that is not this sample data'

@@ -1,12 +1,9 @@
-"""TFRecord files without TensorFlow: compression told from the bytes, records counted from their framing,
-payloads checked against their CRCs, and the keys and small values of the tf.train.Example records they hold.
+"""TFRecord files without TensorFlow (CRC-32C from google-crc32c): compression told from the bytes, records counted
+from their framing, payloads checked against their CRCs, and the keys and small values of their tf.train.Examples.
 
-A TFRecord file is a sequence of records, each an 8-byte little-endian length, a 4-byte masked CRC-32C of
-that length, the payload, and a 4-byte masked CRC of the payload; GZIP and ZLIB files are that sequence
-compressed as one stream. Counting reads each length header and seeks past the payload, so a shard of
-images costs a few bytes of reading per record; verifying reads every payload and checks its CRC.
-No TensorFlow (CRC-32C from google-crc32c): the data scripts, their worker processes and the layout search
-use it without importing TensorFlow.
+A record is an 8-byte little-endian length, its 4-byte masked CRC-32C, the payload and the payload's masked CRC;
+GZIP and ZLIB files are that sequence compressed as one stream. Counting reads each length and seeks past the
+payload (a few bytes read per record); verifying reads every payload and checks its CRC.
 
     compression = sniff_compression(path)             # 'NONE', 'GZIP', 'ZLIB', or None: not a TFRecord file
     framing = read_framing(path, compression)          # .records complete, .problem: why the rest is not
@@ -40,8 +37,7 @@ _VARINT, _FIXED64, _LENGTH_DELIMITED, _FIXED32 = 0, 1, 2, 5
 
 
 def masked_crc32c(*parts):
-    """The masked CRC-32C of the concatenated parts (bytes-like), as TFRecord framing stores it after a length and
-    after a payload."""
+    """The masked CRC-32C of the concatenated parts (bytes-like), as TFRecord framing stores it."""
     crc = 0
     for part in parts:
         crc = google_crc32c.extend(crc, part)
@@ -142,10 +138,7 @@ class _RecordStream:
 
 
 def sniff_compression(path):
-    """'NONE', 'GZIP' or 'ZLIB' as the file's first bytes show; None if it is not a TFRecord file.
-
-    An uncompressed file starts with a length whose CRC matches; an empty file is an empty uncompressed one.
-    """
+    """'NONE', 'GZIP' or 'ZLIB' as the file's first bytes show (empty: 'NONE'); None if it is not a TFRecord file."""
     with open(path, 'rb') as f:
         start = f.read(HEADER_BYTES)
     if not start or _is_record_header(start):
@@ -175,10 +168,7 @@ class DamagedRecord(Exception):
 
 
 def _next_frame(stream, index):
-    """(payload length, None) of the next record of stream, leaving it at the payload; (None, problem) at the end.
-
-    problem is None at a clean end of the file. The caller reads or skips the payload and its CRC.
-    """
+    """(payload length, None) of the next record, the stream left at its payload; (None, problem or None) at the end."""
     header = stream.read(HEADER_BYTES)
     if not header:
         return None, stream.error
@@ -190,10 +180,8 @@ def _next_frame(stream, index):
 
 
 def _walk(path, compression, read, verify):
-    """Yields the payload of each complete record (None if not read); DamagedRecord where the file stops being whole.
-
-    read: read the payloads (else seek or skip past them); verify: also check each payload's CRC.
-    """
+    """Yields the payload of each complete record (None unless read); DamagedRecord where the file stops being whole;
+    verify: check each payload's CRC."""
     with _RecordStream(path, compression) as stream:
         for index in itertools.count():
             length, problem = _next_frame(stream, index)
@@ -217,10 +205,7 @@ def _walk(path, compression, read, verify):
 
 
 def read_framing(path, compression, verify=False):
-    """The Framing of a TFRecord file: length headers read, payloads seeked past (uncompressed) or skipped.
-
-    verify: read every payload instead and check its CRC; a damaged one ends the count (Framing.problem names it).
-    """
+    """The Framing of a TFRecord file: length headers read, payloads skipped, or with verify read and CRC-checked."""
     count = 0
     try:
         for _ in _walk(path, compression, read=verify, verify=verify):
@@ -236,32 +221,20 @@ def count_records(path, compression):
 
 
 def read_records(path, compression):
-    """Yields the payload of each record of a TFRecord file, in order, its CRC checked; DamagedRecord (naming the
-    record) for a damaged payload or length header, or a file cut short, instead of yielding it."""
+    """Yields the payload of each record of a TFRecord file, CRC checked; DamagedRecord where the file is not whole."""
     yield from _walk(path, compression, read=True, verify=True)
 
 
 def first_record(path, compression):
-    """The payload of the first record of a TFRecord file, or None if it has no complete one.
-
-    Its CRC is not checked: layouts are told from it, and reading the records (read_records) checks every one.
-    """
+    """The payload of the first record of a TFRecord file (CRC not checked), or None if it has no complete one."""
     try:
         return next(_walk(path, compression, read=True, verify=False), None)
     except DamagedRecord:
         return None
 
 
-def framed(payload):
-    """One record's bytes: the payload's length and its masked CRC, the payload, the payload's masked CRC."""
-    length = len(payload).to_bytes(LENGTH_BYTES, 'little')
-    return b''.join([length, masked_crc32c(length).to_bytes(4, 'little'), payload,
-                     masked_crc32c(payload).to_bytes(4, 'little')])
-
-
 def write_record(file, parts):
-    """Writes one record to the binary file whose payload is the parts (bytes-like) one after the other, without
-    joining them: a large payload is not copied."""
+    """Writes one record whose payload is the parts (bytes-like), not joined (not copied), to the binary file."""
     length = sum(memoryview(part).nbytes for part in parts).to_bytes(LENGTH_BYTES, 'little')
     file.write(length + masked_crc32c(length).to_bytes(4, 'little'))
     for part in parts:
@@ -270,14 +243,15 @@ def write_record(file, parts):
 
 
 def write_records(path, payloads, compression='NONE'):
-    """Writes the payloads as a TFRecord file at path, as TensorFlow's TFRecordWriter does (GZIP or ZLIB: the whole
-    stream compressed); returns how many were written."""
+    """Writes the payloads as a TFRecord file at path, as TensorFlow's TFRecordWriter does; returns their count."""
     count = 0
     with open(path, 'wb') as raw:
         compressed = (gzip.GzipFile(fileobj=raw, mode='wb') if compression == 'GZIP' else
                       zlib.compressobj() if compression == 'ZLIB' else None)
         for payload in payloads:
-            record = framed(payload)
+            framed = io.BytesIO()
+            write_record(framed, [payload])
+            record = framed.getvalue()
             if compression == 'ZLIB':
                 raw.write(compressed.compress(record))
             else:
@@ -490,20 +464,16 @@ def _feature_message(values):
 
 
 def serialize_example(features):
-    """A serialized tf.train.Example of {key: value or list of values} (bytes/str, int or float), keys sorted as
-    TensorFlow's deterministic serialization orders them."""
+    """A serialized tf.train.Example of {key: value or list of values} (bytes/str, int or float), keys sorted."""
     entries = [part for key in sorted(features)
                for part in _field(1, _field(1, [key.encode()]) + _field(2, _feature_message(features[key])))]
     return b''.join(_field(1, entries))
 
 
 def parse_example(payload, max_bytes=None):
-    """{key: Feature} of a serialized tf.train.Example; NotAnExample if it is not one.
-
-    max_bytes: bytes values longer than this are not kept (their Feature has skipped=True and their lengths).
-    """
-    stream = _BytesStream(payload)
-    return _example(_Reader(stream, 0), len(payload), max_bytes)
+    """{key: Feature} of a serialized tf.train.Example (bytes values over max_bytes kept as lengths); NotAnExample if
+    it is not one."""
+    return _example(_Reader(_BytesStream(payload), 0), len(payload), max_bytes)
 
 
 class _BytesStream:
@@ -526,11 +496,8 @@ class _BytesStream:
 
 
 def scan_examples(path, compression, max_bytes):
-    """Yields {key: Feature} of each record of a TFRecord file, skipping bytes values over max_bytes unread.
-
-    Only the small fields are read (labels, texts, sizes); image bytes are seeked past. Raises NotAnExample
-    (with the record's position) for a record that is not an Example.
-    """
+    """Yields {key: Feature} of each record of a TFRecord file, bytes values over max_bytes seeked past unread;
+    NotAnExample naming the record for one that is not an Example."""
     with _RecordStream(path, compression) as stream:
         for index in itertools.count():
             length, _ = _next_frame(stream, index)
