@@ -1,5 +1,6 @@
 """Processes of one machine that the launchers (run_local_cluster.py, run_data_service.py) start and stop: free
-ports, output prefixed with the process's name, stopping what is left, and restarting a cluster's lost tasks.
+ports and whether one answers, output prefixed with the process's name, stopping what is left, and restarting a
+cluster's lost tasks.
 
 A library module: explicit arguments only, no flags.
 """
@@ -27,6 +28,16 @@ def free_ports(host, count):
     finally:
         for sock in sockets:
             sock.close()
+
+
+def answers(host_port, timeout_secs=1.0):
+    """Returns whether something accepts TCP connections at HOST:PORT ([::1]:PORT for IPv6)."""
+    host, port = host_port.rsplit(':', 1)
+    try:
+        with socket.create_connection((host.strip('[]'), int(port)), timeout=timeout_secs):
+            return True
+    except OSError:
+        return False
 
 
 def _copy_output(name, stream):
