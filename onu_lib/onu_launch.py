@@ -106,11 +106,9 @@ class Launched:
 
 
 class Supervisor:
-    """Watches a cluster's tasks as a supervisor would. A lost ps is restarted (same command, same port: the workers
-    reconnect and the chief restores the newest checkpoint into it), and so is a lost worker other than the chief,
-    at most max_restarts times per task within RESTART_WINDOW_SECS. A lost chief, or a task lost once more, stops
-    the cluster. Tasks are named 'ps N' and 'worker N'; an exit status of 0 is a worker done, or a ps stopped by
-    itself once every worker said so."""
+    """Watches a cluster's tasks ('ps N', 'worker N') as a supervisor would: a lost ps or non-chief worker is restarted
+    with the same command, at most max_restarts times per task within RESTART_WINDOW_SECS; a lost chief, or a task
+    lost once more, stops the cluster. Exit status 0 is a worker done, or a ps stopped once every worker said so."""
 
     def __init__(self, launched, commands, chief, max_restarts):
         self._launched, self._commands, self._chief = launched, dict(commands), chief

@@ -338,31 +338,18 @@ def add_training_summaries(logits, labels, end_points, total_loss, losses=None, 
 INPUT_WAIT_OP = 'IteratorGetNext'
 
 
-def input_wait_seconds(run_metadata):
-    """Returns how long a step traced with SOFTWARE_TRACE (run_metadata) waited for its input: its get_next ops'
-    time, as a get_next op ends when its batch is there."""
-    micros = 0
+def input_wait_fraction(run_metadata):
+    """Returns the share of a step traced with SOFTWARE_TRACE (run_metadata) spent waiting for input, in [0, 1]: its
+    get_next ops' time (one ends when its batch is there) over the time from its first op's start to its last's end."""
+    waited_micros, starts, ends = 0, [], []
     for device in run_metadata.step_stats.dev_stats:
         for node in device.node_stats:
             if node.node_name.rsplit('/', 1)[-1].startswith(INPUT_WAIT_OP):
-                micros += node.all_end_rel_micros
-    return micros / 1e6
-
-
-def traced_step_seconds(run_metadata):
-    """Returns how long a traced step ran: from its first op's start to its last op's end (other hooks' work and
-    the session's own overhead around it left out)."""
-    starts, ends = [], []
-    for device in run_metadata.step_stats.dev_stats:
-        for node in device.node_stats:
+                waited_micros += node.all_end_rel_micros
             starts.append(node.all_start_micros)
             ends.append(node.all_start_micros + node.all_end_rel_micros)
-    return (max(ends) - min(starts)) / 1e6 if starts else 0.0
-
-
-def input_wait_fraction(run_metadata):
-    """Returns the share of a traced step spent waiting for input, in [0, 1]."""
-    return min(1.0, max(0.0, input_wait_seconds(run_metadata) / max(traced_step_seconds(run_metadata), 1e-9)))
+    step_micros = max(ends) - min(starts) if starts else 0
+    return min(1.0, max(0.0, waited_micros / max(step_micros, 1e-3)))
 
 
 def traced_run_options():
