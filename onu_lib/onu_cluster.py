@@ -103,7 +103,13 @@ def resolve_task(ps_hosts, worker_hosts, job_name, task_index, tf_config=None, s
                  model_given=True):
     """Returns this process's ClusterTask from the flags' values when any is given, else from tf_config (TF_CONFIG's
     JSON), or None for one machine; sync_replicas needs a cluster, a worker model_given (every one the same model)."""
-    task = _described_task(ps_hosts, worker_hosts, job_name, task_index, tf_config)
+    if ps_hosts or worker_hosts or job_name:
+        task = ClusterTask(tuple(ps_hosts), tuple(worker_hosts), job_name, task_index)
+        _check_task(task, '--ps_hosts, --worker_hosts, --job_name and --task_index')
+    else:
+        task = _task_from_tf_config(tf_config) if tf_config and tf_config.strip() else None
+        if task is not None:
+            _check_task(task, 'TF_CONFIG')
     if task is None and sync_replicas:
         raise ClusterConfigError(
             '--sync_replicas needs a cluster (--ps_hosts and --worker_hosts, or TF_CONFIG); on one '
@@ -112,20 +118,6 @@ def resolve_task(ps_hosts, worker_hosts, job_name, task_index, tf_config=None, s
         raise ClusterConfigError(
             f'{task.name}: give --model on a cluster; every worker must build the same model and the '
             f'default depends on the machine\'s GPUs')
-    return task
-
-
-def _described_task(ps_hosts, worker_hosts, job_name, task_index, tf_config):
-    """Returns the ClusterTask the flags' values or else tf_config describe, or None."""
-    if ps_hosts or worker_hosts or job_name:
-        task = ClusterTask(tuple(ps_hosts), tuple(worker_hosts), job_name, task_index)
-        _check_task(task, '--ps_hosts, --worker_hosts, --job_name and --task_index')
-        return task
-    if not tf_config or not tf_config.strip():
-        return None
-    task = _task_from_tf_config(tf_config)
-    if task is not None:
-        _check_task(task, 'TF_CONFIG')
     return task
 
 
