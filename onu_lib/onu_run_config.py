@@ -11,6 +11,7 @@ import os
 
 from onu_lib import onu_dataset
 from onu_lib import onu_errors
+from onu_lib import onu_files
 
 RUN_CONFIG_FILENAME = 'run_config.json'
 FORMAT_VERSION = 3
@@ -83,12 +84,8 @@ class RunConfig:
     def save(self, directory):
         """Writes the configuration to directory/run_config.json, atomically."""
         os.makedirs(directory, exist_ok=True)
-        path = path_in(directory)
-        tmp_path = path + '.tmp'
-        with open(tmp_path, 'w', encoding='utf-8') as f:
-            json.dump(self.to_dict(), f, indent=2, sort_keys=True, ensure_ascii=False)
-            f.write('\n')
-        os.replace(tmp_path, path)
+        onu_files.write_text_atomic(path_in(directory),
+                                    json.dumps(self.to_dict(), indent=2, sort_keys=True, ensure_ascii=False) + '\n')
 
     @classmethod
     def load(cls, directory):
