@@ -373,7 +373,6 @@ class LoggerHook(tf.compat.v1.train.SessionRunHook):
         self._summary_dir = summary_dir
         self.steps_run = 0
         self.wait_fractions = []  # every measured input wait, in order
-        self.work_per_batch = []  # every measured input work per batch (seconds), in order
 
     def begin(self):
         self._last_step = None
@@ -427,7 +426,6 @@ class LoggerHook(tf.compat.v1.train.SessionRunHook):
             scalars[onu_hparams.WAIT_FRACTION_TAG] = self._wait_fraction
             self._wait_fraction = None
         if self._work_per_batch is not None:
-            self.work_per_batch.append(self._work_per_batch)
             input_text += f'; input work {1000 * self._work_per_batch:.0f} ms per batch'
             scalars[onu_hparams.WORK_TAG] = 1000 * self._work_per_batch
             self._work_per_batch = None
