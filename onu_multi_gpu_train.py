@@ -123,8 +123,7 @@ def _keep_first_tower_summaries(num_towers):
 
 
 def tower_inputs(options, batches):
-    """Returns the step's batch tuple of batches (onu_training.input_pipeline's): (images, labels), or (uint8 images,
-    labels, draws) to augment per tower."""
+    """Returns the step's batch: (images, labels), or (uint8 images, labels, draws) to augment per tower."""
     if options.augment_on == 'model':  # each tower augments its own slice on its own device
         return onu_input.next_batch(batches)
     return onu_input.distorted_inputs(batches)

@@ -241,8 +241,7 @@ def signal_worker_done(task, target, config, timeout_secs=DONE_SIGNAL_TIMEOUT_SE
 
 
 def wait_for_chief(target, config, poll_secs=CHIEF_POLL_SECS, timeout_secs=CHIEF_WAIT_SECS):
-    """Returns once the chief has initialised the default graph's shared variables; ClusterConfigError after
-    timeout_secs."""
+    """Returns once the chief has initialised the graph's shared variables; ClusterConfigError after timeout_secs."""
     with tf.name_scope('wait_for_chief'):
         # Global variables only: local ones (e.g. a synchronous worker's step) are each worker's own.
         uninitialized = tf.compat.v1.report_uninitialized_variables(tf.compat.v1.global_variables())

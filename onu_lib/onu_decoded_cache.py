@@ -136,8 +136,7 @@ class MemoryCache:
 
 
 def _fill_progress(num_examples):
-    """Returns a function (for tf.numpy_function) that counts the examples decoded into the cache on a progress bar,
-    shown from the first of them on."""
+    """Returns a function (for tf.numpy_function) counting the examples decoded into the cache on a progress bar."""
     bars = []
 
     def tick():

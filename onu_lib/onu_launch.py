@@ -85,8 +85,7 @@ class Launched:
 
     @contextlib.contextmanager
     def running(self, commands):
-        """Starts each (name, command) of commands (start_process); on the way out, whatever happened, stops those
-        still running (stop)."""
+        """Starts each (name, command); on the way out, whatever happened, stops those still running."""
         try:
             for name, command in commands:
                 self.processes.append(self._start(name, command))

@@ -45,8 +45,7 @@ class WriteFailed(Exception):
 
 
 def write_failure(error, folder=None):
-    """Returns why a write failed ('the disk is full', ...) when error is such a failure (on a file in folder, if
-    given), else None."""
+    """Returns why a write failed ('the disk is full', ...), on a file in folder if given, or None if it did not."""
     if isinstance(error, OSError):
         reason = WRITE_FAILURES.get(error.errno)
         path = error.filename

@@ -644,8 +644,7 @@ class NewSessionHook(tf.compat.v1.train.SessionRunHook):
 
 
 def make_scaffold(options, resume_from):
-    """Returns the Scaffold of a run of options: a Saver keeping keep_checkpoint_max, and the fine-tune restore when
-    the run starts afresh (resume_from None)."""
+    """Returns the run's Scaffold: its Saver, and the fine-tune restore when it starts afresh (resume_from None)."""
     init_fn = None
     if options.fine_tune_checkpoint and not resume_from:
         saver, path = onu_checkpoint.warm_start_saver(options.fine_tune_checkpoint,
@@ -767,7 +766,7 @@ def training_role(options):
 
 
 def training_run_config(options, precision, data, info):
-    """Returns the RunConfig of a run of options on a DataDir and info, its train split (model: default_model_name())."""
+    """Returns the RunConfig of a run of options on data (a DataDir) and info, its train split."""
     model_name = options.model or default_model_name()
     if not options.model:
         print(f'--model not given: using {model_name} '
@@ -819,8 +818,7 @@ def begin_training_run(options, precision, role, towers=1):
 
 
 def examples_per_step(options, role, towers=1):
-    """Returns how many examples one global step trains on: --batch_size on each of towers, on each worker whose
-    batch the step averages (every worker with --sync_replicas, else this one alone)."""
+    """Returns the examples of one global step: --batch_size on each of towers, on each worker the step averages."""
     return options.batch_size * towers * role.num_replicas
 
 
