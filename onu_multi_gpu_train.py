@@ -67,14 +67,9 @@ def tower_scope(index):
 
 
 def tower_gradients(optimizer, tower_loss, batch, devices, variables_to_train=None):
-    """Builds tower_loss on each device's slice of the batch; returns ([grads_and_vars], [loss]) by tower.
-
-    batch: a tuple of tensors split along their first dimension, e.g. (images, labels);
-    tower_loss(*slices) returns a scalar loss. Tower i runs in name scope tower_<i> on
-    devices[i]; tower 0 creates the variables (on VARIABLE_DEVICE) and the others reuse them.
-    variables_to_train() lists what to differentiate (default: every trainable variable); it is
-    called once tower 0 has created the variables.
-    """
+    """Builds tower_loss(*slices) on each device's slice of batch (tensors split along their first dimension), tower
+    i in name scope tower_<i> on devices[i], with the variables tower 0 creates; returns ([grads_and_vars], [loss]) by
+    tower. variables_to_train() (default: every trainable variable) is called once tower 0 has created them."""
     slices = list(zip(*(tf.split(tensor, len(devices)) for tensor in batch)))
     tower_grads, tower_losses, var_list = [], [], None
     for index, device in enumerate(devices):
@@ -128,18 +123,15 @@ def _keep_first_tower_summaries(num_towers):
 
 
 def tower_inputs(options, batches):
-    """Returns the step's batch tuple of batches (onu_training.input_pipeline's): (images, labels), or (uint8 images,
-    labels, draws) to augment per tower."""
+    """Returns the step's batch: (images, labels), or (uint8 images, labels, draws) to augment per tower."""
     if options.augment_on == 'model':  # each tower augments its own slice on its own device
         return onu_input.next_batch(batches)
     return onu_input.distorted_inputs(batches)
 
 
 def train():
-    """Trains the model the flags describe on --num_gpus towers (one task of a cluster, or this machine).
-
-    Returns the exit code: 0, or 128 + the signal that stopped training.
-    """
+    """Trains the model the flags describe on --num_gpus towers, here or as a cluster task; returns the exit code: 0,
+    or 128 + the signal that stopped training."""
     options = onu_flags.training_options()
     precision, role = onu_training.training_role(options)
     if role.is_ps:

@@ -43,10 +43,8 @@ onu_flags.define_training_flags()
 
 
 def train():
-    """Trains the model the flags describe, on this machine or as this process's task of a cluster.
-
-    Returns the exit code: 0, or 128 + the signal that stopped training.
-    """
+    """Trains the model the flags describe, here or as this process's cluster task; returns the exit code: 0, or
+    128 + the signal that stopped training."""
     options = onu_flags.training_options()
     precision, role = onu_training.training_role(options)
     if role.is_ps:

@@ -5,16 +5,11 @@
     weights = restore(session, path, moving_average_decay)   # moving averages, or raw with allow_raw_weights
     resume_from = prepare_resume(train_dir)              # what training restarts from, damage set aside
 
-A run folder may be moved or copied. TensorFlow's `checkpoint` state file holds absolute paths, so
-nothing here trusts them: checkpoints are found by their files inside the folder given, and the
-state file is rewritten with paths relative to its folder (the training Saver keeps it so, with
-save_relative_paths). A copied run therefore never reads or writes the original's files.
-
-A damaged checkpoint (data file cut short or missing, index unreadable) is never deleted: training
-resumes from the newest readable one and moves the damaged one aside under a name that says so
-(model.ckpt-<step>.damaged.*); eval skips it; export and predict name it and the readable alternative.
-
-Who may use a run folder, and writes into it that fail, are onu_run_folder's.
+A run folder may be moved or copied: checkpoints are found by their files inside the folder given, never by the
+absolute paths of TensorFlow's `checkpoint` state file, which is rewritten relative to its folder (the training Saver
+keeps it so), so a copied run never reads or writes the original's files. A damaged checkpoint is never deleted:
+training moves it aside (model.ckpt-<step>.damaged.*) and resumes from the newest readable one; eval skips it; export
+and predict name it and the readable alternative.
 
 A library module: explicit arguments only, no flags.
 """
@@ -64,11 +59,8 @@ def one_line(error):
 # Finding checkpoints
 
 def list_checkpoints(checkpoint_dir, include_incomplete=False):
-    """Returns the model.ckpt-<step> prefixes in checkpoint_dir, oldest first.
-
-    A prefix is listed once its .index is there (Saver writes it last); include_incomplete also
-    lists prefixes that have only data files (an interrupted save, or a lost index).
-    """
+    """Returns the model.ckpt-<step> prefixes in checkpoint_dir with an .index (Saver writes it last), oldest first;
+    include_incomplete: also those with only data files (an interrupted save, or a lost index)."""
     try:
         names = os.listdir(checkpoint_dir)
     except OSError:
@@ -99,10 +91,8 @@ def check_readable(path):
 
 
 def newest_readable(checkpoint_dir, before=None):
-    """Returns (the newest readable checkpoint or None, [DamagedCheckpoint of each newer one]).
-
-    before: consider only checkpoints older than this prefix.
-    """
+    """Returns (the newest readable checkpoint, older than before if given, or None, [DamagedCheckpoint of newer
+    ones])."""
     damaged = []
     paths = list_checkpoints(checkpoint_dir, include_incomplete=True)
     if before is not None:
@@ -117,11 +107,8 @@ def newest_readable(checkpoint_dir, before=None):
 
 
 def find_checkpoint(checkpoint_dir, checkpoint_path=None, use_instead=None):
-    """Returns checkpoint_path, or the newest checkpoint in checkpoint_dir, checked readable.
-
-    DataError when there is none, or when it is damaged: the message names the newest readable
-    alternative, and use_instead(alternative) says how to use it (default: pass --checkpoint_path).
-    """
+    """Returns checkpoint_path, or the newest checkpoint in checkpoint_dir, checked readable; DataError when there is
+    none or it is damaged, naming the newest readable alternative and use_instead(alternative), how to use it."""
     path = checkpoint_path or (list_checkpoints(checkpoint_dir) or [None])[-1]
     if not path:
         raise onu_errors.DataError(
@@ -180,11 +167,8 @@ def set_aside(damaged_path):
 
 
 def prepare_resume(train_dir, warn=print):
-    """Makes train_dir resumable from its newest readable checkpoint; returns that prefix or None.
-
-    Damaged newer checkpoints are moved aside (set_aside), each named in a one-line warning. The
-    state file is rewritten relative to train_dir, so a moved or copied run reads its own files.
-    """
+    """Makes train_dir resumable from its newest readable checkpoint, newer damaged ones set aside with a warning each
+    and the state file rewritten relative to train_dir; returns that prefix or None."""
     resume_from, damaged = newest_readable(train_dir)
     for error in reversed(damaged):
         moved = set_aside(error.path)
@@ -223,12 +207,9 @@ def check_resumable(train_dir, run_config, saved):
 # Restoring
 
 def variables_to_restore(moving_average_decay=onu_model.DEFAULT_MOVING_AVERAGE_DECAY, checkpoint_path=None):
-    """Returns {checkpoint name: variable} for a Saver that loads moving averages into the model.
-
-    Averaged variables (onu_model.averaged_variables()) load from their moving_average_name();
-    with checkpoint_path, a variable whose average the checkpoint lacks loads its own value.
-    moving_average_decay 0 or None restores plain values. Shadow variables in the graph itself
-    (a training graph) are left out: their variables load from them.
+    """Returns {checkpoint name: variable} for a Saver that loads moving averages (none: moving_average_decay 0 or
+    None) into the model; with checkpoint_path, a variable whose average the checkpoint lacks loads its own value.
+    A training graph's own shadow variables are left out: their variables load from them.
     """
     averaged = onu_model.averaged_variables() if moving_average_decay else []
     shadow_names = {onu_model.moving_average_name(v) for v in averaged}
@@ -255,11 +236,8 @@ def check_shapes(path, shapes, name, var, fix):
 
 
 def weights_to_restore(checkpoint_path, moving_average_decay, allow_raw_weights=False):
-    """Returns ({checkpoint name: model variable of the default graph}, WEIGHTS_AVERAGED or WEIGHTS_RAW).
-
-    DataError when the checkpoint lacks a model variable, has another shape, or (unless
-    allow_raw_weights) lacks the moving averages training kept.
-    """
+    """Returns ({checkpoint name: model variable of the default graph}, WEIGHTS_AVERAGED or WEIGHTS_RAW); DataError
+    when a variable is missing or shaped otherwise, or (unless allow_raw_weights) its moving average is missing."""
     restore = variables_to_restore(moving_average_decay, checkpoint_path)
     shapes = tf.train.load_checkpoint(checkpoint_path).get_variable_to_shape_map()
     for name, var in restore.items():
@@ -278,37 +256,28 @@ def weights_to_restore(checkpoint_path, moving_average_decay, allow_raw_weights=
 
 
 def restore(session, checkpoint_path, moving_average_decay, allow_raw_weights=False):
-    """Restores the model of the session's graph from checkpoint_path; returns which weights it used.
-
-    Raises CheckpointGone when its files vanish while read, DamagedCheckpoint when they are damaged.
-    """
+    """Restores the model of the session's graph from checkpoint_path; returns which weights it used. CheckpointGone
+    when its files vanish while read, DamagedCheckpoint when they are damaged."""
     try:
         with session.graph.as_default():
             restore_map, weights = weights_to_restore(checkpoint_path, moving_average_decay, allow_raw_weights)
             tf.compat.v1.train.Saver(restore_map).restore(session, checkpoint_path)
-    except onu_errors.DataError:
-        raise
     except READ_ERRORS as e:
         raise read_error(checkpoint_path, e) from None
     return weights
 
 
 def read_error(path, error):
-    """Returns the exception for a checkpoint that failed to read: CheckpointGone or DamagedCheckpoint.
-
-    Saver deletes a checkpoint's .index first: without it the trainer has deleted the checkpoint
-    (max_to_keep); with it, the files are damaged.
-    """
+    """Returns the exception for a checkpoint that failed to read: CheckpointGone without its .index (Saver deletes
+    that first, for max_to_keep), else DamagedCheckpoint."""
     if not os.path.isfile(path + '.index'):
         return CheckpointGone(path)
     return DamagedCheckpoint(path, one_line(error))
 
 
 def warm_start_saver(checkpoint_path, exclude_scopes, report=print):
-    """Returns (saver, path) restoring the model variables found in checkpoint_path (a file prefix or folder).
-
-    report(line) hears which variables are excluded or missing from the checkpoint.
-    """
+    """Returns (saver, path) restoring the model variables found in checkpoint_path (a file prefix or folder);
+    report(line) hears which variables are excluded or missing from the checkpoint."""
     path = checkpoint_path
     if os.path.isdir(checkpoint_path):
         # The folder's own newest model.ckpt-N, not the state file's absolute path (a copied folder);

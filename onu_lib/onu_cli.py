@@ -1,16 +1,9 @@
 """What every onu script does first and last: a quiet start, deprecated flag spellings, one-line errors.
 
-Each script imports this module first, before TensorFlow and any onu module that imports it. On
-import, unless --verbose, it filters the known harmless deprecation warnings of tf-slim and the
-legacy layers, in this one place, and sets TensorFlow's C++ logging to errors only unless the user
-set TF_CPP_MIN_LOG_LEVEL (their level then governs what TensorFlow logs). A script that uses
-TensorFlow then calls import_tensorflow(): TensorFlow 2.21 writes its start-up lines (oneDNN, CUDA
-probing) through absl before any log level applies, so, whatever the level, they are dropped from the
-process's stderr while TensorFlow loads and probes its devices. Real warnings (a skipped photo, a
-damaged record, a precision fallback) are the scripts' own lines and always print. The data scripts
-never import TensorFlow, nor do their workers. import_tensorflow() also makes the start and the end quick: Keras's
-optional IPython and matplotlib imports are kept out while TensorFlow loads, and Python's last garbage collection
-is skipped at exit (together about 3 s of every script run).
+Each script imports this module first, before TensorFlow. On import, unless --verbose, it filters the known harmless
+deprecation warnings and sets TensorFlow's C++ logging to errors only unless the user set TF_CPP_MIN_LOG_LEVEL. A
+script that uses TensorFlow then calls import_tensorflow(), which drops the start-up lines TensorFlow writes before
+any log level applies. The scripts' own warnings always print; the data scripts never import TensorFlow.
 """
 import atexit
 import contextlib
@@ -32,13 +25,12 @@ TF_LOG_LEVEL_ENV = 'TF_CPP_MIN_LOG_LEVEL'
 TF_LOG_LEVEL_ERRORS_ONLY = '2'  # TF_CPP_MIN_LOG_LEVEL: 0 everything, 1 no INFO, 2 no WARNING
 SET_BY_ONU_ENV = 'ONU_SET_TF_CPP_MIN_LOG_LEVEL'  # inherited by child processes: not the user's setting
 USER_SET_TF_LOG_LEVEL = TF_LOG_LEVEL_ENV in os.environ and SET_BY_ONU_ENV not in os.environ
-# Deprecation warnings that tf-slim and the tf.compat.v1 layers give on every run, about code that is
-# theirs: "`layer.apply` is deprecated", "`tf.layers.flatten` is deprecated", ... (Python warnings;
-# TensorFlow's own logger is set to errors in run_script).
+# Deprecation warnings that tf-slim and the tf.compat.v1 layers give on every run about their own code
+# ("`layer.apply` is deprecated", ...).
 HARMLESS_WARNING_MODULES = r'(tf_slim|tf_keras|tensorflow|keras)(\.|$)'
 HARMLESS_WARNING_MESSAGES = r'.*(deprecated|dtype argument)'
 # Keras 3, which TensorFlow imports, imports these at start-up if it can, for notebook display and image galleries
-# that no script uses: 0.9 s of every script's start. Kept out while TensorFlow loads (Keras goes without them).
+# that no script uses: kept out while TensorFlow loads (Keras goes without them).
 # (Keras 3 itself stays: kept out, it would leave `from tensorflow.keras import ...` broken for the whole process.)
 KERAS_OPTIONAL_IMPORTS = ('IPython', 'matplotlib')
 # TensorFlow's C++ lines at start-up: INFO and WARNING lines, absl's note that logging is not
@@ -79,8 +71,7 @@ quiet_start(verbose_requested())
 
 @contextlib.contextmanager
 def native_lines_dropped(pattern):
-    """Within it, what native code writes to stderr (fd 2) is kept back; after it, all but the lines pattern matches
-    print."""
+    """Within it, native stderr (fd 2) is kept back; after it, all but the lines pattern matches print."""
     sys.stderr.flush()
     saved_fd = os.dup(2)
     with tempfile.TemporaryFile() as captured:
@@ -100,8 +91,7 @@ def native_lines_dropped(pattern):
 
 @contextlib.contextmanager
 def keras_optional_imports_skipped():
-    """Within it, the packages of KERAS_OPTIONAL_IMPORTS not loaded yet cannot be imported; afterwards they import
-    as usual."""
+    """Within it, the packages of KERAS_OPTIONAL_IMPORTS not loaded yet cannot be imported."""
     skipped = [name for name in KERAS_OPTIONAL_IMPORTS if name not in sys.modules]
     for name in skipped:
         sys.modules[name] = None  # an import of it raises ImportError, which Keras catches
@@ -113,20 +103,12 @@ def keras_optional_imports_skipped():
                 del sys.modules[name]
 
 
-def skip_the_garbage_collection_at_exit():
-    """Skips Python's last garbage collection, which walks every TensorFlow object (a second a process).
-
-    What must be written is closed explicitly before a script ends; Python never promised to finalise the
-    objects that are still alive at exit.
-    """
-    atexit.register(gc.freeze)  # registered before TensorFlow's: runs after its exit handlers
-
-
 def import_tensorflow():
     """Imports TensorFlow and lets it probe its devices, its start-up lines dropped unless --verbose."""
-    skip_the_garbage_collection_at_exit()
-    # Not skipped for a TF_CPP_MIN_LOG_LEVEL the user set: no level stops these lines (users set 2 to quiet
-    # TensorFlow, and got the oneDNN, cudart and cuInit lines back). Their level governs what follows.
+    # Python's last garbage collection walks every TensorFlow object: skipped (what must be written is closed
+    # explicitly). Registered before TensorFlow's exit handlers, so it runs after them.
+    atexit.register(gc.freeze)
+    # Dropped even at a TF_CPP_MIN_LOG_LEVEL the user set: no level stops these lines.
     if verbose_requested():
         with keras_optional_imports_skipped():
             import tensorflow as tf  # pylint: disable=import-outside-toplevel
@@ -135,14 +117,13 @@ def import_tensorflow():
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
         from onu_lib import onu_precision  # pylint: disable=import-outside-toplevel  (it imports TensorFlow)
         onu_precision.visible_gpus()
-        # oneDNN says once per process, at its first uint8 transpose, that it leaves uint8 to Eigen: an error-level
-        # line that would otherwise appear at the first step of images mode (EXIF orientation). Said here, dropped.
-        # A graph session without GPUs: TensorFlow's eager runtime stays uninitialised, so a script can still
-        # choose its devices (onu_eval's --device).
+        # oneDNN's once-per-process error line at its first uint8 transpose, said here to be dropped; a graph
+        # session without GPUs leaves the eager runtime uninitialised, so a script can still choose its devices.
         with tf.Graph().as_default():
             with tf.compat.v1.Session(config=onu_precision.session_config(hide_gpus=True)) as session:
                 session.run(tf.transpose(tf.zeros([1, 2, 1], tf.uint8), [1, 0, 2]))
     return tf
+
 
 def converter_lines_dropped():
     """Within it, the TensorFlow Lite converter's summary lines are dropped, unless --verbose."""
@@ -151,7 +132,6 @@ def converter_lines_dropped():
 
 flags.DEFINE_boolean(VERBOSE_FLAG, False, 'Show everything: TensorFlow\'s C++ log, its INFO lines and '
                      'the deprecation warnings a normal run hides.')
-
 
 
 def show_progress():
@@ -176,10 +156,8 @@ def is_deprecated_alias(name):
 
 
 def apply_deprecated_aliases():
-    """Moves the values given under deprecated spellings to their flags, warning once each.
-
-    Raises flags.Error when a flag is given under both spellings with different values.
-    """
+    """Moves the values given under deprecated spellings to their flags, warning once each; flags.Error when a flag
+    is given under both spellings with different values."""
     for old_name, new_name in _ALIASES.items():
         if not FLAGS[old_name].present:
             continue
@@ -196,9 +174,8 @@ def apply_deprecated_aliases():
 def run_script(body, argv, takes_arguments=False, user_errors=(), failures=(), completions=()):
     """Runs body() for a script's main; a user error becomes one `error: <message>` line, exit 2.
 
-    user_errors: exception types whose message is for the user (onu_errors.UserError and
-    flags.Error always are); failures: those that end a run that went wrong (one line, exit 1);
-    completions: those that say there is nothing to do (their message on stdout, exit 0).
+    user_errors: exception types whose message is for the user (besides UserError and flags.Error); failures: those
+    that end a run that went wrong (one line, exit 1); completions: nothing to do (the message on stdout, exit 0).
     """
     if len(argv) > 1 and not takes_arguments:
         print(f'error: unexpected arguments {argv[1:]}; see --help', file=sys.stderr)

@@ -1,31 +1,23 @@
 """Multi-machine training on TensorFlow's own distributed runtime (between-graph replication).
 
-Every machine runs the same training script as one task of a cluster. Parameter servers (job
-`ps`) hold the variables; each worker (job `worker`) builds the whole graph, reads its own input
-and updates the shared variables; worker 0, the chief, initialises or restores the variables and
-alone writes checkpoints and summaries. The cluster comes from the training scripts'
---ps_hosts/--worker_hosts/--job_name/--task_index flags or from the TF_CONFIG environment variable:
+Every machine runs the same training script as one task of a cluster. Parameter servers (job `ps`) hold the
+variables; each worker (job `worker`) builds the whole graph, reads its own input and updates the shared variables;
+worker 0, the chief, initialises or restores the variables and alone writes checkpoints and summaries. The cluster
+comes from the --ps_hosts/--worker_hosts/--job_name/--task_index flags or from the TF_CONFIG environment variable:
 
     TF_CONFIG='{"cluster": {"ps": ["ps0:2222"], "worker": ["w0:2222", "w1:2222"]},
                 "task": {"type": "worker", "index": 0}}'
 
-Updates are asynchronous: each worker applies its own gradients. SyncReplicas makes them
-synchronous: each step applies the average of one gradient from every worker.
-
-The known traps, and how they are handled here:
-- A worker's session sees only the ps tasks and itself (device filters), so it never waits for
-  a peer worker that has finished.
-- Non-chief workers poll for the chief's initialisation every CHIEF_POLL_SECS instead of
-  TensorFlow's 30-second sleeps, so they start as soon as the variables are ready.
-- A parameter server would serve forever: each worker, when its training ends, puts its index in
-  a small queue on every ps ("done queue"), and a ps returns once every worker has done so.
-- Synchronous training: the chief hands out spare tokens when it stops, so no worker waits for a
-  step that will not come, and its own end-of-run wait is STOP_GRACE_PERIOD_SECS, not 120 s.
-- A lost parameter server: a worker's step, or its new session, waits for it without end inside
-  gRPC. Each worker watches the ps tasks' ports (PsWatch): one line when one stops answering, one
-  when it is back (MonitoredTrainingSession then makes a new session, and the chief restores the
-  newest checkpoint into the restarted ps), and after --ps_wait_secs without it, one line naming
-  the ps and the checkpoint to resume from, and exit status 1.
+Updates are asynchronous, or with SyncReplicas the average of one gradient from every worker. The known traps:
+- A worker's session sees only the ps tasks and itself (device filters): it never waits for a finished peer.
+- Non-chief workers poll for the chief's initialisation every CHIEF_POLL_SECS, not in TensorFlow's 30-second sleeps.
+- A ps would serve forever: each worker that ends puts its index in a "done queue" on every ps, and a ps returns
+  once every worker has done so.
+- Synchronous training: the chief hands out spare tokens when it stops, so no worker waits for a step that will
+  not come, and its own end-of-run wait is STOP_GRACE_PERIOD_SECS.
+- A lost ps: a worker's step, or its new session, waits for it without end inside gRPC. Each worker watches the ps
+  tasks' ports (PsWatch): one line when one stops answering, one when it is back (the chief then restores the newest
+  checkpoint into it), and after --ps_wait_secs one line naming the ps and the checkpoint to resume from, exit 1.
 
 A library module: explicit arguments only, no flags.
 """
@@ -33,7 +25,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import socket
 import sys
 import threading
 import time
@@ -42,6 +33,7 @@ from absl import logging
 import tensorflow as tf
 
 from onu_lib import onu_checkpoint
+from onu_lib import onu_launch
 import onu_model
 
 PS_JOB = 'ps'
@@ -109,14 +101,15 @@ class ClusterTask:
 
 def resolve_task(ps_hosts, worker_hosts, job_name, task_index, tf_config=None, sync_replicas=False,
                  model_given=True):
-    """Returns this process's ClusterTask, or None for training on one machine.
-
-    The flags' values (ps_hosts, worker_hosts, job_name, task_index) win when any is given;
-    otherwise tf_config (the TF_CONFIG JSON string) describes the cluster. A TF_CONFIG cluster
-    of a single worker or chief and no ps means one machine. sync_replicas needs a cluster; a
-    worker needs model_given (every worker must build the same model).
-    """
-    task = _described_task(ps_hosts, worker_hosts, job_name, task_index, tf_config)
+    """Returns this process's ClusterTask from the flags' values when any is given, else from tf_config (TF_CONFIG's
+    JSON), or None for one machine; sync_replicas needs a cluster, a worker model_given (every one the same model)."""
+    if ps_hosts or worker_hosts or job_name:
+        task = ClusterTask(tuple(ps_hosts), tuple(worker_hosts), job_name, task_index)
+        _check_task(task, '--ps_hosts, --worker_hosts, --job_name and --task_index')
+    else:
+        task = _task_from_tf_config(tf_config) if tf_config and tf_config.strip() else None
+        if task is not None:
+            _check_task(task, 'TF_CONFIG')
     if task is None and sync_replicas:
         raise ClusterConfigError(
             '--sync_replicas needs a cluster (--ps_hosts and --worker_hosts, or TF_CONFIG); on one '
@@ -125,20 +118,6 @@ def resolve_task(ps_hosts, worker_hosts, job_name, task_index, tf_config=None, s
         raise ClusterConfigError(
             f'{task.name}: give --model on a cluster; every worker must build the same model and the '
             f'default depends on the machine\'s GPUs')
-    return task
-
-
-def _described_task(ps_hosts, worker_hosts, job_name, task_index, tf_config):
-    """Returns the ClusterTask the flags' values or else tf_config describe, or None."""
-    if ps_hosts or worker_hosts or job_name:
-        task = ClusterTask(tuple(ps_hosts), tuple(worker_hosts), job_name, task_index)
-        _check_task(task, '--ps_hosts, --worker_hosts, --job_name and --task_index')
-        return task
-    if not tf_config or not tf_config.strip():
-        return None
-    task = _task_from_tf_config(tf_config)
-    if task is not None:
-        _check_task(task, 'TF_CONFIG')
     return task
 
 
@@ -197,11 +176,8 @@ def _check_task(task, source):
 
 
 def task_session_config(base_config, task):
-    """Returns base_config restricted to the devices this task talks to (the device filters).
-
-    A worker sees the parameter servers and itself, never its peers, so it neither waits for a
-    worker that has not started nor hangs on one that has finished.
-    """
+    """Returns base_config restricted to the devices this task talks to: a worker sees the parameter servers and
+    itself, never its peers, so it neither waits for one that has not started nor hangs on one that has finished."""
     config = tf.compat.v1.ConfigProto()
     config.CopyFrom(base_config)
     if task.job_name == PS_JOB:
@@ -265,10 +241,7 @@ def signal_worker_done(task, target, config, timeout_secs=DONE_SIGNAL_TIMEOUT_SE
 
 
 def wait_for_chief(target, config, poll_secs=CHIEF_POLL_SECS, timeout_secs=CHIEF_WAIT_SECS):
-    """Returns once the chief has initialised or restored the shared variables of the default graph.
-
-    Raises ClusterConfigError after timeout_secs without them.
-    """
+    """Returns once the chief has initialised the graph's shared variables; ClusterConfigError after timeout_secs."""
     with tf.name_scope('wait_for_chief'):
         # Global variables only: local ones (e.g. a synchronous worker's step) are each worker's own.
         uninitialized = tf.compat.v1.report_uninitialized_variables(tf.compat.v1.global_variables())
@@ -302,22 +275,9 @@ def ps_name(index, host):
     return f'{PS_JOB} {index} at {host}'
 
 
-def ps_answers(host_port, timeout_secs=PS_PROBE_SECS):
-    """True if something accepts a connection at host_port (a ps task serving there)."""
-    host, port = host_port.rsplit(':', 1)
-    try:
-        with socket.create_connection((host.strip('[]'), int(port)), timeout=timeout_secs):  # [::1]: IPv6
-            return True
-    except OSError:
-        return False
-
-
 class PsWatch:
-    """A worker's watch over the parameter servers: says when one that answered stops answering and when it is
-    back, and ends the process with one line when one stays away wait_secs (its steps would wait forever).
-
-    A thread of its own: the main thread may be blocked in a step that waits for the lost ps.
-    """
+    """A worker's watch over the parameter servers, in a thread of its own (a step may be blocked by a lost ps): says
+    when one stops answering and when it is back, and ends the process when one stays away wait_secs."""
 
     def __init__(self, task, wait_secs, train_dir, probe_secs=PS_PROBE_SECS):
         self._task, self._wait_secs, self._train_dir, self._probe_secs = task, wait_secs, train_dir, probe_secs
@@ -334,7 +294,7 @@ class PsWatch:
 
     def lost(self):
         """Returns the names of the ps tasks not answering now."""
-        return [ps_name(index, host) for index, host in enumerate(self._task.ps_hosts) if not ps_answers(host)]
+        return [ps_name(index, host) for index, host in enumerate(self._task.ps_hosts) if not onu_launch.answers(host)]
 
     def _watch(self):
         gone_since, answered = {}, set()  # a ps not started yet is waited for as before, without end
@@ -342,7 +302,7 @@ class PsWatch:
             now = time.monotonic()
             for index, host in enumerate(self._task.ps_hosts):
                 name = ps_name(index, host)
-                if ps_answers(host):
+                if onu_launch.answers(host):
                     answered.add(index)
                     if index in gone_since:
                         print(f'{self._task.name}: {name} is back after {now - gone_since.pop(index):.0f} s; '
@@ -369,10 +329,8 @@ class PsWatch:
 
 # pragma: no mutate block (the role of a process in a cluster, its servers and sessions: the process tests)
 class Role:
-    """This process's part in training: the one worker of a single machine, or one task of a cluster.
-
-    The training scripts call the same methods either way; on one machine they do nothing.
-    """
+    """This process's part in training, as one machine's only worker or a cluster task: the same methods either way
+    (on one machine they do nothing)."""
 
     def __init__(self, session_config, task=None, server=None, replicas=None, ps_watch=None):
         self.session_config = session_config
@@ -464,11 +422,8 @@ def join(task, session_config, sync_replicas=False, ps_wait_secs=None, train_dir
 
 
 class SyncReplicas:
-    """Synchronous updates: each global step applies the average of one gradient per worker.
-
-    Wraps the optimizer in tf.compat.v1.train.SyncReplicasOptimizer; the moving averages of the
-    weights are updated once per step, by the chief, after the averaged update.
-    """
+    """Synchronous updates (SyncReplicasOptimizer): each global step applies the average of one gradient per worker,
+    and the chief then updates the moving averages of the weights."""
 
     def __init__(self, task):
         self._task = task
@@ -504,12 +459,8 @@ class SyncReplicas:
 
 
 class _SyncChiefHook(tf.compat.v1.train.SessionRunHook):
-    """The chief's side of SyncReplicasOptimizer, ending quietly.
-
-    As SyncReplicasOptimizer's own chief hook, it initialises the step and the tokens and runs the
-    thread that applies each step's averaged gradients; that thread, cancelled at the end while
-    waiting for gradients that will not come, stops quietly instead of with a traceback.
-    """
+    """SyncReplicasOptimizer's own chief hook, except that its thread applying the averaged gradients, cancelled at
+    the end while waiting for gradients that will not come, stops quietly instead of with a traceback."""
 
     def __init__(self, optimizer):
         runner = optimizer.get_chief_queue_runner()
@@ -531,12 +482,8 @@ class _SyncChiefHook(tf.compat.v1.train.SessionRunHook):
 
 
 class _ReleaseTokensAtEnd(tf.compat.v1.train.SessionRunHook):
-    """Hands out spare step tokens when this worker stops, chief or not.
-
-    A worker that stops leaves the others one gradient short for good: one of them may already
-    wait for the token of a step that will never be applied (a faster worker can run the last
-    steps alone, two batches a step, while the chief is busy between steps).
-    """
+    """Hands out spare step tokens when this worker stops, chief or not: the others, one gradient short for good,
+    may already wait for the token of a step that will never be applied."""
 
     def __init__(self, optimizer, num_tokens):
         self._release_op = optimizer.get_init_tokens_op(num_tokens)

@@ -11,7 +11,6 @@ take a port, not an address): run them only on a trusted network or behind a fir
 A library module: explicit arguments only, no flags.
 """
 import re
-import socket
 import threading
 import time
 
@@ -21,6 +20,8 @@ from google.protobuf import descriptor_pb2
 from google.protobuf import descriptor_pool
 from google.protobuf import message_factory
 import tensorflow as tf
+
+from onu_lib import onu_launch
 
 DEFAULT_PORT = 5050
 ADDRESS_FORM = 'grpc://HOST:PORT'
@@ -95,16 +96,6 @@ def check_reachable(address, timeout_secs=REACH_TIMEOUT_SECS):
         ) from None
 
 
-def answers(host_port, timeout_secs=1.0):
-    """Returns whether something accepts TCP connections at HOST:PORT."""
-    host, port = host_port.rsplit(':', 1)
-    try:
-        with socket.create_connection((host.strip('[]'), int(port)), timeout=timeout_secs):
-            return True
-    except OSError:
-        return False
-
-
 class WorkerWatchHook(tf.compat.v1.train.SessionRunHook):
     """Warns once for each of the service's workers that stops answering while training runs, from a thread that
     looks every WATCH_EVERY_SECS (the dispatcher lists a dead worker for good, so each one is asked directly)."""
@@ -132,7 +123,7 @@ class WorkerWatchHook(tf.compat.v1.train.SessionRunHook):
                 continue  # a dispatcher that restarts: the trainer's own client waits for it
             seen.update(workers)
             for worker in sorted(seen - set(self.lost)):
-                if not answers(worker):
+                if not onu_launch.answers(worker):
                     self.lost.append(worker)
                     alive = len(seen) - len(self.lost)
                     logging.warning('tf.data service worker %s stopped answering; training goes on with the other '
@@ -141,10 +132,8 @@ class WorkerWatchHook(tf.compat.v1.train.SessionRunHook):
 
 
 def start_dispatcher(port, work_dir):
-    """Starts a fault-tolerant dispatcher on port (0: a free one) that journals its state in work_dir; returns it.
-
-    Restarted on the same port and work_dir, it resumes its jobs, and the trainers go on.
-    """
+    """Starts a fault-tolerant dispatcher on port (0: a free one) that journals its state in work_dir, so that
+    restarted there it resumes its jobs; returns it."""
     return tf.data.experimental.service.DispatchServer(tf.data.experimental.service.DispatcherConfig(
         port=port, work_dir=work_dir, fault_tolerant_mode=True, worker_timeout_ms=WORKER_TIMEOUT_MS))
 

@@ -4,21 +4,16 @@
     cache = open_cache(kind, info, image_size, root, reduced_decode, seed)   # MemoryCache, DiskCache or NO_CACHE
     examples = cache.training_examples(decoded, seed)   # endless (uint8 image, int32 label)
 
-Each cache turns decoded(seed, repeat), the decoded training examples (one shuffled epoch, or endless when repeat),
-into the endless training examples (onu_input.training_examples): NO_CACHE decodes every epoch, a MemoryCache keeps
-the first epoch in memory and reshuffles it, a DiskCache writes it to disk and reads it back.
+decoded(seed, repeat) gives the decoded training examples: one shuffled epoch, or endless when repeat.
 
-The disk cache holds one epoch of resized uint8 training images, written while the first epoch trains on them and
-read back by every later epoch instead of decoding again. Its folder is named by a key of what it holds: the data's
-files with their sizes and modification times, the class names and labels offset, the image size and the decode
-options. A changed data folder or image size therefore gets a new cache, never a stale one, and caches of other data
-are left alone. The first epoch is written into a folder of this process's own (NAME.partial-PID), renamed into
-place with its manifest when the epoch ends: a cache killed mid-epoch is never read as whole (a later run removes
-what is left of it). Shards are TFRecord files whose records are blocks of images (their pixels, then their 8-byte
-labels: one record per image would cost more per image than the memory cache at small sizes); a shard's framing
-and CRCs are checked before this process first reads it, so damaged pixels are never trained on. A full disk, a
-folder that cannot be written or a damaged shard each print one line; training goes on decoding every epoch, and
-the partial or damaged cache is removed (it is derived data: nothing the user had), a damaged one by the next run.
+The disk cache's folder is named by a key of what it holds (the data's files with their sizes and modification times,
+the classes, the image size and the decode options), so a changed data folder gets a new cache, never a stale one.
+The first epoch is written while it trains into a folder of this process's own (NAME.partial-PID), renamed into
+place with its manifest when the epoch ends: a cache killed mid-epoch is never read as whole. Shards are TFRecord
+files of blocks of images (their pixels, then their 8-byte labels: cheaper per image than a record each), whose
+framing and CRCs are checked before this process first reads them. A full disk, a folder that cannot be written or
+a damaged shard each print one line; training goes on decoding every epoch, and the partial or damaged cache is
+removed (it is derived data).
 """
 import dataclasses
 import hashlib
@@ -83,11 +78,8 @@ def room(root):
 
 
 def choose(mode, num_examples, image_size, root):
-    """Returns (kind, why): where the decoded epoch of num_examples images at image_size is kept, as mode says.
-
-    kind is 'memory', 'disk' or 'off'; auto picks memory when the epoch fits onu_input.DECODED_CACHE_BYTES, disk when
-    root's disk has room for it (cache_bytes, within room), and off otherwise. why: one sentence saying which and why.
-    """
+    """Returns (kind, why): 'memory', 'disk' or 'off' for the decoded epoch of num_examples images at image_size as
+    mode says; auto: memory if it fits onu_input.DECODED_CACHE_BYTES, else disk if root's disk has room, else off."""
     epoch = onu_input.decoded_epoch_bytes(num_examples, image_size)
     what = f'the decoded epoch ({num_examples} images at {image_size}x{image_size}: {_size(epoch)})'
     budget = _size(onu_input.DECODED_CACHE_BYTES)
@@ -103,9 +95,8 @@ def choose(mode, num_examples, image_size, root):
 
 
 def open_cache(kind, info, image_size, root, reduced_decode=False, seed=None, progress=False):
-    """Returns the cache of kind ('memory', 'disk' or 'off', as choose says) for info's training images at image_size:
-    NO_CACHE when a DiskCache under root can be neither read nor written (after its one line). progress: a
-    MemoryCache's."""
+    """Returns the cache of kind for info's training images at image_size (progress: a MemoryCache's); NO_CACHE when
+    a DiskCache under root can be neither read nor written (after its one line)."""
     if kind == 'memory':
         return MemoryCache(info.num_examples, progress)
     if kind == 'disk':
@@ -145,8 +136,7 @@ class MemoryCache:
 
 
 def _fill_progress(num_examples):
-    """Returns a function (for tf.numpy_function) that counts the examples decoded into the cache on a progress bar,
-    shown from the first of them on."""
+    """Returns a function (for tf.numpy_function) counting the examples decoded into the cache on a progress bar."""
     bars = []
 
     def tick():
@@ -328,9 +318,8 @@ class DiskCache:
                 return tf.identity(image), label
         return tf.data.Dataset.from_tensors((image, label)).map(finished).filter(lambda image, label: False)
 
-    # Reading: every later epoch.
-
     # pragma: no mutate end
+    # Reading: every later epoch.
     def _epoch_shards(self):
         """Returns this epoch's shard paths in a new order; none when the cache is not there or is damaged."""
         with self._lock:
@@ -394,10 +383,8 @@ class DiskCache:
         return records.map(self._parsed).unbatch().shuffle(self._shuffle_buffer, seed=self._seed)
 
     def training_examples(self, decoded, seed):
-        """Returns endless examples: the first decoded epoch, written to the cache as training reads it (when it is
-        not complete yet); then the cache's epochs, each in a new order; then decoded ones, every epoch, reached only
-        when the cache could not be written or is found damaged.
-        """
+        """Returns endless examples: the first decoded epoch, written to the cache as it trains (unless complete), then
+        the cache's epochs, each in a new order, then decoded ones (reached only if the cache failed)."""
         first_epoch = decoded(seed, repeat=False)
         later_seed = None if seed is None else seed + 1  # a failed cache's next epochs: not the first one's order
         decoded_later = decoded(later_seed, repeat=True)

@@ -1,10 +1,8 @@
 """Flags shared by the onu scripts: every flag used by several scripts is declared here once, with one meaning.
 
-A setting's flag is declared with its field (onu_settings.setting): define_settings() declares the flags of a dataclass
-of settings (onu_training.TrainingOptions, onu_settings.SharedSettings), read_settings() reads them back into it. Each
-script declares the groups it takes; the data scripts (make_sample_data.py, convert_to_tfrecord.py) take only
-SharedSettings' and never load TensorFlow: nothing imported here at the top loads it. Only flags live here: declaring
-and reading them. Scripts import onu_cli first.
+define_settings() declares the flags of a dataclass of settings (onu_settings.setting fields: onu_training's
+TrainingOptions, SharedSettings), read_settings() reads them back into it. The data scripts take only SharedSettings'
+and never load TensorFlow: nothing imported here at the top loads it. Scripts import onu_cli first.
 """
 import dataclasses
 import os
@@ -111,8 +109,7 @@ def define_num_gpus_flag():
 
 # pragma: no mutate end
 def _no_local_cache_with_a_service(values):
-    """Returns whether --data_service and --cache_decoded_epoch (in values) go together: no memory or disk cache with a
-    service, whose workers each see only their share of an epoch."""
+    """Returns whether --data_service and --cache_decoded_epoch (in values) go together (the message says why)."""
     return not (values['data_service'] and values['cache_decoded_epoch'] not in ('auto', 'off'))
 
 

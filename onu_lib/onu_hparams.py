@@ -4,11 +4,9 @@
     write_session_end(train_dir, status)                                  # 'success' or 'failure'
     write_measured_session(run_dir, settings, metrics)                    # a benchmark row: settings and figures
 
-The settings are SETTINGS: one entry each, its name in the dashboard, its values (a fixed set where there is one, so
-the dashboard offers a filter) and how it is read from the run. The metrics are METRICS: ordinary scalars that the
-training run writes into its train_dir (group '') and that onu_eval.py writes into an eval_dir inside it
-(`RUN/eval`: group 'eval'); the plugin puts their latest values beside the settings. Every run writes the same
-experiment config (the declared settings and metrics), so runs of one --logdir share one table.
+SETTINGS are the columns (a fixed set of values gives the dashboard a filter); METRICS are ordinary scalars written
+into train_dir by the training run (group '') and into RUN/eval by onu_eval.py (group 'eval'). Every run writes the
+same experiment config, so runs of one --logdir share one table.
 
 A library module: explicit arguments only, no flags.
 """
@@ -98,11 +96,8 @@ def experiment_config():
 
 
 def _write(train_dir, kind, *summaries):
-    """Writes summaries into an event file of their own in train_dir (TensorBoard reads every event file there).
-
-    kind names the file: a FileWriter's file name has the time in whole seconds, so two files written in the same
-    second under one name would be one, the second overwriting the first.
-    """
+    """Writes summaries into an event file of their own in train_dir, named by kind (a FileWriter's file name has
+    the time in whole seconds: a second file of the same second and name would overwrite the first)."""
     with tf.Graph().as_default():  # a v1 FileWriter needs graph mode; it writes no graph unless given one
         writer = tf.compat.v1.summary.FileWriter(train_dir, filename_suffix=f'.hparams-{kind}')
         for summary in summaries:  # TensorBoard builds its own copy of the Summary message: passed on as bytes

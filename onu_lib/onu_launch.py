@@ -1,5 +1,6 @@
 """Processes of one machine that the launchers (run_local_cluster.py, run_data_service.py) start and stop: free
-ports, output prefixed with the process's name, stopping what is left, and restarting a cluster's lost tasks.
+ports and whether one answers, output prefixed with the process's name, stopping what is left, and restarting a
+cluster's lost tasks.
 
 A library module: explicit arguments only, no flags.
 """
@@ -27,6 +28,16 @@ def free_ports(host, count):
     finally:
         for sock in sockets:
             sock.close()
+
+
+def answers(host_port, timeout_secs=1.0):
+    """Returns whether something accepts TCP connections at HOST:PORT ([::1]:PORT for IPv6)."""
+    host, port = host_port.rsplit(':', 1)
+    try:
+        with socket.create_connection((host.strip('[]'), int(port)), timeout=timeout_secs):
+            return True
+    except OSError:
+        return False
 
 
 def _copy_output(name, stream):
@@ -74,8 +85,7 @@ class Launched:
 
     @contextlib.contextmanager
     def running(self, commands):
-        """Starts each (name, command) of commands (start_process); on the way out, whatever happened, stops those
-        still running (stop)."""
+        """Starts each (name, command); on the way out, whatever happened, stops those still running."""
         try:
             for name, command in commands:
                 self.processes.append(self._start(name, command))
@@ -95,11 +105,9 @@ class Launched:
 
 
 class Supervisor:
-    """Watches a cluster's tasks as a supervisor would. A lost ps is restarted (same command, same port: the workers
-    reconnect and the chief restores the newest checkpoint into it), and so is a lost worker other than the chief,
-    at most max_restarts times per task within RESTART_WINDOW_SECS. A lost chief, or a task lost once more, stops
-    the cluster. Tasks are named 'ps N' and 'worker N'; an exit status of 0 is a worker done, or a ps stopped by
-    itself once every worker said so."""
+    """Watches a cluster's tasks ('ps N', 'worker N') as a supervisor would: a lost ps or non-chief worker is restarted
+    with the same command, at most max_restarts times per task within RESTART_WINDOW_SECS; a lost chief, or a task
+    lost once more, stops the cluster. Exit status 0 is a worker done, or a ps stopped once every worker said so."""
 
     def __init__(self, launched, commands, chief, max_restarts):
         self._launched, self._commands, self._chief = launched, dict(commands), chief

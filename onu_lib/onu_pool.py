@@ -18,11 +18,8 @@ def worker_count(processes=None):
 
 @contextlib.contextmanager
 def _main_script_not_reimported():
-    """Within it, spawned processes do not re-run the main script's imports (onu_train.py's TensorFlow).
-
-    A spawned worker imports the main script's file (as __mp_main__) before running anything; the
-    work functions live in library modules, which the worker imports itself, so it needs none of it.
-    """
+    """Within it, spawned processes do not import the main script (as __mp_main__), and so neither its TensorFlow:
+    the work functions live in library modules, which the worker imports itself."""
     main = sys.modules.get('__main__')
     main_file = getattr(main, '__file__', None)
     if main_file is None or getattr(main, '__spec__', None) is not None:
@@ -51,11 +48,8 @@ def process_pool(processes, initializer=None):
 
 
 def parallel_map(fn, items, pool, window=8):
-    """Yields fn(item) for items in order, computed by pool's workers (in this process if pool is None).
-
-    When a result is yielded, the next `window` items are already submitted, and no more: a slow consumer
-    never makes the workers fill the RAM.
-    """
+    """Yields fn(item) for items in order, computed by pool's workers (in this process if pool is None), at most
+    `window` items ahead of the consumer, so that a slow one never makes the workers fill the RAM."""
     if pool is None:
         yield from map(fn, items)
         return

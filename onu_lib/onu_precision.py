@@ -1,13 +1,9 @@
 """The hardware a run computes on and the precision it computes in.
 
-detect_hardware finds the CPU's bfloat16 instructions (/proc/cpuinfo) and the GPUs TensorFlow sees;
-choose_precision turns a requested precision (auto, float32 or mixed) into a Precision for that hardware:
-mixed is bfloat16 compute through oneDNN on CPUs with AMX/AVX512_BF16, float16 with dynamic loss scaling
-on GPUs of compute capability 7.0+; resolve_precision does both for this machine and prints the outcome.
-session_config and set_precision_options make the tf.compat.v1 session config a run computes with (the graph
-rewrite to the Precision's compute_dtype, XLA if asked). The float16 optimizer wrapping is graph building:
-onu_model.make_optimizer does it (onu_model.loss_scaled). Variables, moving averages and checkpoints stay
-float32 in every precision.
+detect_hardware finds the CPU's bfloat16 instructions and the GPUs TensorFlow sees; choose_precision turns a requested
+precision (auto, float32 or mixed) into a Precision for that hardware; resolve_precision does both for this machine
+and prints the outcome; session_config and set_precision_options make the session config a run computes with. The
+float16 optimizer wrapping is onu_model.make_optimizer's. Variables, moving averages and checkpoints stay float32.
 
 A library module: explicit arguments only, no flags.
 """
@@ -87,11 +83,8 @@ class Precision:
 
 
 def choose_precision(requested, hardware):
-    """Returns (Precision, warning or None) for requested ('auto', 'float32' or 'mixed') on hardware.
-
-    auto picks mixed where the hardware has a fast path (a GPU of compute capability 7.0+, or a CPU
-    with AMX or AVX512_BF16) and float32 elsewhere; mixed without a fast path warns and runs float32.
-    """
+    """Returns (Precision, warning or None) for requested ('auto', 'float32' or 'mixed') on hardware: auto is mixed
+    where the hardware has a fast path, else float32; mixed without one warns and runs float32."""
     if requested not in PRECISIONS + ('auto',):
         raise ValueError(f'precision={requested!r}; expected auto, {", ".join(PRECISIONS)}')
     if requested == 'float32':
@@ -112,10 +105,8 @@ def choose_precision(requested, hardware):
 
 
 def resolve_precision(requested, use_gpus=True):
-    """Returns the Precision that --precision gives here; prints the devices, it and any warning.
-
-    use_gpus False: the model runs on the CPU even where GPUs are visible (onu_eval --device=cpu).
-    """
+    """Returns the Precision that --precision gives here; prints the devices, it and any warning. use_gpus False:
+    the model runs on the CPU even where GPUs are visible (onu_eval --device=cpu)."""
     hardware = detect_hardware()
     if not use_gpus:
         hardware = dataclasses.replace(hardware, gpus=())
@@ -140,11 +131,8 @@ def session_config(hide_gpus=False):
 
 
 def set_precision_options(config, compute_dtype, xla=False):
-    """Turns on in a tf.compat.v1.ConfigProto the rewrite to compute_dtype (a Precision's), and XLA if asked.
-
-    Returns config. float16 is Grappler's GPU rewrite (it changes nothing on a CPU); bfloat16 is
-    oneDNN's CPU rewrite. Either keeps variables float32 and casts around the ops it converts.
-    """
+    """Returns config (a ConfigProto) with the rewrite to compute_dtype (float16: Grappler's, on a GPU; bfloat16:
+    oneDNN's, on the CPU; variables stay float32) turned on, and XLA if asked."""
     rewrite = config.graph_options.rewrite_options
     if compute_dtype == 'float16':
         rewrite.auto_mixed_precision = rewrite.ON

@@ -1,15 +1,9 @@
-"""The run configuration: what a training run is, saved as train_dir/run_config.json.
+"""The run configuration: what a training run is, saved as train_dir/run_config.json. onu_eval.py, onu_export.py and
+onu_predict.py rebuild the same model from it, and a restarted run checks it can resume. No flags, no TensorFlow.
 
-It is the contract between training and everything after it: onu_eval.py, onu_export.py and
-onu_predict.py rebuild the same model from it, and a restarted run checks it can resume.
-Every script calls it run_config. A library module: no flags, no TensorFlow.
-
-Format 3 (this one) adds where the data's labels and split came from: layout, labels_offset (other tools'
-records: class = stored label - labels_offset) and validation_percent (bare class folders: the share held
-out for val), so that eval, export and predict read the data exactly as training did. Format 2 added
-format_version and dropped num_classes (it is len(class_names)). Files of formats 1 and 2 load (format 1,
-without precision and compute_dtype, as float32 runs; both as photo-folder runs); a file from a newer
-version fails with a line saying to upgrade.
+Format 3 added layout, labels_offset and validation_percent, so that eval, export and predict read the data exactly
+as training did; format 2 added format_version and dropped num_classes (len(class_names)). Files of formats 1 and 2
+load as photo-folder runs (format 1 as float32); a file from a newer version fails with a line saying to upgrade.
 """
 import dataclasses
 import json
@@ -17,6 +11,7 @@ import os
 
 from onu_lib import onu_dataset
 from onu_lib import onu_errors
+from onu_lib import onu_files
 
 RUN_CONFIG_FILENAME = 'run_config.json'
 FORMAT_VERSION = 3
@@ -89,12 +84,8 @@ class RunConfig:
     def save(self, directory):
         """Writes the configuration to directory/run_config.json, atomically."""
         os.makedirs(directory, exist_ok=True)
-        path = path_in(directory)
-        tmp_path = path + '.tmp'
-        with open(tmp_path, 'w', encoding='utf-8') as f:
-            json.dump(self.to_dict(), f, indent=2, sort_keys=True, ensure_ascii=False)
-            f.write('\n')
-        os.replace(tmp_path, path)
+        onu_files.write_text_atomic(path_in(directory),
+                                    json.dumps(self.to_dict(), indent=2, sort_keys=True, ensure_ascii=False) + '\n')
 
     @classmethod
     def load(cls, directory):

@@ -4,12 +4,8 @@
     with stop_on_write_failure(train_dir, 'training', train_dir):   # a full disk: WriteFailed, one line
         ...
 
-A trainer holds its --train_dir, an evaluator its --eval_dir (hold_folder): a second process on the folder is
-refused with a line naming the first, and a lock left by a process that died is taken over, said in one line;
-a clean end (FolderLock.release, at exit) empties the lock file, so the next start says nothing. A write that
-fails for lack of space or rights (write_failure) ends the run with one line naming the folder, the reason and,
-for a folder of checkpoints, the newest complete one to resume from (WriteFailed); TensorFlow's event-writer
-thread, which would also print a traceback of it, is kept quiet.
+A lock left by a process that died is taken over, said in one line; a clean end empties the lock file, so the next
+start says nothing. TensorFlow's event-writer thread, which would print a traceback of a failed write, is kept quiet.
 
 A library module: explicit arguments only, no flags.
 """
@@ -49,10 +45,7 @@ class WriteFailed(Exception):
 
 
 def write_failure(error, folder=None):
-    """Returns why a write failed ('the disk is full', ...) when error is such a failure, else None.
-
-    folder: only a failure on a file in folder counts (a file it could not read elsewhere is another matter).
-    """
+    """Returns why a write failed ('the disk is full', ...), on a file in folder if given, or None if it did not."""
     if isinstance(error, OSError):
         reason = WRITE_FAILURES.get(error.errno)
         path = error.filename
@@ -113,11 +106,8 @@ class _WriterThreadFailure(logging.Filter):
 
 
 def _quiet_writer_thread_failures():
-    """Keeps a write failure in TensorFlow's event-writer thread to the one line the main thread gives of it.
-
-    That thread logs the error and dies with a traceback; the next summary write raises the same error in the
-    main thread, where stop_on_write_failure turns it into WriteFailed.
-    """
+    """Keeps a write failure in TensorFlow's event-writer thread (logged, with a traceback) to the one line of
+    WriteFailed that the next summary write gives in the main thread."""
     if getattr(threading.excepthook, 'onu_quiet', False):
         return
     previous = threading.excepthook
@@ -174,12 +164,8 @@ class FolderLock:
 
 
 def hold_folder(folder, usage, flag, report=print):
-    """Takes folder for this process until it ends (usage: 'training', 'evaluation'; flag: the folder's flag name).
-
-    FolderInUse, naming the other process, when a live one holds it. A lock left by a process that died
-    (killed, crashed, a reboot: the kernel's lock went with it) is taken over, said in one line. WriteFailed
-    when the folder cannot be written. Returns the FolderLock (released at exit, or with release()).
-    """
+    """Returns the FolderLock (released at exit) of folder for this process (usage: 'training', 'evaluation'; flag:
+    the folder's flag name); FolderInUse when a live process holds it, WriteFailed when it cannot be written."""
     path = os.path.join(folder, LOCK_FILENAME)
     try:
         os.makedirs(folder, exist_ok=True)

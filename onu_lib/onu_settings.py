@@ -1,10 +1,6 @@
-"""A setting declared once: setting() is a dataclass field that is also the declaration of the setting's flag.
-
-A dataclass of settings (onu_training.TrainingOptions, and SharedSettings here) writes each setting as a field
-with setting(): the flag's absl kind, default, help and checks, and how a run reads the flag's value into the field.
-onu_flags declares the flags from the fields and reads them back into the dataclass.
-
-No TensorFlow here: the data scripts, which never load it, declare the SharedSettings they take.
+"""A setting declared once: setting() is a dataclass field that is also the declaration of the setting's flag (its
+absl kind, default, help and checks, and how a run reads its value into the field); onu_flags declares the flags from
+the fields and reads them back. No TensorFlow here: the data scripts, which never load it, take SharedSettings.
 """
 import dataclasses
 from typing import Callable

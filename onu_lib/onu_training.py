@@ -1,6 +1,5 @@
-"""What the training scripts share around their graphs: data on demand, the run's start, summaries,
-the hooks and the monitored session. The training scripts call it with one TrainingOptions, the declaration of
-every training setting, which onu_flags.training_options() reads from the flags once.
+"""What the training scripts share around their graphs: data on demand, the run's start, summaries, the hooks and
+the monitored session, all from one TrainingOptions (every training setting, read from the flags by onu_flags).
 
 A library module: explicit arguments only; it declares the training flags (TrainingOptions) but reads none.
 """
@@ -71,11 +70,9 @@ def _model_defaults(field):
 
 @dataclasses.dataclass(frozen=True)
 class TrainingOptions(onu_settings.SharedSettings):
-    """What a training run is told: every training setting, each declared once, as its flag and its typed field.
+    """Every training setting, each declared once as its flag and its typed field (onu_settings.setting).
 
-    onu_flags declares each flag from its field (onu_settings.setting) and reads the flags into these fields once;
-    a setting is one field here (or in SharedSettings, where the data scripts take it too) plus its use. None
-    means the default where it is one: model and image_size (the model's own), data_format (the data's),
+    None means the default where it is one: model and image_size (the model's own), data_format (the data's),
     learning_rate and weight_decay (the model's), cache_dir (onu_decoded_cache.default_root()).
     """
     train_dir: str = setting('string', onu_settings.DEFAULT_TRAIN_DIR,
@@ -203,12 +200,8 @@ def default_model_name():
 
 
 def prepare_data(data_dir, data_format, validation_percent, labels_offset):
-    """Makes sure data_dir holds what data_format reads; returns (its onu_dataset.DataDir, the data format to read).
-
-    The built-in sample data (only in the default --data_dir) and this repo's records are made on demand;
-    a folder with no data found is a DataError saying what was looked for. Prints what was found where it is
-    not this repo's own layout: the split of bare class folders, the labels of other tools' records.
-    """
+    """Returns (data_dir's onu_dataset.DataDir, the data format to read), making the built-in sample data (only in
+    the default --data_dir) and this repo's records on demand; DataError when no data is found."""
     try:
         data = onu_dataset.describe(data_dir, validation_percent, labels_offset)
     except onu_errors.DataError:
@@ -258,11 +251,8 @@ def _complete_message(train_dir, step, max_steps):
 
 
 def check_not_complete(train_dir, max_steps, role):
-    """On one machine: raises RunComplete when train_dir's newest readable checkpoint is at max_steps or past it.
-
-    Without it a finished run started again trains one more step (StopAtStepHook stops after a step). Nothing
-    is written. On a cluster the workers may not see the chief's folder: RunCompleteHook stops them instead.
-    """
+    """On one machine: RunComplete when train_dir's newest readable checkpoint is at max_steps or past it (else
+    StopAtStepHook would train one more step); on a cluster RunCompleteHook stops the workers instead."""
     if role.task is not None:
         return
     newest, _ = onu_checkpoint.newest_readable(train_dir)
@@ -295,23 +285,17 @@ def resume_point(train_dir, is_chief):
 
 
 def input_seed(seed, task_index, resume_from):
-    """Returns the seed of this process's shuffling and augmentation.
-
-    Workers of a cluster, and a run restarted from a checkpoint, each get their own, so that they
-    neither read the same batches as each other nor repeat the ones already trained on.
-    """
+    """Returns the seed of this process's shuffling and augmentation: each cluster worker, and each restart from a
+    checkpoint, gets its own, so that none reads another's batches or repeats those already trained on."""
     start_step = onu_checkpoint.listed_step(resume_from) if resume_from else 0
     return (seed * 1000003 + task_index * 7919 + start_step) % (2 ** 31 - 1)
 
 
 def input_pipeline(options, run_config, info, role, seed, batch_size, cache_progress):
-    """Returns the dataset of options' training batches of info (onu_input.training_batches'): made here, the decoded
-    epoch kept as run_config chose (cache_progress: a progress bar while memory's first epoch is decoded), or by the
-    tf.data service; augmented in the pipeline, or with their draws for the model's device (--augment_on=model).
-
-    A cluster's workers on a service share one job, so that the cluster's epoch holds each example once; its
-    workers then build the same pipeline, from the seed of task 0 at step 0 (a restarted cluster rejoins its
-    job while the dispatcher keeps it, else starts the same order again).
+    """Returns the dataset of options' training batches of info (onu_input.training_batches'): made here with the
+    decoded-epoch cache run_config chose (cache_progress: a progress bar while memory's first epoch is decoded), or
+    by the tf.data service, where a cluster's workers share one job, all from task 0's seed at step 0, so that the
+    cluster's epoch holds each example once.
     """
     augment = options.augmentations if options.augment_on == 'input' else None
     if not options.data_service:
@@ -330,10 +314,8 @@ def input_pipeline(options, run_config, info, role, seed, batch_size, cache_prog
 
 
 def add_training_summaries(logits, labels, end_points, total_loss, losses=None, histograms=False):
-    """Adds training-batch precision, averaged losses and optional histograms; returns the averaging op.
-
-    losses: the loss terms to average besides total_loss (default: the LOSSES collection).
-    """
+    """Adds training-batch precision, averaged losses (losses besides total_loss; default: the LOSSES collection)
+    and optional histograms; returns the averaging op."""
     precision = tf.reduce_mean(tf.cast(tf.nn.in_top_k(labels, logits, 1), tf.float32))
     tf.compat.v1.summary.scalar('training_batch/precision_at_1', precision)
     # Single-batch losses are noisy: also show their moving averages, as the CIFAR-10 tutorial did.
@@ -356,34 +338,18 @@ def add_training_summaries(logits, labels, end_points, total_loss, losses=None, 
 INPUT_WAIT_OP = 'IteratorGetNext'
 
 
-def input_wait_seconds(run_metadata):
-    """Returns how long a traced step waited for its input: the iterator get_next ops' time, from start to end.
-
-    run_metadata: of a session.run with RunOptions(trace_level=SOFTWARE_TRACE). A get_next op ends when its
-    batch is there, so its time is the step's wait for the input pipeline (a few microseconds when it is ahead).
-    """
-    micros = 0
+def input_wait_fraction(run_metadata):
+    """Returns the share of a step traced with SOFTWARE_TRACE (run_metadata) spent waiting for input, in [0, 1]: its
+    get_next ops' time (one ends when its batch is there) over the time from its first op's start to its last's end."""
+    waited_micros, starts, ends = 0, [], []
     for device in run_metadata.step_stats.dev_stats:
         for node in device.node_stats:
             if node.node_name.rsplit('/', 1)[-1].startswith(INPUT_WAIT_OP):
-                micros += node.all_end_rel_micros
-    return micros / 1e6
-
-
-def traced_step_seconds(run_metadata):
-    """Returns how long a traced step ran: from its first op's start to its last op's end (other hooks' work and
-    the session's own overhead around it left out)."""
-    starts, ends = [], []
-    for device in run_metadata.step_stats.dev_stats:
-        for node in device.node_stats:
+                waited_micros += node.all_end_rel_micros
             starts.append(node.all_start_micros)
             ends.append(node.all_start_micros + node.all_end_rel_micros)
-    return (max(ends) - min(starts)) / 1e6 if starts else 0.0
-
-
-def input_wait_fraction(run_metadata):
-    """Returns the share of a traced step spent waiting for input, in [0, 1]."""
-    return min(1.0, max(0.0, input_wait_seconds(run_metadata) / max(traced_step_seconds(run_metadata), 1e-9)))
+    step_micros = max(ends) - min(starts) if starts else 0
+    return min(1.0, max(0.0, waited_micros / max(step_micros, 1e-3)))
 
 
 def traced_run_options():
@@ -394,12 +360,9 @@ def traced_run_options():
 class LoggerHook(tf.compat.v1.train.SessionRunHook):
     """Prints loss, speed and what input costs every log_frequency steps, writes them to TensorBoard, counts steps.
 
-    Both input measures are measured, not estimated. The last step of each interval runs with a software
-    trace: the time its iterator's get_next took over the step's wall clock is the share it waited for input
-    (input_wait_fraction). With it, the input pipelines' own account of their work (tf.data's model,
-    onu_input.PIPELINE_MODEL_OPS) gives their seconds of work per batch since the last log line. A GPU run
-    starved of input waits; a CPU run whose input keeps ahead shows its cost in the work, done on the cores
-    the model would use (tf.data counts its workers' busy time, waits for a core included).
+    The last step of each interval runs traced: its share waiting for input (input_wait_fraction), and tf.data's
+    own account of the pipelines' work (onu_input.PIPELINE_MODEL_OPS) per batch since the last line, which shows
+    input's cost on the model's cores where the input keeps ahead and nothing waits.
     """
 
     def __init__(self, loss, global_step, examples_per_step, log_frequency, summary_dir=None):
@@ -410,7 +373,6 @@ class LoggerHook(tf.compat.v1.train.SessionRunHook):
         self._summary_dir = summary_dir
         self.steps_run = 0
         self.wait_fractions = []  # every measured input wait, in order
-        self.work_per_batch = []  # every measured input work per batch (seconds), in order
 
     def begin(self):
         self._last_step = None
@@ -464,7 +426,6 @@ class LoggerHook(tf.compat.v1.train.SessionRunHook):
             scalars[onu_hparams.WAIT_FRACTION_TAG] = self._wait_fraction
             self._wait_fraction = None
         if self._work_per_batch is not None:
-            self.work_per_batch.append(self._work_per_batch)
             input_text += f'; input work {1000 * self._work_per_batch:.0f} ms per batch'
             scalars[onu_hparams.WORK_TAG] = 1000 * self._work_per_batch
             self._work_per_batch = None
@@ -483,10 +444,8 @@ class LoggerHook(tf.compat.v1.train.SessionRunHook):
 class ProfileHook(tf.compat.v1.train.SessionRunHook):
     """Writes a TensorBoard profile of global steps start..stop into logdir, each step marked for the Profile tab.
 
-    The profiler (tf.profiler.experimental, TF2's: tf.compat.v1 has none) records from the first step of the
-    range this run reaches to stop; every session.run in it is a 'train' step (a Trace with its step number),
-    which the Profile tab's input pipeline analyzer needs. A run that ends inside the range, or fails there,
-    stops the profiler (close()).
+    Each session.run in the range is a 'train' Trace with its step number, which the input pipeline analyzer needs;
+    a run that ends or fails inside the range stops the profiler (close()).
     """
 
     def __init__(self, logdir, start, stop, global_step):
@@ -542,10 +501,8 @@ class ProfileHook(tf.compat.v1.train.SessionRunHook):
 
 
 class NanLossHook(tf.compat.v1.train.SessionRunHook):
-    """Stops training with the step and learning rate when the loss is not finite.
-
-    It raises instead of requesting a stop: a requested stop would save the broken weights.
-    """
+    """Stops training with the step and learning rate when the loss is not finite: it raises, as a requested stop
+    would save the broken weights."""
 
     def __init__(self, loss, global_step, learning_rate, session_dir=None):
         self._fetches = {'loss': loss, 'step': global_step, 'lr': learning_rate}
@@ -566,11 +523,10 @@ class NanLossHook(tf.compat.v1.train.SessionRunHook):
 
 
 class StopOnSignalHook(tf.compat.v1.train.SessionRunHook):
-    """SIGTERM or SIGINT asks training to stop after the current step (the chief then saves it).
+    """SIGTERM or SIGINT asks training to stop after the current step (the chief then saves it); a second, at once.
 
-    A second signal stops at once, as without this hook. On a cluster task (blocked_exit_secs given), a step can
-    wait for a lost ps without end: if no step has ended blocked_exit_secs after the signal and ps_watch finds a
-    ps lost, the process ends with one line naming it. received: the signal, or None.
+    On a cluster task (blocked_exit_secs given), if no step has ended blocked_exit_secs after the signal and
+    ps_watch finds a ps lost, the process ends with one line naming it. received: the signal, or None.
     """
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -688,8 +644,7 @@ class NewSessionHook(tf.compat.v1.train.SessionRunHook):
 
 
 def make_scaffold(options, resume_from):
-    """Returns the Scaffold of a run of options: a Saver keeping keep_checkpoint_max, and the fine-tune restore when
-    the run starts afresh (resume_from None)."""
+    """Returns the run's Scaffold: its Saver, and the fine-tune restore when it starts afresh (resume_from None)."""
     init_fn = None
     if options.fine_tune_checkpoint and not resume_from:
         saver, path = onu_checkpoint.warm_start_saver(options.fine_tune_checkpoint,
@@ -720,10 +675,8 @@ def checkpoint_period(save_checkpoint_secs, save_checkpoint_steps):
 def training_hooks(options, run_config, role, scaffold, total_loss, learning_rate, examples_per_step):
     """Returns the session hooks of a training run of options (role: an onu_cluster.Role) in the default graph.
 
-    The chief saves through its own CheckpointSaverHook, which also saves when the session closes,
-    so that a stop by signal keeps the current step; it goes first, where MonitoredTrainingSession's
-    own would. export_every_n_epochs exports from it with onu_serving's listener; the chief profiles
-    profile_steps, (start, stop) global steps, into train_dir (ProfileHook).
+    The chief's CheckpointSaverHook goes first, where MonitoredTrainingSession's own would; it also saves when the
+    session closes, so that a stop by signal keeps the current step.
     """
     train_dir, global_step = options.train_dir, tf.compat.v1.train.get_global_step()
     hooks = [tf.compat.v1.train.StopAtStepHook(last_step=options.max_steps),
@@ -813,7 +766,7 @@ def training_role(options):
 
 
 def training_run_config(options, precision, data, info):
-    """Returns the RunConfig of a run of options on a DataDir and info, its train split (model: default_model_name())."""
+    """Returns the RunConfig of a run of options on data (a DataDir) and info, its train split."""
     model_name = options.model or default_model_name()
     if not options.model:
         print(f'--model not given: using {model_name} '
@@ -846,12 +799,8 @@ def check_data_service(address):
 
 
 def begin_training_run(options, precision, role, towers=1):
-    """Takes the train_dir (the chief), makes the data ready, checks and saves the run configuration.
-
-    RunComplete when the run has reached max_steps already.
-
-    Returns (RunConfig, the train split's onu_input.DatasetInfo, checkpoint resumed from).
-    """
+    """Takes the train_dir (the chief), makes the data ready, checks and saves the run configuration; returns
+    (RunConfig, the train split's DatasetInfo, checkpoint resumed from). RunComplete when max_steps is reached."""
     if role.is_chief:  # one trainer per train_dir: refused, before anything is read or written, if in use
         onu_run_folder.hold_folder(options.train_dir, 'training', 'train_dir')
     check_not_complete(options.train_dir, options.max_steps, role)
@@ -869,9 +818,7 @@ def begin_training_run(options, precision, role, towers=1):
 
 
 def examples_per_step(options, role, towers=1):
-    """Returns how many examples one global step trains on: --batch_size on each of towers, on each worker whose
-    batch the step averages (every worker with --sync_replicas, else this one alone). The learning rate's epoch is
-    the train split's examples over it, in steps; examples/sec counts it for each step."""
+    """Returns the examples of one global step: --batch_size on each of towers, on each worker the step averages."""
     return options.batch_size * towers * role.num_replicas
 
 

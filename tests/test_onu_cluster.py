@@ -191,9 +191,9 @@ def test_a_ps_answers_at_an_ipv4_or_ipv6_address():
             continue  # no IPv6 on this machine
         address = f'[{host}]' if ':' in host else host
         port = listener.getsockname()[1]
-        assert onu_cluster.ps_answers(f'{address}:{port}')
+        assert onu_launch.answers(f'{address}:{port}')
         listener.close()
-        assert not onu_cluster.ps_answers(f'{address}:{port}')
+        assert not onu_launch.answers(f'{address}:{port}')
 
 
 # ---------------------------------------------------------------------------------------------

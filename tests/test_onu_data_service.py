@@ -118,7 +118,7 @@ def test_an_unreachable_service_or_a_cache_with_it_is_one_line(tmp_path):
 
 def test_the_dispatcher_lists_the_workers_that_registered(service):
     workers = onu_data_service.check_reachable(service.address)
-    assert len(workers) == 2 and all(onu_data_service.answers(worker) for worker in workers)
+    assert len(workers) == 2 and all(onu_launch.answers(worker) for worker in workers)
 
 
 @pytest.mark.parametrize('data_format, script, extra', [
