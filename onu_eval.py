@@ -347,10 +347,9 @@ def describe(run_config, info, num_examples, eval_dir, checkpoint_dir):
     print(f'Evaluating {run_config.model} at {size}x{size} on {count} {eval_data} examples '
           f'({run_config.data_format}) of {run_config.data_dir}; results in {eval_dir}',
           flush=True)
-    row_eval_dir = onu_hparams.row_eval_dir(checkpoint_dir)
-    if os.path.realpath(eval_dir) != os.path.realpath(row_eval_dir):
-        print(f'HParams tab: these figures join the row of {checkpoint_dir} only with --eval_dir={row_eval_dir}; '
-              f'from {eval_dir} they show as a run of their own.', flush=True)
+    caution = onu_hparams.row_caution(checkpoint_dir, eval_dir)
+    if caution:
+        print(caution, flush=True)
 
 
 def wait_for_checkpoints(checkpoint_dir, done, interval_secs, timeout_secs):
@@ -438,8 +437,8 @@ def evaluate_checkpoints(writer, precision):
             pending = wait_for_checkpoints(checkpoint_dir, done, FLAGS.eval_interval_secs, FLAGS.timeout_secs)
         if not pending and not done:
             after = '' if FLAGS.run_once else f' after waiting {FLAGS.timeout_secs:g} s'
-            raise onu_errors.DataError(f'{checkpoint_dir}: no checkpoint{after}; train first (python onu_train.py '
-                                       f'--train_dir={checkpoint_dir}) or point --checkpoint_dir at the training run')
+            raise onu_checkpoint.no_checkpoint_error(checkpoint_dir, 'point --checkpoint_dir at the training run',
+                                                     after)
         if not pending:
             if not FLAGS.run_once:
                 print(f'No new checkpoint in {checkpoint_dir} for {FLAGS.timeout_secs:g} s: stopping.', flush=True)

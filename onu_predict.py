@@ -16,6 +16,7 @@ class_name, probability, probabilities by class name); stderr names the model us
 classified prints `error: <path>: <reason>` to stderr (and, with --json, an object with `error`); the others still
 run. Exit code: 0 if at least one image was classified, 1 if none, 2 for a bad --model_dir or no paths.
 """
+import functools
 import itertools
 import json
 import os
@@ -121,13 +122,18 @@ def _saved_model_classifier(version_dir):
     return Classifier(session, image_bytes, outputs, class_names, f'SavedModel {version_dir}')
 
 
+def export_instead(train_dir, checkpoint_path):
+    """What to do when train_dir's newest checkpoint is damaged: export checkpoint_path and classify with that."""
+    command = onu_errors.shell_command('onu_export.py', checkpoint_dir=train_dir, checkpoint_path=checkpoint_path)
+    return (f'export it ({command}) and classify with '
+            f'{onu_errors.shell_flag("model_dir", onu_serving.default_export_dir(train_dir))}')
+
+
 def _checkpoint_classifier(train_dir, allow_raw_weights):
     """Returns a Classifier over the serving graph with train_dir's latest checkpoint."""
     run_config = onu_serving.load_training_config(train_dir)
     checkpoint_path = onu_checkpoint.find_checkpoint(
-        train_dir, use_instead=lambda alternative: f'export it (python onu_export.py --checkpoint_dir={train_dir} '
-                                                   f'--checkpoint_path={alternative}) and classify with '
-                                                   f'--model_dir={onu_serving.default_export_dir(train_dir)}')
+        train_dir, use_instead=functools.partial(export_instead, train_dir))
     graph = tf.Graph()
     with graph.as_default():
         inputs, outputs = onu_serving.build_serving_graph(run_config)[onu_serving.SERVING_SIGNATURE]

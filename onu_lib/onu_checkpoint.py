@@ -106,14 +106,18 @@ def newest_readable(checkpoint_dir, before=None):
     return None, damaged
 
 
+def no_checkpoint_error(checkpoint_dir, or_else, waited=''):
+    """The DataError for a checkpoint_dir without any checkpoint: train first (the command), or or_else."""
+    command = onu_errors.shell_command('onu_train.py', train_dir=checkpoint_dir)
+    return onu_errors.DataError(f'{checkpoint_dir}: no checkpoint{waited}; train first ({command}) or {or_else}')
+
+
 def find_checkpoint(checkpoint_dir, checkpoint_path=None, use_instead=None):
     """Returns checkpoint_path, or the newest checkpoint in checkpoint_dir, checked readable; DataError when there is
     none or it is damaged, naming the newest readable alternative and use_instead(alternative), how to use it."""
     path = checkpoint_path or (list_checkpoints(checkpoint_dir) or [None])[-1]
     if not path:
-        raise onu_errors.DataError(
-            f'{checkpoint_dir}: no checkpoint; train first (python onu_train.py '
-            f'--train_dir={checkpoint_dir}) or pass --checkpoint_path')
+        raise no_checkpoint_error(checkpoint_dir, 'pass --checkpoint_path')
     if checkpoint_path and not listed_step(path) and not os.path.isfile(path + '.index'):
         raise onu_errors.DataError(f'{path}: not a checkpoint prefix (no {path}.index); pass the '
                                     f'prefix of an existing one, e.g. {checkpoint_dir}/model.ckpt-1000')
@@ -123,7 +127,7 @@ def find_checkpoint(checkpoint_dir, checkpoint_path=None, use_instead=None):
         alternative, _ = newest_readable(os.path.dirname(path) or '.', before=path)
         if not alternative:
             raise onu_errors.DataError(f'{e}; no older checkpoint there is readable; train again') from None
-        advice = (use_instead or (lambda p: f'pass --checkpoint_path={p}'))(alternative)
+        advice = (use_instead or (lambda p: f'pass {onu_errors.shell_flag("checkpoint_path", p)}'))(alternative)
         raise onu_errors.DataError(f'{e}; the newest readable one is {alternative}: {advice}') from None
     return path
 

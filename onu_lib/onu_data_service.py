@@ -21,6 +21,7 @@ from google.protobuf import descriptor_pool
 from google.protobuf import message_factory
 import tensorflow as tf
 
+from onu_lib import onu_errors
 from onu_lib import onu_launch
 
 DEFAULT_PORT = 5050
@@ -92,7 +93,8 @@ def check_reachable(address, timeout_secs=REACH_TIMEOUT_SECS):
             reason = (error.details() or error.code().name).rsplit(': ', 1)[-1].strip('[]')
         raise ServiceError(
             f'cannot reach the tf.data service at {address} ({reason}): start its dispatcher there '
-            f'(python run_data_service.py --port={_host_port(address).rsplit(":", 1)[1]}) or fix --data_service'
+            f'({onu_errors.shell_command("run_data_service.py", port=_host_port(address).rsplit(":", 1)[1])}) '
+            f'or fix --data_service'
         ) from None
 
 

@@ -1,7 +1,10 @@
 """The errors a script says to its user in one line: `error: <message>`, exit 2 (onu_cli.run_script).
 
-Pure Python, importing nothing of this repo: every module can raise them, the data modules included.
+Pure Python, importing nothing of this repo: every module can raise them, the data modules included. The commands
+these messages give to paste are built by shell_command.
 """
+import re
+import shlex
 
 
 class UserError(Exception):
@@ -11,3 +14,15 @@ class UserError(Exception):
 
 class DataError(UserError):
     """A problem with the user's data: photos, records, labels, or what a run recorded of them."""
+
+
+def shell_flag(name, value):
+    """`--name=value`, value quoted for a POSIX shell; a `<placeholder>` is left as it is, for the user to replace."""
+    value = str(value)
+    return f'--{name}={value if re.fullmatch(r"<[^<>]+>", value) else shlex.quote(value)}'
+
+
+def shell_command(script, **flag_values):
+    """The command line that runs `python script --name=value ...`, each value quoted for a POSIX shell: every
+    command a message gives the user to paste is built here, so a path with a space or a quote pastes whole."""
+    return ' '.join(['python', script] + [shell_flag(name, value) for name, value in flag_values.items()])

@@ -21,6 +21,7 @@ from tensorboard.plugins.hparams import summary as hparams_summary
 from tensorboard.plugins.hparams import summary_v2 as hparams
 
 from onu_lib import onu_dataset
+from onu_lib import onu_errors
 import onu_input
 import onu_model
 
@@ -80,6 +81,15 @@ METRICS = (
 def row_eval_dir(train_dir):
     """The --eval_dir whose figures join train_dir's row (the METRICS of EVAL_GROUP): RUN/eval."""
     return os.path.join(train_dir, EVAL_GROUP)
+
+
+def row_caution(train_dir, eval_dir):
+    """The line saying how eval_dir's figures would join train_dir's row, or None when they do."""
+    if os.path.realpath(eval_dir) == os.path.realpath(row_eval_dir(train_dir)):
+        return None
+    return (f'HParams tab: these figures join the row of {train_dir} only with '
+            f'{onu_errors.shell_flag("eval_dir", row_eval_dir(train_dir))}; '
+            f'from {eval_dir} they show as a run of their own.')
 
 
 def settings(options, run_config, num_replicas):

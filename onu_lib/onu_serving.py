@@ -191,6 +191,11 @@ def load_export_config(version_dir):
     return onu_run_config.RunConfig.load(os.path.join(version_dir, METADATA_SUBDIR))
 
 
+def retry_command(checkpoint_path, export_dir):
+    """The command that exports checkpoint_path into export_dir by hand, after a periodic export failed."""
+    return onu_errors.shell_command('onu_export.py', checkpoint_path=checkpoint_path, export_dir=export_dir)
+
+
 class PeriodicExportListener(tf.compat.v1.train.CheckpointSaverListener):
     """Exports the first checkpoint saved at or after each N-epoch boundary, logging each try in exports.jsonl.
 
@@ -229,8 +234,8 @@ class PeriodicExportListener(tf.compat.v1.train.CheckpointSaverListener):
                                                   self._checkpoint_dir) from None
             entry['error'] = f'{type(e).__name__}: {onu_checkpoint.one_line(e)}'
             print(f'warning: export of step {step} failed ({entry["error"]}); training continues; '
-                  f'retry with python onu_export.py --checkpoint_path={entry["checkpoint_path"]} '
-                  f'--export_dir={self._export_dir}', file=sys.stderr, flush=True)
+                  f'retry with {retry_command(entry["checkpoint_path"], self._export_dir)}',
+                  file=sys.stderr, flush=True)
         entry['seconds'] = round(time.time() - started, 2)
         self._log(entry)
 
