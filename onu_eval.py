@@ -242,11 +242,12 @@ def confusion_markdown(result):
 
 
 def result_summary(result, best_precision):
-    """Returns the Summary proto of an EvalResult, with best_precision: the best precision @ 1 so far."""
+    """Returns the Summary proto of an EvalResult, with best_precision: the best precision @ 1 so far, or None."""
     value = tf.compat.v1.Summary.Value
     values = [value(tag=onu_hparams.PRECISION_TAG, simple_value=result.precision_at_1),
-              value(tag=onu_hparams.BEST_PRECISION_TAG, simple_value=best_precision),
               value(tag=onu_hparams.LOSS_TAG, simple_value=result.loss)]
+    if best_precision is not None:  # None: no best yet (only the untrained model evaluated)
+        values.append(value(tag=onu_hparams.BEST_PRECISION_TAG, simple_value=best_precision))
     values += [value(tag=RECALL_TAG_PREFIX + name, simple_value=recall)
                for name, recall in result.recall().items() if recall is not None]
     text_plugin = tf.compat.v1.SummaryMetadata(
@@ -465,7 +466,10 @@ def evaluate_checkpoints(writer, precision):
         record = result_record(result, run_config, eval_data)
         is_best = onu_best.beats(record, best)
         # The best precision seen, even when the trainer deletes that checkpoint before it can be kept.
-        report(result, record, writer, FLAGS.eval_dir, (record if is_best else best)['precision_at_1'])
+        best_precision = (record if is_best else best or {}).get('precision_at_1')
+        report(result, record, writer, FLAGS.eval_dir, best_precision)
+        if record['step'] == onu_best.UNTRAINED_STEP:
+            print(f'Step {record["step"]} is the untrained model: evaluated, never kept as the best.', flush=True)
         if is_best:
             kept = keep_best(FLAGS.eval_dir, path, record, checkpoint_dir, best)
             if FLAGS.export_best and kept is not best:

@@ -58,10 +58,15 @@ def same_eval_data(record, best):
     """True if two results were measured on the same examples (split and how many of it)."""
     return all(record.get(key) == best.get(key) for key in ('eval_data', 'num_examples'))
 
+UNTRAINED_STEP = 0  # the trainer's first checkpoint, saved before any training step
+
 
 def beats(record, best):
     """True if record is better than best: a higher precision @ 1 on the same eval data (ties: the lower loss, then
-    the earlier step). Any result beats no best, and a best measured on other eval data."""
+    the earlier step). Any trained result beats no best, and a best measured on other eval data; the untrained
+    model (step 0, saved before the first training step) never does."""
+    if record['step'] == UNTRAINED_STEP:
+        return False
     if best is None or not same_eval_data(record, best):
         return True
 

@@ -32,6 +32,8 @@ def _record(step, precision, loss, eval_data='val', num_examples=4):
     (_record(2, 0.75, 0.5), _record(2, 0.75, 0.5), False),  # the best evaluated again (a restarted evaluator)
     (_record(4, 0.25, 0.9, eval_data='train'), _record(2, 0.75, 0.5), True),  # other eval data: not comparable
     (_record(4, 0.25, 0.9, num_examples=2), _record(2, 0.75, 0.5), True),
+    (_record(0, 1.00, 0.0), None, False),  # the untrained model (step 0) is never the best, not even the first
+    (_record(0, 1.00, 0.0), _record(2, 0.25, 0.9), False),
 ])
 def test_a_result_beats_the_best_by_precision_then_loss_then_the_earlier_step(record, best, beats):
     assert onu_best.beats(record, best) is beats

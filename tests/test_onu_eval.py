@@ -371,8 +371,10 @@ def test_summaries_are_written_at_each_checkpoints_global_step(polled_run):
 
 
 def best_of(records):
-    """The results.jsonl record the evaluator keeps: the highest precision, then the lowest loss, then the earliest."""
-    return min(records, key=lambda record: (-record['precision_at_1'], record['loss'], record['step']))
+    """The results.jsonl record the evaluator keeps: the highest precision, then the lowest loss, then the earliest;
+    never step 0, the untrained model (None when only it was evaluated)."""
+    trained = [record for record in records if record['step'] > 0]
+    return min(trained, key=lambda record: (-record['precision_at_1'], record['loss'], record['step']), default=None)
 
 
 def test_the_best_checkpoint_is_kept_and_evaluates_and_exports_without_the_training_run(polled_run, tmp_path):
@@ -382,11 +384,13 @@ def test_the_best_checkpoint_is_kept_and_evaluates_and_exports_without_the_train
     kept = json.load(open(os.path.join(eval_dir, 'best', 'best.json')))
     assert (kept['step'], kept['precision_at_1'], kept['loss'], kept['source']) == (
         best['step'], best['precision_at_1'], best['loss'], best['checkpoint'])
-    news = [line for line in evaluator.stdout.splitlines() if line.startswith('New best: ')]
-    bests = sorted({best_of(records[:count + 1])['step'] for count in range(len(records))})
+    lines = evaluator.stdout.splitlines()
+    news = [line for line in lines if line.startswith('New best: ')]
+    assert records[0]['step'] == 0 and 'Step 0 is the untrained model: evaluated, never kept as the best.' in lines
+    bests = sorted({best_of(records[:count + 1])['step'] for count in range(len(records)) if records[count]['step']})
+    assert 0 not in bests
     assert len(news) == len(bests)
     assert news[-1].startswith(f'New best: step {best["step"]}, precision @ 1 = {best["precision_at_1"]:.3f} (')
-    lines = evaluator.stdout.splitlines()
     for index, line in enumerate(lines):  # each right after its step's result line
         if line.startswith('New best: step '):
             step = line.split()[3].rstrip(',')
