@@ -68,7 +68,7 @@ def export():
     try:
         version_dir = onu_serving.export_saved_model(checkpoint_path, run_config, export_dir, FLAGS.allow_raw_weights)
         if FLAGS.tflite:
-            with onu_cli.converter_lines_dropped():
+            with onu_cli.tflite_lines_dropped():
                 onu_tflite.write_tflite(version_dir, FLAGS.tflite, run_config, pixels)
     except Exception as e:  # pylint: disable=broad-except  (OSError, or TensorFlow's own error for the same cause)
         reason = onu_run_folder.write_failure(e, export_dir)

@@ -66,7 +66,8 @@ class TFLiteClassifier:
 
     def __init__(self, model_path):
         self.interpreter = Interpreter(model_path=model_path)
-        self.interpreter.allocate_tensors()
+        with onu_cli.tflite_lines_dropped():
+            self.interpreter.allocate_tensors()
         self.input = self.interpreter.get_input_details()[0]
         self.output = self.interpreter.get_output_details()[0]
         size = int(self.input['shape'][1])

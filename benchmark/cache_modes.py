@@ -27,9 +27,12 @@ import time
 from absl import app
 from absl import flags
 
-from benchmark import runner as benchmark_runner
-from onu_lib import onu_dataset
-from onu_lib import onu_precision
+from onu_lib import onu_cli  # first: quiet start
+onu_cli.import_tensorflow()
+
+from benchmark import runner as benchmark_runner  # noqa: E402
+from onu_lib import onu_dataset  # noqa: E402
+from onu_lib import onu_precision  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('data_dir', '/tmp/onu_data', 'The data trained on (make_sample_data.py makes some).')
@@ -153,6 +156,8 @@ def training_part(work_dir):
 
 def main(argv):
     del argv
+    if FLAGS.work_dir:
+        os.makedirs(FLAGS.work_dir, exist_ok=True)
     work_dir = tempfile.mkdtemp(prefix='onu_cache_modes-', dir=FLAGS.work_dir)
     try:
         if FLAGS.part in ('both', 'pipeline'):

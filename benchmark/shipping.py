@@ -96,7 +96,8 @@ def saved_model_predictor(version_dir):
 def tflite_predictor(path):
     """A function pixels [1, size, size, 3] -> probabilities of the .tflite, LiteRT on one thread."""
     interpreter = Interpreter(model_path=path, num_threads=1)
-    interpreter.allocate_tensors()
+    with onu_cli.tflite_lines_dropped():
+        interpreter.allocate_tensors()
     given, output = interpreter.get_input_details()[0]['index'], interpreter.get_output_details()[0]['index']
 
     def predict(pixels):

@@ -40,8 +40,9 @@ NATIVE_START_UP_LINE = re.compile(r'([IW]\d{4} [\d:.]+ +\d+ \S+:\d+\] |'
                                   r'E\d{4} .*\] failed call to cuInit: |'
                                   r'E\d{4} .*\] oneDNN supports DT_UINT8 only |'
                                   r'To enable the following instructions: .* rebuild TensorFlow with)')
-# The TensorFlow Lite converter's summary of each conversion, printed whatever the log level.
-CONVERTER_LINE = re.compile(r'fully_quantize: \d+, inference_type: ')
+# TensorFlow Lite's lines, printed whatever the log level: the converter's summary of each conversion, and LiteRT's
+# note on the CPU delegate of every model it loads.
+TFLITE_LINE = re.compile(r'(fully_quantize: \d+, inference_type: |INFO: Created TensorFlow Lite XNNPACK delegate)')
 
 
 def verbose_requested(argv=None):
@@ -125,9 +126,9 @@ def import_tensorflow():
     return tf
 
 
-def converter_lines_dropped():
-    """Within it, the TensorFlow Lite converter's summary lines are dropped, unless --verbose."""
-    return contextlib.nullcontext() if verbose_requested() else native_lines_dropped(CONVERTER_LINE)
+def tflite_lines_dropped():
+    """Within it, TensorFlow Lite's notes (TFLITE_LINE) are dropped, unless --verbose."""
+    return contextlib.nullcontext() if verbose_requested() else native_lines_dropped(TFLITE_LINE)
 
 
 flags.DEFINE_boolean(VERBOSE_FLAG, False, 'Show everything: TensorFlow\'s C++ log, its INFO lines and '

@@ -27,9 +27,9 @@ import hashlib
 import json
 import os
 import re
-import shlex
 import unicodedata
 
+from onu_lib import onu_errors
 from onu_lib import onu_files
 from onu_lib import onu_layouts
 from onu_lib import onu_photos
@@ -88,16 +88,16 @@ def _check_choice(name, value, choices):
         raise ValueError(f'{name}={value!r}; expected one of {", ".join(choices)}')
 
 
-def convert_command(data_dir, data_format, *options):
+def convert_command(data_dir, data_format, *switches, **flag_values):
     """Returns the command line that writes data_format records of data_dir, quoted for the shell."""
-    words = ['python', 'convert_to_tfrecord.py', f'--data_dir={data_dir}', f'--format={data_format}', *options]
-    return shlex.join(words)
+    return onu_errors.shell_command('convert_to_tfrecord.py', *switches, data_dir=data_dir, format=data_format,
+                                    **flag_values)
 
 
 def missing_data_dir_error(data_dir):
     """The DataError for a --data_dir that does not exist: how to make sample data, where to point instead."""
     return DataError(f'{data_dir}: data dir not found; make sample data with '
-                     f'{shlex.join(["python", "make_sample_data.py", f"--data_dir={data_dir}"])}, or point --data_dir '
+                     f'{onu_errors.shell_command("make_sample_data.py", data_dir=data_dir)}, or point --data_dir '
                      f'at your photos or records (README "Bring your own data")')
 
 
@@ -178,7 +178,7 @@ def find_class_names(data_dir):
     if not has_split_folders(data_dir):
         class_names = bare_class_folders(os.scandir(data_dir)) if os.path.isdir(data_dir) else []
         if not class_names:
-            make = shlex.join(['python', 'make_sample_data.py', f'--data_dir={data_dir}'])
+            make = onu_errors.shell_command('make_sample_data.py', data_dir=data_dir)
             raise DataError(f'{data_dir}: no photos found: put them in {data_dir}/<class>/ (or {data_dir}/train/<class>/ '
                             f'and {data_dir}/val/<class>/), or run {make}')
         _check_has_readable_images([os.path.join(data_dir, name) for name in class_names], data_dir)
@@ -316,7 +316,8 @@ def write_manifest(records_dir, manifest):
 def read_manifest(records_dir):
     """The manifest dict written by convert_to_tfrecord.py in records_dir."""
     path = os.path.join(records_dir, MANIFEST_FILENAME)
-    fix = f'run python convert_to_tfrecord.py --output_dir={shlex.quote(records_dir)} --data_dir=<your photo folder>'
+    command = onu_errors.shell_command('convert_to_tfrecord.py', output_dir=records_dir, data_dir='<your photo folder>')
+    fix = f'run {command}'
     try:
         with open(path, encoding='utf-8') as f:
             manifest = json.load(f)
@@ -333,8 +334,9 @@ def records_entry(manifest, split, record_format, records_dir):
     """The manifest entry of one split and record format; DataError saying how to make it if absent."""
     entry = manifest.get('splits', {}).get(split, {}).get(record_format)
     if entry is None:
-        raise DataError(f'{records_dir} has no {record_format} records of {split}: run python convert_to_tfrecord.py '
-                        f'--output_dir={shlex.quote(records_dir)} --format={record_format} --data_dir=<your photo folder>')
+        command = onu_errors.shell_command('convert_to_tfrecord.py', output_dir=records_dir, format=record_format,
+                                           data_dir='<your photo folder>')
+        raise DataError(f'{records_dir} has no {record_format} records of {split}: run {command}')
     return entry
 
 
@@ -436,12 +438,12 @@ class DataDir:
         if split_by is not None and split_by != self.validation_percent:
             return (f'{records_dir}: records split with --validation_percent={split_by:g}, but '
                     f'{self.validation_percent:g} is asked; use --validation_percent={split_by:g}, or re-create them '
-                    f'with {self.convert_command(data_format, f"--validation_percent={self.validation_percent:g}")}')
+                    f'with {self.convert_command(data_format, validation_percent=f"{self.validation_percent:g}")}')
         offset = manifest.get('source', {}).get('labels_offset')
         if self.labels_offset is not None and offset is not None and offset != self.labels_offset:
             return (f'{records_dir}: records made with --labels_offset={offset}, but {self.labels_offset} is asked; '
                     f'use --labels_offset={offset}, or re-create them with '
-                    f'{self.convert_command(data_format, f"--labels_offset={self.labels_offset}")}')
+                    f'{self.convert_command(data_format, labels_offset=self.labels_offset)}')
         return None
 
     def reads_other_tools_records(self, data_format):
@@ -467,9 +469,9 @@ class DataDir:
             return 'encoded'
         return (self.record_formats or ('encoded',))[0]
 
-    def convert_command(self, data_format, *options):
+    def convert_command(self, data_format, *switches, **flag_values):
         """The command line that writes this folder's data_format records, quoted for the shell."""
-        return convert_command(self.path, data_format, *options)
+        return convert_command(self.path, data_format, *switches, **flag_values)
 
     def labels_line(self):
         """One line on how another tool's records here are labelled ('' for photos and this repo's records)."""
@@ -563,12 +565,12 @@ class DataDir:
         labels_path = os.path.join(records_dir, LABELS_FILENAME)
         if not os.path.isfile(labels_path):
             raise DataError(f'{labels_path} not found: re-create the records with '
-                            f'{self.convert_command(data_format, "--overwrite")}')
+                            f'{self.convert_command(data_format, "overwrite")}')
         num_examples = int(entry['records'])
         if not num_examples:
             raise DataError(f'{records_dir}: the manifest lists no {data_format} records of {split}; add photos to '
                             f'{os.path.join(self.path, split)}/<class>/ and run '
-                            f'{self.convert_command(data_format, "--overwrite")}')
+                            f'{self.convert_command(data_format, "overwrite")}')
         return DatasetInfo(
             data_dir=self.path, data_format=data_format, split=split, class_names=tuple(read_labels(labels_path)),
             num_examples=num_examples, files=tuple(files), layout=RECORDS,
@@ -580,7 +582,7 @@ class DataDir:
 
     def _check_shard(self, path, expected_bytes, data_format):
         """Raises DataError when a shard listed in the manifest is missing or has another size."""
-        fix = f're-create the records with {self.convert_command(data_format, "--overwrite")}'
+        fix = f're-create the records with {self.convert_command(data_format, "overwrite")}'
         if not os.path.isfile(path):
             raise DataError(f'{path}: record file listed in the manifest is missing; {fix}')
         size = os.path.getsize(path)
@@ -668,7 +670,7 @@ def _translated(info, error):
     if isinstance(error, tf.errors.DataLossError) and info.data_format != 'images':
         damaged = find_damaged_shards(info)
         where, problem = damaged[0] if damaged else (os.path.dirname(info.files[0]), _last_line(message))
-        fix = (f're-create the records with {convert_command(info.data_dir, info.data_format, "--overwrite")}'
+        fix = (f're-create the records with {convert_command(info.data_dir, info.data_format, "overwrite")}'
                if info.layout == RECORDS else 're-create it with the tool that wrote it, or move it away')
         return DataError(f'{where}: damaged {info.data_format} record file ({problem}); {fix}')
     if isinstance(error, tf.errors.InvalidArgumentError):

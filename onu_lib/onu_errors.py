@@ -22,7 +22,8 @@ def shell_flag(name, value):
     return f'--{name}={value if re.fullmatch(r"<[^<>]+>", value) else shlex.quote(value)}'
 
 
-def shell_command(script, **flag_values):
-    """The command line that runs `python script --name=value ...`, each value quoted for a POSIX shell: every
-    command a message gives the user to paste is built here, so a path with a space or a quote pastes whole."""
-    return ' '.join(['python', script] + [shell_flag(name, value) for name, value in flag_values.items()])
+def shell_command(script, *switches, **flag_values):
+    """The command line that runs `python script --name=value ... --switch ...`, each value quoted for a POSIX shell:
+    every command a message gives the user to paste is built here, so a path with a space or a quote pastes whole."""
+    words = [shell_flag(name, value) for name, value in flag_values.items()] + [f'--{name}' for name in switches]
+    return ' '.join(['python', script] + words)

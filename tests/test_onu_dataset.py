@@ -490,7 +490,7 @@ def test_records_alone_are_read_in_their_own_format(tiny_records_dir, tmp_path):
 
 def test_commands_in_messages_are_quoted_for_the_shell(tmp_path):
     data_dir = str(tmp_path / "my photos (2024)")
-    command = onu_dataset.convert_command(data_dir, 'raw', '--overwrite')
+    command = onu_dataset.convert_command(data_dir, 'raw', 'overwrite')
     assert shlex.split(command) == ['python', 'convert_to_tfrecord.py', f'--data_dir={data_dir}', '--format=raw',
                                     '--overwrite']
     message = str(onu_dataset.missing_data_dir_error(data_dir))

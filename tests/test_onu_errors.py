@@ -71,7 +71,7 @@ def test_every_printed_command_pastes_as_its_arguments_from_a_path_with_a_space(
             ['onu_export.py', f'--checkpoint_path={newest}', f'--export_dir={export_dir}'],
         error_of(lambda: onu_dataset.describe(missing_data)):
             ['make_sample_data.py', f'--data_dir={missing_data}'],
-        error_of(lambda: onu_dataset.describe(no_photos)):
+        error_of(lambda: onu_dataset.find_class_names(no_photos)):
             ['make_sample_data.py', f'--data_dir={no_photos}'],
         onu_dataset.convert_command(train_dir, 'raw'):
             ['convert_to_tfrecord.py', f'--data_dir={train_dir}', '--format=raw'],
