@@ -97,6 +97,12 @@ def settings(options, run_config, num_replicas):
     return {setting.name: setting.value(options, run_config, num_replicas) for setting in SETTINGS}
 
 
+def as_shown(settings):
+    """settings with whole numbers as text: the dashboard prints every number to 5 digits (a batch of 32 as 32.000)."""
+    return {name: str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+            for name, value in settings.items()}
+
+
 def experiment_config():
     """The Summary declaring SETTINGS (with their fixed sets of values) and METRICS."""
     return hparams.hparams_config_pb(
@@ -118,7 +124,7 @@ def _write(train_dir, kind, *summaries):
 def write_session_start(train_dir, options, run_config, num_replicas):
     """Writes the experiment config and this run's session start (its settings) into train_dir."""
     _write(train_dir, 'start', experiment_config(),
-           hparams.hparams_pb(settings(options, run_config, num_replicas), start_time_secs=time.time()))
+           hparams.hparams_pb(as_shown(settings(options, run_config, num_replicas)), start_time_secs=time.time()))
 
 
 def write_session_end(train_dir, status):
@@ -135,5 +141,5 @@ def write_measured_session(run_dir, settings, metrics):
         raise ValueError(f'not a setting or training metric of the HParams table: {", ".join(sorted(unknown))}')
     scalars = tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(tag=tag, simple_value=value)
                                           for tag, value in metrics.items()])
-    _write(run_dir, 'measured', experiment_config(), hparams.hparams_pb(settings), scalars,
+    _write(run_dir, 'measured', experiment_config(), hparams.hparams_pb(as_shown(settings)), scalars,
            hparams_summary.session_end_pb(STATUSES['success']))

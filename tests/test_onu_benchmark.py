@@ -174,8 +174,9 @@ def test_quick_run_measures_every_row(make_tiny_dataset, tmp_path):
     for way in ('encoded_on_model', 'serial_cv2'):
         (start, settings), end = session_events(str(logdir / f'{way}-small'))
         assert (start, end) == ('start', ('end', 'success'))
-        assert settings == dict(benchmark_plan.TRAINING_WAY_SETTINGS[way], model='small', image_size=QUICK_SIZE, batch_size=4,
-                                replicas=1, precision='float32')
+        assert settings == onu_hparams.as_shown(dict(benchmark_plan.TRAINING_WAY_SETTINGS[way], model='small',
+                                                     image_size=QUICK_SIZE, batch_size=4, replicas=1,
+                                                     precision='float32'))
         entry = rows[way]['training']['small']
         scalars = {value.tag: value.simple_value for name in os.listdir(logdir / f'{way}-small')
                    for event in tf.compat.v1.train.summary_iterator(str(logdir / f'{way}-small' / name))

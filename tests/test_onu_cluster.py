@@ -394,7 +394,7 @@ def test_synchronous_workers_configured_by_tf_config_all_exit_promptly(cluster_d
     assert max(rates) >= 9 and all(round(value, 6) in computed[step] for step, value in rates.items()), rates
     assert_logged_speeds_count(outputs[('worker', 0)] + outputs[('worker', 1)], 4)
     (kind, settings), _ = session_events(train_dir)
-    assert (kind, settings['batch_size'], settings['replicas']) == ('start', 4, 2)
+    assert (kind, settings['batch_size'], settings['replicas']) == ('start', '4', '2')
 
 
 def test_workers_started_by_hand_stop_with_one_line_when_their_ps_is_lost_and_sigterm_ends_a_blocked_one(

@@ -83,13 +83,13 @@ def test_two_runs_show_as_two_rows_with_their_settings_and_the_precision_eval_pr
     # As the dashboard's table shows a number (JavaScript's toPrecision(5)): each row's training examples/sec.
     shown_speeds = ['%#.5g' % metrics[('', onu_hparams.EXAMPLES_PER_SEC_TAG)] for _, metrics, _ in rows.values()]
     settings, metrics, status = rows.pop(MEASURED_ROW)
-    assert (settings, metrics, status) == (MEASURED_SETTINGS, {('', tag): value for tag, value in
+    assert (settings, metrics, status) == (onu_hparams.as_shown(MEASURED_SETTINGS), {('', tag): value for tag, value in
                                                                MEASURED_METRICS.items()}, 'STATUS_SUCCESS')
     for name, (settings, metrics, status) in rows.items():
         data_format, augment_on = (flag.split('=')[1] for flag in RUNS[name])
         assert (settings['model'], settings['data_format'], settings['augment_on']) == ('small', data_format,
                                                                                        augment_on)
-        assert (settings['image_size'], settings['batch_size'], settings['seed']) == (32, 4, '0')
+        assert (settings['image_size'], settings['batch_size'], settings['seed']) == ('32', '4', '0')
         assert metrics[('eval', 'Precision @ 1')] == pytest.approx(results[name]['precision_at_1'], abs=1e-6)
         assert metrics[('eval', 'eval/loss')] == pytest.approx(results[name]['loss'], rel=1e-6)
         assert metrics[('', 'examples/sec')] > 0
@@ -100,6 +100,7 @@ def test_two_runs_show_as_two_rows_with_their_settings_and_the_precision_eval_pr
     page = chromium_page(f'{server.url}/#hparams')
     text = page.wait_for_text('Trial ID', 'augment_on', 'data_format', 'training examples/sec', *shown_speeds)
     assert ' input ' in text and ' model ' in text and ' images ' in text and ' encoded ' in text
+    assert ' 32 ' in text and '32.000' not in text  # the image size as a whole number
     page.screenshot(tmp_path / 'hparams.png')
     assert (tmp_path / 'hparams.png').read_bytes().startswith(b'\x89PNG')
 
@@ -165,7 +166,8 @@ def test_a_sessions_start_and_end_read_back_with_its_settings_declared_in_the_ex
     onu_hparams.write_session_start(train_dir, options, run_config, 2)
     onu_hparams.write_session_end(train_dir, 'failure')
     # Written within one second: the event files' names tie, the events' times do not.
-    assert session_events(train_dir) == [('start', onu_hparams.settings(options, run_config, 2)), ('end', 'failure')]
+    assert session_events(train_dir) == [('start', onu_hparams.as_shown(onu_hparams.settings(options, run_config, 2))),
+                                         ('end', 'failure')]
     declared = hparams_metadata.parse_experiment_plugin_data(
         onu_hparams.experiment_config().value[0].metadata.plugin_data.content)
     assert [hparam.name for hparam in declared.hparam_infos] == [setting.name for setting in onu_hparams.SETTINGS]
@@ -195,7 +197,7 @@ def _summaries(train_dir):
 
 def test_a_measured_session_is_a_finished_row_of_its_settings_and_training_figures(tmp_path):
     onu_hparams.write_measured_session(str(tmp_path), MEASURED_SETTINGS, MEASURED_METRICS)
-    assert session_events(str(tmp_path)) == [('start', MEASURED_SETTINGS), ('end', 'success')]
+    assert session_events(str(tmp_path)) == [('start', onu_hparams.as_shown(MEASURED_SETTINGS)), ('end', 'success')]
     written = _summaries(str(tmp_path))
     assert hparams_metadata.EXPERIMENT_TAG in written
     assert {tag: written[tag] for tag in MEASURED_METRICS} == MEASURED_METRICS

@@ -145,7 +145,7 @@ def test_two_towers_on_the_cpu_train_once_per_step_with_the_effective_batch(mult
     assert run_config.model == 'small' and run_config.flags['num_gpus'] == 2
     # The HParams row: the examples a step trains on, of 2 towers.
     (kind, settings), _ = session_events(train_dir)
-    assert (kind, settings['batch_size'], settings['replicas']) == ('start', 4, 2)
+    assert (kind, settings['batch_size'], settings['replicas']) == ('start', '4', '2')
 
 
 def test_checkpoint_evaluates_and_resumes_with_the_single_gpu_script(multi_gpu_run, tmp_path):
