@@ -1,8 +1,8 @@
 """Evaluates each checkpoint a training run writes (the CIFAR-10 tutorial's cifar10_eval.py role).
 
     python onu_train.py                   # one terminal
-    python onu_eval.py                    # another: evaluates each new checkpoint of /tmp/onu_train
-    tensorboard --logdir_spec=train:/tmp/onu_train,eval:/tmp/onu_eval
+    python onu_eval.py                    # another: evaluates each new checkpoint of /tmp/onu_train into its eval/
+    python onu_tensorboard.py --logdir /tmp/onu_train
 
 Each checkpoint is evaluated once, with the moving averages of the weights that training kept, on every example
 of the split exactly once. For each it prints `<time>: step N, precision @ 1 = 0.xxx`, writes TensorBoard summaries
@@ -48,7 +48,6 @@ from onu_lib import onu_run_config
 from onu_lib import onu_run_folder
 from onu_lib import onu_serving
 
-DEFAULT_EVAL_DIR = '/tmp/onu_eval'
 RESULTS_FILENAME = 'results.jsonl'
 RECALL_TAG_PREFIX = 'eval/recall/'
 CONFUSION_MATRIX_TAG = 'eval/confusion_matrix'
@@ -490,9 +489,10 @@ def define_flags():
     """Declares this script's flags (the shared model and data flags come from onu_flags)."""
     onu_flags.define_model_flags()
     flags.adopt_module_key_flags(onu_flags)
-    flags.DEFINE_string('eval_dir', DEFAULT_EVAL_DIR,
-                        f'Where TensorBoard event files and {RESULTS_FILENAME} (a JSON line per '
-                        f'evaluated checkpoint) go.')
+    flags.DEFINE_string('eval_dir', None,
+                        f'Where TensorBoard event files and {RESULTS_FILENAME} (a JSON line per evaluated checkpoint) '
+                        f'go; default: <checkpoint_dir>/{onu_hparams.EVAL_GROUP}, where the figures join the training '
+                        f'run\'s row of the HParams tab.')
     onu_flags.define_checkpoint_dir_flag(
         'The training run to evaluate (onu_train.py --train_dir): checkpoints and run_config.json.')
     flags.DEFINE_enum('eval_data', 'val', onu_dataset.SPLITS, 'Split to evaluate.')
@@ -526,6 +526,7 @@ def define_flags():
 
 def evaluate_from_flags():
     """Evaluates the checkpoints the flags name, writing summaries and results to --eval_dir (one evaluator each)."""
+    FLAGS.eval_dir = FLAGS.eval_dir or onu_hparams.row_eval_dir(FLAGS.checkpoint_dir)
     onu_run_folder.hold_folder(FLAGS.eval_dir, 'evaluation', 'eval_dir')
     use_device(FLAGS.device)
     precision = onu_precision.resolve_precision(FLAGS.precision, use_gpus=FLAGS.device == 'gpu')

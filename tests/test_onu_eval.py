@@ -442,6 +442,14 @@ def test_a_worse_checkpoint_never_replaces_the_best_without_export_best(make_tin
     assert 'export' not in os.listdir(eval_dir)  # no --export_best: nothing exported
 
 
+def test_by_default_the_figures_go_into_the_run_where_its_hparams_row_finds_them(tiny_run, tmp_path):
+    copy_dir = copy_train_dir(tiny_run, tmp_path, exports=False)
+    evaluated = run_script('onu_eval.py', f'--checkpoint_dir={copy_dir}', '--run_once', timeout=TIMEOUT_SECS)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert f'results in {copy_dir}/eval' in evaluated.stdout and 'HParams tab' not in evaluated.stdout
+    assert [record['step'] for record in read_results(os.path.join(copy_dir, 'eval'))] == [TINY_RUN_STEPS]
+
+
 def test_a_restarted_evaluator_keeps_the_best_an_earlier_run_kept(tiny_run, tmp_path):
     copy_dir, eval_dir = copy_train_dir(tiny_run, tmp_path), str(tmp_path / 'eval')
     # An earlier evaluator's best: step 2 at precision 1 and loss 0, which no later result can beat.
