@@ -1,11 +1,15 @@
 """Tests of onu_export.py: conftest's shared tiny run (a real training run exporting every 2 epochs, 4
 steps, with a checkpoint every 2 steps), exported again and compared with the eval graph."""
 import errno
+import io
 import json
 import os
 import subprocess
+import sys
+import time
 
 import numpy as np
+from PIL import Image
 import pytest
 import tensorflow as tf
 
@@ -307,3 +311,99 @@ def test_train_dir_without_run_config_is_a_clear_error(tmp_path):
         f'onu_train.py wrote, which holds the model, image size and class names')
     with pytest.raises(onu_errors.DataError, match=f'{tmp_path}: no checkpoint; train first'):
         onu_checkpoint.find_checkpoint(str(tmp_path))
+
+
+# ---------------------------------------------------------------------------------------------
+# The pixel limit (issue 41): image sizes read from headers in the graph, refused before decoding.
+
+def encoded_image(image_format, width=53, height=37, frames=1, **options):
+    """Bytes of a width x height image of random pixels in image_format, written by Pillow ('BMP-top-down': a BMP
+    whose rows are stored top first, its header's height negative; 'GIF' with frames > 1: an animation)."""
+    rng = np.random.default_rng(width * height)
+    images = [Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)) for _ in range(frames)]
+    buffer = io.BytesIO()
+    images[0].save(buffer, image_format.replace('-top-down', ''), save_all=frames > 1, append_images=images[1:],
+                   **options)
+    data = buffer.getvalue()
+    if image_format == 'BMP-top-down':  # flip the rows and negate the height (Pillow writes bottom-up only)
+        offset = int.from_bytes(data[10:14], 'little')
+        stride = (width * 3 + 3) // 4 * 4
+        rows = [data[offset + i * stride:offset + (i + 1) * stride] for i in range(height)]
+        data = (data[:22] + (-height).to_bytes(4, 'little', signed=True) + data[26:offset]
+                + b''.join(reversed(rows)) + data[offset + height * stride:])
+    return data
+
+
+HEADER_CASES = {  # name: (format, Pillow options)
+    'jpeg': ('JPEG', {}), 'png': ('PNG', {}), 'gif': ('GIF', {}), 'bmp': ('BMP', {}),
+    'bmp_top_down': ('BMP-top-down', {}), 'webp_lossy': ('WEBP', {}), 'webp_lossless': ('WEBP', {'lossless': True}),
+    'webp_extended': ('WEBP', {'exif': b'Exif\0\0MM\0*\0\0\0\x08\0\0'}),  # a VP8X chunk first
+}
+
+
+@pytest.fixture(scope='module')
+def header_graph():
+    """run(encoded, max_image_pixels) -> (header (width, height, frames), decoded shape or the refusal's text)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        encoded = tf.compat.v1.placeholder(tf.string, [])
+        limit = tf.compat.v1.placeholder(tf.int64, [])
+        size = onu_serving.image_header_size(encoded)
+        # The limit as build_serving_graph applies it, with the limit fed (the graph takes a constant).
+        width, height, frames = size
+        pixels = width * height * frames
+        check = tf.debugging.Assert(pixels <= limit, [pixels])
+        with tf.control_dependencies([check]):
+            decoded = tf.shape(onu_input.decode_image_bytes(tf.identity(encoded)))
+        constant_limits = {n: tf.shape(onu_input.decode_image_bytes(onu_serving.refuse_too_many_pixels(encoded, n)))
+                           for n in (53 * 37 - 1, 53 * 37, 53 * 37 * 3 - 1)}
+    session = tf.compat.v1.Session(graph=graph)
+
+    def run(data, max_image_pixels=None):
+        header = tuple(int(value) for value in session.run(size, {encoded: data}))
+        if max_image_pixels is None:
+            return header, tuple(session.run(decoded, {encoded: data, limit: 2 ** 40}))
+        try:
+            return header, tuple(session.run(constant_limits[max_image_pixels], {encoded: data}))
+        except tf.errors.InvalidArgumentError as e:
+            return header, e.message
+    yield run
+    session.close()
+
+
+@pytest.mark.parametrize('case', sorted(HEADER_CASES))
+def test_the_header_size_read_in_the_graph_is_the_decoded_size(header_graph, case):
+    image_format, options = HEADER_CASES[case]
+    for width, height in ((53, 37), (37, 53)):  # a swap of width and height shows
+        header, shape = header_graph(encoded_image(image_format, width, height, **options))
+        assert header == (width, height, 1)
+        assert shape == (height, width, 3)  # what TensorFlow decodes: the header told the truth
+
+
+@pytest.mark.parametrize('case', sorted(HEADER_CASES))
+def test_an_image_at_the_limit_is_decoded_and_one_pixel_over_it_refused_naming_both(header_graph, case):
+    image_format, options = HEADER_CASES[case]
+    data = encoded_image(image_format, 53, 37, **options)
+    assert header_graph(data, 53 * 37)[1] == (37, 53, 3)
+    refusal = header_graph(data, 53 * 37 - 1)[1]
+    assert f'too many pixels: 53 x 37 = 1961 pixels, over the limit of {53 * 37 - 1}' in refusal
+    assert '--max_image_pixels' in refusal
+
+
+def test_every_frame_of_a_gif_counts_as_tensorflow_reads_them_all(header_graph):
+    data = encoded_image('GIF', 53, 37, frames=3)
+    assert header_graph(data)[0] == (53, 37, 3)
+    assert '53 x 37 (3 frames) = 5883 pixels' in header_graph(data, 53 * 37 * 3 - 1)[1]
+    # TensorFlow's canvas is the largest frame, not the logical screen the GIF's header names: a GIF claiming a
+    # 1x1 screen still decodes to its frame's size, and is counted so.
+    small_screen = bytearray(encoded_image('GIF', 53, 37))
+    small_screen[6:10] = bytes([1, 0, 1, 0])
+    assert header_graph(bytes(small_screen)) == ((53, 37, 1), (37, 53, 3))
+
+
+def test_bytes_of_no_image_format_pass_to_the_decoder_which_refuses_them(header_graph):
+    # The last: a PNG cut inside IHDR, after its width: the height reads as the zeros past the end.
+    for data, size in ((b'', (0, 0, 1)), (b'not an image', (0, 0, 1)), (encoded_image('PNG')[:20], (53, 0, 1))):
+        header, refusal = header_graph(data, 53 * 37)
+        assert header == size
+        assert isinstance(refusal, str) and 'too many pixels' not in refusal  # the decoder's own error
