@@ -20,6 +20,7 @@ from onu_lib import onu_dataset
 import onu_input
 import onu_model
 from onu_lib import onu_errors
+from onu_lib import onu_photos
 from onu_lib import onu_run_folder
 from onu_lib import onu_serving
 
@@ -407,3 +408,61 @@ def test_bytes_of_no_image_format_pass_to_the_decoder_which_refuses_them(header_
         header, refusal = header_graph(data, 53 * 37)
         assert header == size
         assert isinstance(refusal, str) and 'too many pixels' not in refusal  # the decoder's own error
+
+
+LOADED_MODEL_SCRIPT = '''
+import json, resource, sys, time
+import tensorflow as tf
+version_dir, huge_path, photo_path = sys.argv[1:]
+serve = tf.saved_model.load(version_dir).signatures['serving_default']
+loaded_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+huge = open(huge_path, 'rb').read()
+started = time.time()
+try:
+    serve(image_bytes=tf.constant([huge]))
+    error = None
+except tf.errors.InvalidArgumentError as e:
+    error = e.message
+seconds = time.time() - started
+classes = serve(image_bytes=tf.constant([open(photo_path, 'rb').read()]))['class_names'].numpy().tolist()
+print(json.dumps({'error': error, 'seconds': seconds, 'loaded_mb': loaded_mb, 'huge_bytes': len(huge),
+                  'peak_mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  'classes': [name.decode() for name in classes]}))
+'''
+
+
+def test_a_loaded_saved_model_refuses_a_23000_pixel_square_png_fast_and_small_then_classifies(tiny_run, huge_png):
+    # The training run's periodic export: the default limit. Loaded in a process of its own, so that its peak
+    # memory is the model's and this one request's.
+    version_dir = os.path.join(tiny_run.export_dir, str(MAX_STEPS))
+    photo = val_files(tiny_run)[0]
+    result = subprocess.run([sys.executable, '-c', LOADED_MODEL_SCRIPT, version_dir, huge_png, photo],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    measured = json.loads(result.stdout.splitlines()[-1])
+    print(f'\n23000x23000 PNG ({measured["huge_bytes"]} bytes): refused in {measured["seconds"]:.2f} s, peak RSS '
+          f'{measured["peak_mb"]:.0f} MB (loaded model {measured["loaded_mb"]:.0f} MB)')
+    assert measured['error'] is not None
+    assert (f'too many pixels: 23000 x 23000 = 529000000 pixels, over the limit of {onu_photos.MAX_IMAGE_PIXELS} '
+            f'(onu_export.py --max_image_pixels)') in measured['error']
+    assert measured['seconds'] < 20
+    assert measured['peak_mb'] < 1500
+    assert measured['classes'] in (['F603'], ['F663N'])  # the same loaded model goes on classifying
+
+
+def test_max_image_pixels_is_recorded_and_applied_by_the_export(tiny_run, tmp_path):
+    limit = 53 * 37
+    result = run_script('onu_export.py', f'--checkpoint_dir={tiny_run.train_dir}', f'--export_dir={tmp_path}',
+                        f'--max_image_pixels={limit}')
+    assert result.returncode == 0, result.stderr
+    version_dir = os.path.join(tmp_path, str(MAX_STEPS))
+    assert onu_serving.load_export_config(version_dir).export['max_image_pixels'] == limit
+    assert onu_serving.export_max_image_pixels(onu_serving.load_export_config(version_dir)) == limit
+    at_limit = encoded_image('PNG', 53, 37)
+    assert serve(version_dir, onu_serving.SERVING_SIGNATURE, image_bytes=[at_limit])['probabilities'].shape == (1, 2)
+    for over in (encoded_image('PNG', 54, 37), encoded_image('JPEG', 37, 54)):
+        with pytest.raises(tf.errors.InvalidArgumentError, match=f'over the limit of {limit}'):
+            serve(version_dir, onu_serving.SERVING_SIGNATURE, image_bytes=[at_limit, over])
+    # The training run's own exports took the default, and say so.
+    default_export = onu_serving.load_export_config(os.path.join(tiny_run.export_dir, str(MAX_STEPS)))
+    assert default_export.export['max_image_pixels'] == onu_photos.MAX_IMAGE_PIXELS
