@@ -10,6 +10,8 @@ rounded to uint8 as an app would feed them; class names from the labels.txt besi
 recursively; hidden files are ignored. Each image is sent to the serving signature as the bytes an encoded TFRecord
 of it would hold: the file itself for an upright JPEG, else the upright image re-encoded (EXIF orientation applied,
 as convert_to_tfrecord.py does), so predictions equal evaluation on encoded records.
+A photo of more pixels than the model's limit (onu_export.py --max_image_pixels, recorded in the export; the
+default for a train_dir or a .tflite) is refused from its header, before Pillow or TensorFlow decodes it.
 
 Output: `path<TAB>class name<TAB>probability` per image, or with --json one JSON object per line (path, class_id,
 class_name, probability, probabilities by class name); stderr names the model used. A file that cannot be

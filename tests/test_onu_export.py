@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 from PIL import Image
