@@ -18,6 +18,7 @@ from absl import flags
 from onu_lib import onu_checkpoint
 from onu_lib import onu_errors
 from onu_lib import onu_flags
+from onu_lib import onu_photos
 from onu_lib import onu_run_folder
 from onu_lib import onu_serving
 from onu_lib import onu_tflite
@@ -41,6 +42,12 @@ def define_flags():
     flags.DEFINE_integer('calibration_examples', onu_tflite.DEFAULT_CALIBRATION_EXAMPLES,
                          '--tflite=int8: photos of the train split (spread over it, eval preprocessing) that '
                          'calibrate the int8 ranges.', lower_bound=1)
+    flags.DEFINE_integer('max_image_pixels', onu_photos.MAX_IMAGE_PIXELS,
+                         'serving_default refuses an image of more pixels (width x height from its header; a GIF\'s '
+                         'frames each count) before decoding it, naming the limit and its size; recorded in the '
+                         'export. The default is 20% over the 50 MP photos of the phones ONU technicians use, and '
+                         'keeps one decode under about 180 MB (a 1 MB PNG of one colour can declare 529 M pixels).',
+                         lower_bound=1)
     onu_flags.define_data_dir_flag()  # default here: the training run's, for --tflite=int8's calibration photos
 
 
@@ -66,7 +73,8 @@ def export():
     export_dir = FLAGS.export_dir or onu_serving.default_export_dir(checkpoint_dir)
     pixels = calibration(run_config) if FLAGS.tflite and onu_tflite.tflite_format(FLAGS.tflite).calibrated else None
     try:
-        version_dir = onu_serving.export_saved_model(checkpoint_path, run_config, export_dir, FLAGS.allow_raw_weights)
+        version_dir = onu_serving.export_saved_model(checkpoint_path, run_config, export_dir, FLAGS.allow_raw_weights,
+                                                     FLAGS.max_image_pixels)
         if FLAGS.tflite:
             with onu_cli.tflite_lines_dropped():
                 onu_tflite.write_tflite(version_dir, FLAGS.tflite, run_config, pixels)

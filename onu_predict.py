@@ -10,6 +10,8 @@ rounded to uint8 as an app would feed them; class names from the labels.txt besi
 recursively; hidden files are ignored. Each image is sent to the serving signature as the bytes an encoded TFRecord
 of it would hold: the file itself for an upright JPEG, else the upright image re-encoded (EXIF orientation applied,
 as convert_to_tfrecord.py does), so predictions equal evaluation on encoded records.
+A photo of more pixels than the model's limit (onu_export.py --max_image_pixels, recorded in the export; the
+default for a train_dir or a .tflite) is refused from its header, before Pillow or TensorFlow decodes it.
 
 Output: `path<TAB>class name<TAB>probability` per image, or with --json one JSON object per line (path, class_id,
 class_name, probability, probabilities by class name); stderr names the model used. A file that cannot be
@@ -43,9 +45,12 @@ import onu_input
 
 
 class Classifier:
-    """A session running the serving signature (encoded image bytes in, probabilities out)."""
+    """A session running the serving signature (encoded image bytes in, probabilities out); max_image_pixels: the
+    limit the model refuses images over (onu_photos.read_image_header applies it before Pillow decodes)."""
 
-    def __init__(self, session, image_bytes, outputs, class_names, source):
+    def __init__(self, session, image_bytes, outputs, class_names, source,
+                 max_image_pixels=onu_photos.MAX_IMAGE_PIXELS):
+        self.max_image_pixels = max_image_pixels
         self.session = session
         self.image_bytes = image_bytes
         self.outputs = outputs
@@ -73,6 +78,7 @@ class TFLiteClassifier:
         size = int(self.input['shape'][1])
         num_classes = int(self.output['shape'][-1])
         self.class_names = onu_tflite.read_labels(model_path) or [str(index) for index in range(num_classes)]
+        self.max_image_pixels = onu_photos.MAX_IMAGE_PIXELS
         if len(self.class_names) != num_classes:
             raise onu_errors.DataError(
                 f'{model_path}: {num_classes} outputs but {len(self.class_names)} classes in the '
@@ -81,7 +87,7 @@ class TFLiteClassifier:
         with graph.as_default():
             self.image_bytes = tf.compat.v1.placeholder(tf.string, [])
             self.pixels = onu_input.to_pixels(
-                onu_input.preprocess_for_eval(onu_input.decode_image_bytes(self.image_bytes), size))
+                onu_serving.decode_within_limit(self.image_bytes, size, self.max_image_pixels))
         self.session = tf.compat.v1.Session(graph=graph)
         self.source = f'TensorFlow Lite model {model_path} (LiteRT)'
 
@@ -120,7 +126,8 @@ def _saved_model_classifier(version_dir):
     run_config = onu_serving.load_export_config(version_dir)
     num_classes = outputs[onu_serving.OUTPUT_PROBABILITIES].shape[-1]
     class_names = (run_config and run_config.class_names) or [str(index) for index in range(num_classes)]
-    return Classifier(session, image_bytes, outputs, class_names, f'SavedModel {version_dir}')
+    return Classifier(session, image_bytes, outputs, class_names, f'SavedModel {version_dir}',
+                      onu_serving.export_max_image_pixels(run_config))
 
 
 def export_instead(train_dir, checkpoint_path):
@@ -187,10 +194,11 @@ def image_paths(paths):
     return files, errors
 
 
-def model_input_bytes(path):
-    """Returns the bytes to classify for the image at path; UnreadableImage(reason) if it is not usable."""
+def model_input_bytes(path, max_image_pixels=onu_photos.MAX_IMAGE_PIXELS):
+    """Returns the bytes to classify for the image at path; UnreadableImage(reason) if it is not usable (also one of
+    more than max_image_pixels, refused from its header before Pillow decodes it)."""
     try:
-        info = onu_photos.read_image_info(path)
+        info = onu_photos.read_image_info(path, max_pixels=max_image_pixels)
         payload, payload_format = onu_converter.encoded_payload(info)
     except OSError as e:
         raise onu_photos.UnreadableImage(f'unreadable ({e.strerror or e})') from None
@@ -227,7 +235,7 @@ def classify_files(classifier, paths, batch_size):
     batch = []
     for path in paths:
         try:
-            batch.append((path, model_input_bytes(path)))
+            batch.append((path, model_input_bytes(path, classifier.max_image_pixels)))
         except onu_photos.UnreadableImage as e:
             yield from _classify_batch(classifier, batch)
             batch = []

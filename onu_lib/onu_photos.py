@@ -10,6 +10,8 @@ Pillow, no TensorFlow: the data scripts and their worker processes import it che
 import dataclasses
 import io
 import os
+import re
+import warnings
 
 from PIL import Image
 
@@ -32,6 +34,13 @@ ORIENTATION_TRANSPOSE = {
     7: Image.Transpose.TRANSVERSE,
     8: Image.Transpose.ROTATE_90,
 }
+# The most pixels (width x height) an image sent to be classified may have: the serving
+# graph refuses more before decoding (onu_export.py --max_image_pixels, recorded in the export), and onu_predict.py
+# refuses more before Pillow decodes. The photos ONU technicians take are phone photos of up to about 50 MP
+# (8160x6144 = 50.1 M): 60 M keeps a 20% margin over them. A 60 MP image decodes to 180 MB of RGB; the 23000x23000
+# one-colour PNG of 1 MB (529 M pixels) that took a loaded model to 2.3 GB is refused. 64, 108 and 200 MP phone
+# modes are refused too: their cameras save binned 12-50 MP photos unless told otherwise.
+MAX_IMAGE_PIXELS = 60_000_000
 _JPEG_END_MARKER = b'\xff\xd9'
 _TAIL_BYTES = 64
 
@@ -102,29 +111,56 @@ def _damaged(image_format, error):
     return UnreadableImage(f'{what}: {message}')
 
 
-def read_image_header(source):
+def too_many_pixels(width, height, max_pixels):
+    """The reason an image of width x height pixels is refused under a limit of max_pixels."""
+    return (f'too many pixels: {width} x {height} = {width * height} pixels, over the limit of {max_pixels} '
+            f'(onu_export.py --max_image_pixels)')
+
+
+def _pillow_refused(error, max_pixels):
+    """The UnreadableImage of an image Pillow's own decompression-bomb check refused as it opened it."""
+    found = re.search(r'\((\d+) pixels\)', str(error))
+    pixels = f'{found.group(1)} pixels' if found else 'more pixels than Pillow opens'
+    return UnreadableImage(f'too many pixels: {pixels} (size not read: Pillow refuses to open it), over the limit '
+                           f'of {max_pixels} (onu_export.py --max_image_pixels)')
+
+
+def read_image_header(source, max_pixels=None):
     """The ImageHeader of an image file (a path) or of image bytes; UnreadableImage(reason) if it cannot be used.
-    Only a JPEG with its end-of-image marker is not fully decoded (a cheap check that it is whole)."""
+    Only a JPEG with its end-of-image marker is not fully decoded (a cheap check that it is whole). max_pixels: an
+    image of more pixels (width x height, from the header) is refused before anything is decoded."""
     image_format = None
     try:
-        with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as image:
+        with warnings.catch_warnings():
+            if max_pixels is not None:  # the limit below decides, not Pillow's own warning
+                warnings.simplefilter('ignore', Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(source) if isinstance(source, bytes) else source)
+        with image:
             image_format, mode, (width, height) = image.format, image.mode, image.size
+            if max_pixels is not None and width * height > max_pixels:
+                raise UnreadableImage(too_many_pixels(width, height, max_pixels))
             if image_format not in JPEG_FORMATS or not _has_jpeg_end_marker(image.fp):
                 image.load()
             orientation = _orientation(image)
     except Image.UnidentifiedImageError:
         raise UnreadableImage('not an image Pillow can read (content is not JPEG, PNG, BMP, GIF, ...)') from None
+    except UnreadableImage:
+        raise
+    except Image.DecompressionBombError as error:
+        if max_pixels is None:
+            raise _damaged(image_format, error) from None
+        raise _pillow_refused(error, max_pixels) from None
     except Exception as error:  # Pillow reports damaged files with OSError, SyntaxError, ValueError, ...
         raise _damaged(image_format, error) from None
     return ImageHeader(image_format, mode, width, height, orientation)
 
 
-def read_image_info(path, label=0, class_name=''):
+def read_image_info(path, label=0, class_name='', max_pixels=None):
     """The ImageInfo of one file (read_image_header's checks), or UnreadableImage(reason) if it cannot be used."""
     num_bytes = os.path.getsize(path)
     if num_bytes == 0:
         raise UnreadableImage('empty file')
-    header = read_image_header(path)
+    header = read_image_header(path, max_pixels)
     width, height = header.width, header.height
     if header.orientation in (5, 6, 7, 8):
         width, height = height, width

@@ -7,15 +7,17 @@ folder named by a step is always a whole model; an existing version is never ove
 
 Signatures (both return probabilities [batch, num_classes] float32, classes [batch] int64 and
 class_names [batch] string, the name of each image's most probable class):
-  serving_default  image_bytes: string [batch], encoded images (JPEG, PNG, GIF, BMP), decoded and
-                   preprocessed exactly as evaluation does (onu_input.preprocess_for_eval).
+  serving_default  image_bytes: string [batch], encoded images (JPEG, PNG, GIF, BMP, WebP), decoded and
+                   preprocessed exactly as evaluation does (onu_input.preprocess_for_eval). An image of more
+                   than max_image_pixels (width x height read from its header; a GIF's frames each count) is
+                   refused before it is decoded (refuse_too_many_pixels), naming the limit and its size.
   predict_images   images: float32 [batch, size, size, 3], RGB already resized to the model's size
                    and scaled to the model's range [-1, 1] (0 -> -1, 255 -> 1).
   predict_pixels   pixels: uint8 [batch, size, size, 3], RGB resized to the model's size, as a camera
                    gives them; scaled inside. onu_tflite converts this one (camera pixels in).
 The graph does not apply EXIF orientation: send upright images (onu_predict.py turns them upright).
 The version folder also holds assets.extra/run_config.json (the training run's RunConfig with an
-`export` entry: global step, checkpoint, weights) and assets.extra/labels.txt (id:name lines).
+`export` entry: global step, checkpoint, weights, max_image_pixels) and assets.extra/labels.txt (id:name lines).
 
 onu_train.py --export_every_n_epochs=N exports during training with PeriodicExportListener.
 """
@@ -32,6 +34,7 @@ import tensorflow as tf
 from onu_lib import onu_checkpoint
 from onu_lib import onu_dataset
 from onu_lib import onu_errors
+from onu_lib import onu_photos
 from onu_lib import onu_precision
 import onu_input
 import onu_model
@@ -80,14 +83,159 @@ def _classifier_outputs(images, run_config, reuse):
             OUTPUT_CLASS_NAMES: class_names}
 
 
-def build_serving_graph(run_config):
-    """Builds both serving signatures in the default graph; returns {name: (inputs, outputs)}."""
+# ---------------------------------------------------------------------------------------------
+# The pixel limit: every image's size read from its header, in graph ops, before it is decoded.
+#
+# The formats and magic bytes are those TensorFlow's decode_image tells apart (onu_input.decode_image_bytes decodes
+# what tf.io.is_jpeg accepts as a JPEG, everything else with decode_image). Bytes of no known format pass: the
+# decoder refuses them without allocating an image.
+
+_HEADER_BYTES = 32  # the fixed-offset fields below all lie in the first 32 bytes (zeros past the end of short data)
+_PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
+_GIF_MAGIC = b'GIF8'
+_BMP_MAGIC = b'BM'
+_GIF_EXTENSION, _GIF_IMAGE = 0x21, 0x2C  # the blocks that may precede the trailer (0x3B)
+
+
+def _starts_with(data, prefix, offset=0):
+    """A bool tensor: the string data holds prefix at offset."""
+    return tf.equal(tf.strings.substr(data, offset, len(prefix)), prefix)
+
+
+def _uint(header, offset, count, big_endian=False):
+    """The unsigned integer (int64) of count bytes of the uint8 [n] header at offset."""
+    weights = [256 ** (count - 1 - i if big_endian else i) for i in range(count)]
+    return tf.reduce_sum(tf.cast(header[offset:offset + count], tf.int64) * tf.constant(weights, tf.int64))
+
+
+def _signed32(value):
+    """An unsigned 32-bit int64 value read as a signed one."""
+    return tf.where(value >= 2 ** 31, value - 2 ** 32, value)
+
+
+def _webp_size(padded, header):
+    """(width, height) of a WebP's first chunk: VP8 (lossy), VP8L (lossless) or VP8X (extended: the canvas)."""
+    lossless = _uint(header, 21, 4)
+    return tf.case([
+        (_starts_with(padded, b'VP8 ', 12), lambda: (tf.bitwise.bitwise_and(_uint(header, 26, 2), 0x3FFF),
+                                                      tf.bitwise.bitwise_and(_uint(header, 28, 2), 0x3FFF))),
+        (_starts_with(padded, b'VP8L', 12), lambda: (
+            tf.bitwise.bitwise_and(lossless, 0x3FFF) + 1,
+            tf.bitwise.bitwise_and(tf.bitwise.right_shift(lossless, tf.constant(14, tf.int64)), 0x3FFF) + 1)),
+        (_starts_with(padded, b'VP8X', 12), lambda: (_uint(header, 24, 3) + 1, _uint(header, 27, 3) + 1))],
+        default=lambda: (tf.constant(0, tf.int64), tf.constant(0, tf.int64)))
+
+
+def _gif_frames(data):
+    """(largest frame width, largest frame height, frames) of a GIF, from its image descriptors.
+
+    TensorFlow's decoder (giflib's DGifSlurp) makes a canvas of the largest frame (not the logical screen the
+    header names) and reads every frame into memory, even when only the first is kept. The blocks are walked:
+    extensions and frame data are chains of sub-blocks of at most 255 bytes, so a 1 MB GIF takes about 4000 steps.
+    """
+    octets = tf.cast(tf.io.decode_raw(data, tf.uint8), tf.int64)
+    length = tf.size(octets, out_type=tf.int64)
+
+    def byte(index):
+        index = tf.convert_to_tensor(index, tf.int64)
+        return tf.where(index < length, tf.gather(octets, tf.minimum(index, length - 1)), tf.constant(0, tf.int64))
+
+    def u16(index):
+        return byte(index) + 256 * byte(index + 1)
+
+    def colour_table(flags):  # bytes of the colour table a flags byte announces
+        return tf.where(tf.bitwise.bitwise_and(flags, 0x80) > 0,
+                        3 * tf.bitwise.left_shift(tf.constant(2, tf.int64), tf.bitwise.bitwise_and(flags, 7)),
+                        tf.constant(0, tf.int64))
+
+    def step(position, in_blocks, frames, width, height, done):
+        code = byte(position)
+        is_image = tf.logical_and(tf.logical_not(in_blocks), tf.equal(code, _GIF_IMAGE))
+        is_extension = tf.logical_and(tf.logical_not(in_blocks), tf.equal(code, _GIF_EXTENSION))
+        after_image = position + 10 + colour_table(byte(position + 9)) + 1  # descriptor, table, LZW code size
+        next_position = tf.where(in_blocks, position + code + 1,  # a sub-block, or the 0 that ends the chain
+                                 tf.where(is_image, after_image, position + 2))
+        return (next_position,
+                tf.logical_or(is_image, tf.logical_or(is_extension, tf.logical_and(in_blocks, code > 0))),
+                frames + tf.cast(is_image, tf.int64),
+                tf.where(is_image, tf.maximum(width, u16(position + 5)), width),
+                tf.where(is_image, tf.maximum(height, u16(position + 7)), height),
+                tf.logical_not(tf.logical_or(in_blocks, tf.logical_or(is_image, is_extension))))  # trailer or junk
+
+    start = 13 + colour_table(byte(10))  # header, logical screen, global colour table
+    zero = tf.constant(0, tf.int64)
+    _, _, frames, width, height, _ = tf.while_loop(
+        lambda position, in_blocks, frames, width, height, done: tf.logical_and(
+            tf.logical_not(done), position < length),
+        step, (start, tf.constant(False), zero, zero, zero, tf.constant(False)), parallel_iterations=1)
+    return width, height, frames
+
+
+def image_header_size(encoded):
+    """(width, height, frames) int64 of encoded image bytes, read from the header without decoding: JPEG (as
+    tf.io.is_jpeg tells it, which decode_image_bytes decodes as JPEG), PNG, GIF (its largest frame; frames: how many),
+    BMP (a top-down one's negative height counted as positive) and WebP; (0, 0, 1) for bytes of another kind."""
+    padded = tf.strings.join([encoded, tf.constant(b'\0' * _HEADER_BYTES)])
+    header = tf.io.decode_raw(tf.strings.substr(padded, 0, _HEADER_BYTES), tf.uint8)
+    one = tf.constant(1, tf.int64)
+
+    def jpeg():
+        shape = tf.cast(tf.io.extract_jpeg_shape(encoded), tf.int64)  # [height, width, channels], header only
+        return shape[1], shape[0], one
+
+    def png():
+        return _uint(header, 16, 4, big_endian=True), _uint(header, 20, 4, big_endian=True), one
+
+    def bmp():
+        return tf.abs(_signed32(_uint(header, 18, 4))), tf.abs(_signed32(_uint(header, 22, 4))), one
+
+    def webp():
+        width, height = _webp_size(padded, header)
+        return width, height, one
+
+    def other():
+        return tf.constant(0, tf.int64), tf.constant(0, tf.int64), one
+
+    is_webp = tf.logical_and(_starts_with(padded, b'RIFF'), _starts_with(padded, b'WEBP', 8))
+    kinds = [tf.io.is_jpeg(encoded), _starts_with(padded, _PNG_MAGIC), _starts_with(padded, _GIF_MAGIC),
+             _starts_with(padded, _BMP_MAGIC), is_webp]
+    kind = tf.constant(len(kinds), tf.int32)  # other: the last branch
+    for index in reversed(range(len(kinds))):  # the first match wins, as in TensorFlow's decoder
+        kind = tf.where(kinds[index], index, kind)
+    return tf.switch_case(kind, [jpeg, png, lambda: _gif_frames(encoded), bmp, webp, other])
+
+
+def refuse_too_many_pixels(encoded, max_image_pixels):
+    """Returns encoded (a string scalar) behind a check that its header's width x height x frames is at most
+    max_image_pixels: whatever decodes the result runs only if it is; else InvalidArgumentError names both."""
+    width, height, frames = image_header_size(encoded)
+    pixels = tf.cast(width, tf.float64) * tf.cast(height, tf.float64) * tf.cast(frames, tf.float64)  # no overflow
+    text = tf.strings.as_string
+    frames_note = tf.where(frames > 1, tf.strings.join([' (', text(frames), ' frames)']), '')
+    message = tf.strings.join([
+        'too many pixels: ', text(width), ' x ', text(height), frames_note, ' = ',
+        text(tf.cast(tf.minimum(pixels, 2.0 ** 62), tf.int64)), f' pixels, over the limit of {max_image_pixels} '
+        f'(onu_export.py --max_image_pixels)'])
+    check = tf.debugging.Assert(pixels <= max_image_pixels, [message], name='max_image_pixels')
+    with tf.control_dependencies([check]):
+        return tf.identity(encoded)
+
+
+def decode_within_limit(encoded, size, max_image_pixels):
+    """The [size, size, 3] float32 model input of one encoded image, decoded only if within max_image_pixels."""
+    return onu_input.preprocess_for_eval(
+        onu_input.decode_image_bytes(refuse_too_many_pixels(encoded, max_image_pixels)), size)
+
+
+def build_serving_graph(run_config, max_image_pixels=onu_photos.MAX_IMAGE_PIXELS):
+    """Builds the serving signatures in the default graph; returns {name: (inputs, outputs)}. serving_default
+    refuses an image of more than max_image_pixels before decoding it."""
     size = run_config.image_size
     with tf.compat.v1.name_scope('from_bytes'):
         image_bytes = tf.compat.v1.placeholder(tf.string, [None], name=BYTES_INPUT)
         decoded = tf.map_fn(  # plain TensorFlow ops: nothing for AutoGraph to convert (it costs start-up time)
             tf.autograph.experimental.do_not_convert(
-                lambda encoded: onu_input.preprocess_for_eval(onu_input.decode_image_bytes(encoded), size)),
+                lambda encoded: decode_within_limit(encoded, size, max_image_pixels)),
             image_bytes, fn_output_signature=tf.TensorSpec([size, size, 3], tf.float32))
         bytes_outputs = _classifier_outputs(decoded, run_config, reuse=None)
     with tf.compat.v1.name_scope('from_images'):
@@ -101,10 +249,10 @@ def build_serving_graph(run_config):
             PIXELS_SIGNATURE: ({PIXELS_INPUT: pixels}, pixels_outputs)}
 
 
-def _write_saved_model(directory, checkpoint_path, run_config, allow_raw_weights):
+def _write_saved_model(directory, checkpoint_path, run_config, allow_raw_weights, max_image_pixels):
     """Writes the serving graph with the checkpoint's weights as a SavedModel; returns the weights used."""
     with tf.Graph().as_default() as graph:
-        signatures = build_serving_graph(run_config)
+        signatures = build_serving_graph(run_config, max_image_pixels)
         # The CPU is enough to copy weights, and keeps an export during training off the GPU.
         with tf.compat.v1.Session(graph=graph, config=onu_precision.session_config(hide_gpus=True)) as session:
             weights = onu_checkpoint.restore(session, checkpoint_path, run_config.moving_average_decay,
@@ -140,8 +288,10 @@ def _publish(temp_dir, version_dir):
     os.rename(temp_dir, version_dir)
 
 
-def export_saved_model(checkpoint_path, run_config, export_dir, allow_raw_weights=False):
-    """Exports checkpoint_path as export_dir/<global step>/ (an existing one is left unchanged); returns that folder."""
+def export_saved_model(checkpoint_path, run_config, export_dir, allow_raw_weights=False,
+                       max_image_pixels=onu_photos.MAX_IMAGE_PIXELS):
+    """Exports checkpoint_path as export_dir/<global step>/ (an existing one is left unchanged); returns that folder.
+    serving_default refuses images of more than max_image_pixels (recorded in the export's run_config.json)."""
     started = time.time()
     step = onu_checkpoint.checkpoint_step(checkpoint_path)
     version_dir = os.path.join(export_dir, str(step))
@@ -154,11 +304,12 @@ def export_saved_model(checkpoint_path, run_config, export_dir, allow_raw_weight
     temp_dir = os.path.join(export_dir, f'.tmp-{step}-{os.getpid()}')
     shutil.rmtree(temp_dir, ignore_errors=True)  # this process's own leftover, if any
     try:
-        weights = _write_saved_model(temp_dir, checkpoint_path, run_config, allow_raw_weights)
+        weights = _write_saved_model(temp_dir, checkpoint_path, run_config, allow_raw_weights, max_image_pixels)
         _write_metadata(temp_dir, run_config, {
             'global_step': step,
             'checkpoint_path': os.path.abspath(checkpoint_path),
             'weights': weights,
+            'max_image_pixels': max_image_pixels,
             'exported_at': datetime.datetime.now().isoformat(timespec='seconds'),
             'tensorflow_version': tf.__version__,
         })
@@ -194,6 +345,11 @@ def load_export_config(version_dir):
 def retry_command(checkpoint_path, export_dir):
     """The command that exports checkpoint_path into export_dir by hand, after a periodic export failed."""
     return onu_errors.shell_command('onu_export.py', checkpoint_path=checkpoint_path, export_dir=export_dir)
+
+
+def export_max_image_pixels(run_config):
+    """The pixel limit an export's RunConfig records (the default for an export made before there was one)."""
+    return ((run_config and run_config.export) or {}).get('max_image_pixels', onu_photos.MAX_IMAGE_PIXELS)
 
 
 class PeriodicExportListener(tf.compat.v1.train.CheckpointSaverListener):

@@ -37,6 +37,7 @@ onu_sample_data with make_sample_data, onu_serving with onu_export, run_local_cl
   run_on_a_terminal(script, *args) -> (exit code, output): a script run with stdout and stderr on a pseudo-terminal.
   ProcessOutput(process)  a Popen's output read by a thread: .text so far, .wait_for(pattern, timeout_secs) -> the
                     first match once printed, .finish() -> all of it.
+  huge_png          session-wide: the path of a 23000x23000 one-colour RGB PNG (~1.5 MB, 529 M pixels), zlib-streamed.
   copy_train_dir(tiny_run, tmp_path, name='train', exports=True) -> a copy of tiny_run's train_dir, yours to change.
   file_states(*folders)  {path: (size, mtime in ns)} of every file below folders: what a test must not change.
   parsed(*args) -> TrainingOptions   factory: a training command line parsed in this process (flags reset after).
@@ -767,6 +768,35 @@ def tiny_tflite_of(tiny_run_of, tmp_path_factory):
             versions[model_name] = version_dir
         return versions[model_name]
     return version_of
+
+
+HUGE_PNG_SIDE = 23000
+
+
+def _png_chunk(kind, payload):
+    """One PNG chunk: length, type, payload, CRC."""
+    import struct  # pylint: disable=import-outside-toplevel
+    import zlib  # pylint: disable=import-outside-toplevel
+    return struct.pack('>I', len(payload)) + kind + payload + struct.pack('>I', zlib.crc32(kind + payload))
+
+
+@pytest.fixture(scope='session')
+def huge_png(tmp_path_factory):
+    """The path of a HUGE_PNG_SIDE x HUGE_PNG_SIDE RGB PNG of one colour (529 M pixels in about 1.5 MB: the
+    decompression bomb of issue 41), written row by row with zlib, never held whole in memory."""
+    import struct  # pylint: disable=import-outside-toplevel
+    import zlib  # pylint: disable=import-outside-toplevel
+    path = tmp_path_factory.mktemp('huge_png') / 'huge.png'
+    side = HUGE_PNG_SIDE
+    compressor = zlib.compressobj(9)
+    row = b'\0' + bytes((200, 120, 40)) * side  # filter type 0, then the row's pixels
+    data = b''.join(compressor.compress(row) for _ in range(side)) + compressor.flush()
+    with open(path, 'wb') as f:
+        f.write(b'\x89PNG\r\n\x1a\n')
+        f.write(_png_chunk(b'IHDR', struct.pack('>IIBBBBB', side, side, 8, 2, 0, 0, 0)))  # 8-bit RGB
+        f.write(_png_chunk(b'IDAT', data))
+        f.write(_png_chunk(b'IEND', b''))
+    return str(path)
 
 
 # ----------------------------------------------------------------------------------------------

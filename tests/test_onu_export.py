@@ -1,11 +1,14 @@
 """Tests of onu_export.py: conftest's shared tiny run (a real training run exporting every 2 epochs, 4
 steps, with a checkpoint every 2 steps), exported again and compared with the eval graph."""
 import errno
+import io
 import json
 import os
 import subprocess
+import sys
 
 import numpy as np
+from PIL import Image
 import pytest
 import tensorflow as tf
 
@@ -16,6 +19,7 @@ from onu_lib import onu_dataset
 import onu_input
 import onu_model
 from onu_lib import onu_errors
+from onu_lib import onu_photos
 from onu_lib import onu_run_folder
 from onu_lib import onu_serving
 
@@ -307,3 +311,157 @@ def test_train_dir_without_run_config_is_a_clear_error(tmp_path):
         f'onu_train.py wrote, which holds the model, image size and class names')
     with pytest.raises(onu_errors.DataError, match=f'{tmp_path}: no checkpoint; train first'):
         onu_checkpoint.find_checkpoint(str(tmp_path))
+
+
+# ---------------------------------------------------------------------------------------------
+# The pixel limit (issue 41): image sizes read from headers in the graph, refused before decoding.
+
+def encoded_image(image_format, width=53, height=37, frames=1, **options):
+    """Bytes of a width x height image of random pixels in image_format, written by Pillow ('BMP-top-down': a BMP
+    whose rows are stored top first, its header's height negative; 'GIF' with frames > 1: an animation)."""
+    rng = np.random.default_rng(width * height)
+    images = [Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)) for _ in range(frames)]
+    buffer = io.BytesIO()
+    images[0].save(buffer, image_format.replace('-top-down', ''), save_all=frames > 1, append_images=images[1:],
+                   **options)
+    data = buffer.getvalue()
+    if image_format == 'BMP-top-down':  # flip the rows and negate the height (Pillow writes bottom-up only)
+        offset = int.from_bytes(data[10:14], 'little')
+        stride = (width * 3 + 3) // 4 * 4
+        rows = [data[offset + i * stride:offset + (i + 1) * stride] for i in range(height)]
+        data = (data[:22] + (-height).to_bytes(4, 'little', signed=True) + data[26:offset]
+                + b''.join(reversed(rows)) + data[offset + height * stride:])
+    return data
+
+
+HEADER_CASES = {  # name: (format, Pillow options)
+    'jpeg': ('JPEG', {}), 'png': ('PNG', {}), 'gif': ('GIF', {}), 'bmp': ('BMP', {}),
+    'bmp_top_down': ('BMP-top-down', {}), 'webp_lossy': ('WEBP', {}), 'webp_lossless': ('WEBP', {'lossless': True}),
+    'webp_extended': ('WEBP', {'exif': b'Exif\0\0MM\0*\0\0\0\x08\0\0'}),  # a VP8X chunk first
+}
+
+
+@pytest.fixture(scope='module')
+def header_graph():
+    """run(encoded, max_image_pixels) -> (header (width, height, frames), decoded shape or the refusal's text)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        encoded = tf.compat.v1.placeholder(tf.string, [])
+        limit = tf.compat.v1.placeholder(tf.int64, [])
+        size = onu_serving.image_header_size(encoded)
+        # The limit as build_serving_graph applies it, with the limit fed (the graph takes a constant).
+        width, height, frames = size
+        pixels = width * height * frames
+        check = tf.debugging.Assert(pixels <= limit, [pixels])
+        with tf.control_dependencies([check]):
+            decoded = tf.shape(onu_input.decode_image_bytes(tf.identity(encoded)))
+        constant_limits = {n: tf.shape(onu_input.decode_image_bytes(onu_serving.refuse_too_many_pixels(encoded, n)))
+                           for n in (53 * 37 - 1, 53 * 37, 53 * 37 * 3 - 1)}
+    session = tf.compat.v1.Session(graph=graph)
+
+    def run(data, max_image_pixels=None):
+        header = tuple(int(value) for value in session.run(size, {encoded: data}))
+        if max_image_pixels is None:
+            return header, tuple(session.run(decoded, {encoded: data, limit: 2 ** 40}))
+        try:
+            return header, tuple(session.run(constant_limits[max_image_pixels], {encoded: data}))
+        except tf.errors.InvalidArgumentError as e:
+            return header, e.message
+    yield run
+    session.close()
+
+
+@pytest.mark.parametrize('case', sorted(HEADER_CASES))
+def test_the_header_size_read_in_the_graph_is_the_decoded_size(header_graph, case):
+    image_format, options = HEADER_CASES[case]
+    for width, height in ((53, 37), (37, 53)):  # a swap of width and height shows
+        header, shape = header_graph(encoded_image(image_format, width, height, **options))
+        assert header == (width, height, 1)
+        assert shape == (height, width, 3)  # what TensorFlow decodes: the header told the truth
+
+
+@pytest.mark.parametrize('case', sorted(HEADER_CASES))
+def test_an_image_at_the_limit_is_decoded_and_one_pixel_over_it_refused_naming_both(header_graph, case):
+    image_format, options = HEADER_CASES[case]
+    data = encoded_image(image_format, 53, 37, **options)
+    assert header_graph(data, 53 * 37)[1] == (37, 53, 3)
+    refusal = header_graph(data, 53 * 37 - 1)[1]
+    assert f'too many pixels: 53 x 37 = 1961 pixels, over the limit of {53 * 37 - 1}' in refusal
+    assert '--max_image_pixels' in refusal
+
+
+def test_every_frame_of_a_gif_counts_as_tensorflow_reads_them_all(header_graph):
+    data = encoded_image('GIF', 53, 37, frames=3)
+    assert header_graph(data)[0] == (53, 37, 3)
+    assert '53 x 37 (3 frames) = 5883 pixels' in header_graph(data, 53 * 37 * 3 - 1)[1]
+    # TensorFlow's canvas is the largest frame, not the logical screen the GIF's header names: a GIF claiming a
+    # 1x1 screen still decodes to its frame's size, and is counted so.
+    small_screen = bytearray(encoded_image('GIF', 53, 37))
+    small_screen[6:10] = bytes([1, 0, 1, 0])
+    assert header_graph(bytes(small_screen)) == ((53, 37, 1), (37, 53, 3))
+
+
+def test_bytes_of_no_image_format_pass_to_the_decoder_which_refuses_them(header_graph):
+    # The last: a PNG cut inside IHDR, after its width: the height reads as the zeros past the end.
+    for data, size in ((b'', (0, 0, 1)), (b'not an image', (0, 0, 1)), (encoded_image('PNG')[:20], (53, 0, 1))):
+        header, refusal = header_graph(data, 53 * 37)
+        assert header == size
+        assert isinstance(refusal, str) and 'too many pixels' not in refusal  # the decoder's own error
+
+
+LOADED_MODEL_SCRIPT = '''
+import json, resource, sys, time
+import tensorflow as tf
+version_dir, huge_path, photo_path = sys.argv[1:]
+serve = tf.saved_model.load(version_dir).signatures['serving_default']
+loaded_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+huge = open(huge_path, 'rb').read()
+started = time.time()
+try:
+    serve(image_bytes=tf.constant([huge]))
+    error = None
+except tf.errors.InvalidArgumentError as e:
+    error = e.message
+seconds = time.time() - started
+classes = serve(image_bytes=tf.constant([open(photo_path, 'rb').read()]))['class_names'].numpy().tolist()
+print(json.dumps({'error': error, 'seconds': seconds, 'loaded_mb': loaded_mb, 'huge_bytes': len(huge),
+                  'peak_mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  'classes': [name.decode() for name in classes]}))
+'''
+
+
+def test_a_loaded_saved_model_refuses_a_23000_pixel_square_png_fast_and_small_then_classifies(tiny_run, huge_png):
+    # The training run's periodic export: the default limit. Loaded in a process of its own, so that its peak
+    # memory is the model's and this one request's.
+    version_dir = os.path.join(tiny_run.export_dir, str(MAX_STEPS))
+    photo = val_files(tiny_run)[0]
+    result = subprocess.run([sys.executable, '-c', LOADED_MODEL_SCRIPT, version_dir, huge_png, photo],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    measured = json.loads(result.stdout.splitlines()[-1])
+    print(f'\n23000x23000 PNG ({measured["huge_bytes"]} bytes): refused in {measured["seconds"]:.2f} s, peak RSS '
+          f'{measured["peak_mb"]:.0f} MB (loaded model {measured["loaded_mb"]:.0f} MB)')
+    assert measured['error'] is not None
+    assert (f'too many pixels: 23000 x 23000 = 529000000 pixels, over the limit of {onu_photos.MAX_IMAGE_PIXELS} '
+            f'(onu_export.py --max_image_pixels)') in measured['error']
+    assert measured['seconds'] < 20
+    assert measured['peak_mb'] < 1500
+    assert measured['classes'] in (['F603'], ['F663N'])  # the same loaded model goes on classifying
+
+
+def test_max_image_pixels_is_recorded_and_applied_by_the_export(tiny_run, tmp_path):
+    limit = 53 * 37
+    result = run_script('onu_export.py', f'--checkpoint_dir={tiny_run.train_dir}', f'--export_dir={tmp_path}',
+                        f'--max_image_pixels={limit}')
+    assert result.returncode == 0, result.stderr
+    version_dir = os.path.join(tmp_path, str(MAX_STEPS))
+    assert onu_serving.load_export_config(version_dir).export['max_image_pixels'] == limit
+    assert onu_serving.export_max_image_pixels(onu_serving.load_export_config(version_dir)) == limit
+    at_limit = encoded_image('PNG', 53, 37)
+    assert serve(version_dir, onu_serving.SERVING_SIGNATURE, image_bytes=[at_limit])['probabilities'].shape == (1, 2)
+    for over in (encoded_image('PNG', 54, 37), encoded_image('JPEG', 37, 54)):
+        with pytest.raises(tf.errors.InvalidArgumentError, match=f'over the limit of {limit}'):
+            serve(version_dir, onu_serving.SERVING_SIGNATURE, image_bytes=[at_limit, over])
+    # The training run's own exports took the default, and say so.
+    default_export = onu_serving.load_export_config(os.path.join(tiny_run.export_dir, str(MAX_STEPS)))
+    assert default_export.export['max_image_pixels'] == onu_photos.MAX_IMAGE_PIXELS

@@ -17,6 +17,7 @@ from test_onu_export import eval_graph_softmax
 
 from onu_lib import onu_converter
 from onu_lib import onu_dataset
+from onu_lib import onu_photos
 import onu_predict
 from onu_lib import onu_serving
 from onu_lib import onu_tflite
@@ -217,3 +218,36 @@ def test_a_run_on_inception_records_exports_and_predicts_what_eval_saw(tmp_path)
     wrong = sorted(name for name, result in predicted.items() if result['class_name'] != LAYOUT_CLASSES[val[name].label])
     assert wrong == sorted(record['misclassified'])
     assert np.trace(np.array(record['confusion_matrix'])) == len(val) - len(wrong)
+
+
+def test_images_over_the_models_pixel_limit_are_refused_before_pillow_decodes_them(model, tiny_run, tmp_path):
+    # An export with a small limit: onu_predict applies the limit the export records to Pillow's header read.
+    limit = 53 * 37
+    version_dir = onu_serving.export_saved_model(os.path.join(model, 'model.ckpt-12'), tiny_run.config,
+                                                 str(tmp_path / 'export'), max_image_pixels=limit)
+    rng = np.random.default_rng(0)
+    for name, (width, height) in {'at_limit.png': (53, 37), 'over.png': (54, 37), 'over.gif': (37, 54),
+                                  'over.bmp': (60, 60)}.items():
+        Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(tmp_path / name)
+    paths = [str(tmp_path / name) for name in ('at_limit.png', 'over.png', 'over.gif', 'over.bmp')]
+    code, lines, errors = predict(paths, version_dir)
+    assert code == 0
+    assert [line.split('\t')[0] for line in lines] == paths[:1]
+    assert errors[1:] == [
+        f'error: {paths[1]}: too many pixels: 54 x 37 = 1998 pixels, over the limit of {limit} '
+        f'(onu_export.py --max_image_pixels)',
+        f'error: {paths[2]}: too many pixels: 37 x 54 = 1998 pixels, over the limit of {limit} '
+        f'(onu_export.py --max_image_pixels)',
+        f'error: {paths[3]}: too many pixels: 60 x 60 = 3600 pixels, over the limit of {limit} '
+        f'(onu_export.py --max_image_pixels)']
+
+
+def test_the_default_limit_is_one_value_for_pillow_and_the_graph(model, huge_png):
+    assert onu_predict.Classifier(None, None, None, [], '').max_image_pixels == onu_photos.MAX_IMAGE_PIXELS
+    assert onu_serving.export_max_image_pixels(None) == onu_photos.MAX_IMAGE_PIXELS  # an export without the entry
+    code, _, errors = predict([huge_png], version(model, 12))
+    assert code == 1
+    # Pillow's own decompression-bomb check refuses this one as it opens it (over twice its 89 M): the size is not
+    # read, the pixel count and the limit are named.
+    assert errors[1] == (f'error: {huge_png}: too many pixels: 529000000 pixels (size not read: Pillow refuses to '
+                         f'open it), over the limit of {onu_photos.MAX_IMAGE_PIXELS} (onu_export.py --max_image_pixels)')
