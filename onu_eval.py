@@ -421,7 +421,11 @@ def evaluate_checkpoints(writer, precision):
         print(f'{len(done)} checkpoint(s) of {checkpoint_dir} already in {results_path}: not evaluating '
               f'them again.', flush=True)
     if not FLAGS.run_once and final_step(checkpoint_dir) in reported:
-        print(f'Step {final_step(checkpoint_dir)}, the training run\'s final step, is already evaluated: done.',
+        export = ''
+        if FLAGS.export_best and best:  # nothing new to keep: the best kept so far, exported by hand
+            command = onu_errors.shell_command('onu_export.py', checkpoint_dir=onu_best.best_dir(FLAGS.eval_dir))
+            export = f' The best kept, step {best["step"]}, exports with {command}'
+        print(f'Step {final_step(checkpoint_dir)}, the training run\'s final step, is already evaluated: done.{export}',
               flush=True)
         return
     while True:

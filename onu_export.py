@@ -2,7 +2,7 @@
 
     python onu_export.py --checkpoint_dir=/tmp/onu_train                # latest checkpoint
     python onu_export.py --checkpoint_path=/tmp/onu_train/model.ckpt-2000 --export_dir=/srv/onu
-    python onu_export.py --checkpoint_dir=/tmp/onu_eval/best --tflite=int8   # the best, for phones
+    python onu_export.py --checkpoint_dir=/tmp/onu_train/eval/best --tflite=int8   # the best, for phones
 
 The layout, signatures and metadata of what is written: see onu_serving.py. --tflite also writes
 model_<format>.tflite and labels.txt into the version folder (onu_tflite.py: uint8 pixels in, probabilities

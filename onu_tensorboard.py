@@ -1,7 +1,7 @@
 """Starts TensorBoard without its start-up noise: TensorFlow's native start-up lines, and the fast-loading note.
 
     python onu_tensorboard.py --logdir /tmp/onu_train          # then open http://localhost:6006
-    python onu_tensorboard.py --logdir_spec=train:/tmp/onu_train,eval:/tmp/onu_train/eval
+    python onu_tensorboard.py --logdir_spec=mine:/tmp/runs,study:/tmp/onu_benchmark/hparams   # runs side by side
 
 Every other argument is TensorBoard's own (`tensorboard --help`); --verbose shows all that it and TensorFlow print.
 TensorBoard's fast loader (--load_fast, a separate data server) prints a note at each start: this runs the classic

@@ -1166,3 +1166,23 @@ def write_tfrecord(path, serialized, compression=''):
 def _cache_in_a_temp_folder(tmp_path_factory):
     """Record counts and the records of read-only folders go to a temp cache, never the user's ~/.cache."""
     os.environ['ONU_CACHE_DIR'] = str(tmp_path_factory.mktemp('onu_cache'))
+
+
+# A shell word: quoted and bare parts run together ('/a b'"'"'s' is one word).
+SHELL_WORD = r"(?:'[^']*'|\"[^\"]*\"|[^\s'\"();,])+"
+PRINTED_COMMAND = re.compile(rf'python [\w.]+\.py(?: --\w+={SHELL_WORD})*')
+PRINTED_FLAG = re.compile(rf'--\w+={SHELL_WORD}')
+
+
+def pasted(command):
+    """The arguments a POSIX shell gives `python` when command is pasted into it (python's own name left out)."""
+    shown = subprocess.run(['sh', '-c', 'python() { printf "%s\\0" "$@"; }; ' + command],
+                           capture_output=True, text=True, check=True).stdout
+    return shown.split('\0')[:-1]
+
+
+def printed_command(message):
+    """The one `python SCRIPT.py --flag=value ...` command in message."""
+    found = PRINTED_COMMAND.findall(message)
+    assert len(found) == 1, message
+    return found[0]

@@ -1,12 +1,10 @@
 """Tests of onu_errors.py: every command a message gives the user pastes whole from a path with a space."""
 import functools
 import os
-import re
-import subprocess
 
 import pytest
 
-from conftest import copy_train_dir
+from conftest import PRINTED_FLAG, copy_train_dir, pasted, printed_command
 from onu_lib import onu_checkpoint
 from onu_lib import onu_data_service
 from onu_lib import onu_dataset
@@ -14,26 +12,6 @@ from onu_lib import onu_errors
 from onu_lib import onu_hparams
 from onu_lib import onu_serving
 import onu_predict
-
-# A shell word: quoted and bare parts run together ('/a b'"'"'s' is one word).
-SHELL_WORD = r"(?:'[^']*'|\"[^\"]*\"|[^\s'\"();,])+"
-PRINTED_COMMAND = re.compile(rf'python [\w.]+\.py(?: --\w+={SHELL_WORD})*')
-PRINTED_FLAG = re.compile(rf'--\w+={SHELL_WORD}')
-
-
-def pasted(command):
-    """The arguments a POSIX shell gives `python` when command is pasted into it (python's own name left out)."""
-    shown = subprocess.run(['sh', '-c', 'python() { printf "%s\\0" "$@"; }; ' + command],
-                           capture_output=True, text=True, check=True).stdout
-    return shown.split('\0')[:-1]
-
-
-def printed_command(message):
-    """The one `python SCRIPT.py --flag=value ...` command in message."""
-    found = PRINTED_COMMAND.findall(message)
-    assert len(found) == 1, message
-    return found[0]
-
 
 def error_of(call):
     """The message of the one-line error that call() raises for the user."""

@@ -12,7 +12,8 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from conftest import (TINY_IMAGE_SIZE, TINY_RUN_STEPS, copy_train_dir, mount, run_on_a_terminal, run_script,
+from conftest import (TINY_IMAGE_SIZE, TINY_RUN_STEPS, copy_train_dir, mount, pasted, printed_command,
+                      run_on_a_terminal, run_script,
                       start_script, script_tested_models)
 
 from onu_lib import onu_errors
@@ -400,6 +401,11 @@ def test_the_best_checkpoint_is_kept_and_evaluates_and_exports_without_the_train
     exported = onu_run_config.RunConfig.load(os.path.join(eval_dir, 'export', str(best['step']),
                                                           onu_serving.METADATA_SUBDIR))
     assert exported.export['checkpoint_path'] == os.path.join(eval_dir, 'best', f'model.ckpt-{best["step"]}')
+    # Asked again once all is evaluated, --export_best says how the best exports by hand.
+    again = run_eval(f'--checkpoint_dir={train_dir}', f'--eval_dir={eval_dir}', '--export_best')
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f'already evaluated: done. The best kept, step {best["step"]}, exports with ' in again.stdout
+    assert pasted(printed_command(again.stdout)) == ['onu_export.py', f'--checkpoint_dir={eval_dir}/best']
     # The best folder alone, its training run gone (as --keep_checkpoint_max deletes checkpoints).
     best_dir = str(tmp_path / 'best')
     shutil.copytree(os.path.join(eval_dir, 'best'), best_dir)
