@@ -24,13 +24,10 @@ from absl import app
 from absl import flags
 import tensorflow as tf
 
-from onu_lib import onu_cluster
-from onu_lib import onu_data_service
 from onu_lib import onu_flags
 from onu_lib import onu_precision
 import onu_input
 import onu_model
-from onu_lib import onu_run_folder
 from onu_lib import onu_training
 
 FLAGS = flags.FLAGS
@@ -203,10 +200,7 @@ def main(argv):
         print(f'error: --num_gpus={FLAGS.num_gpus} but TensorFlow sees {num_gpus_visible} GPU(s); '
               f'use --num_gpus={num_gpus_visible} or fewer', file=sys.stderr)
         return 2
-    return onu_cli.run_script(train, argv, user_errors=(onu_cluster.ClusterConfigError,
-                                                   onu_data_service.ServiceError),
-                              failures=(onu_training.NanLossError, onu_run_folder.WriteFailed),
-                              completions=(onu_training.RunComplete,))
+    return onu_cli.run_script(train, argv, **onu_training.SCRIPT_ERRORS)
 
 
 if __name__ == '__main__':

@@ -29,12 +29,9 @@ from absl import app
 from absl import flags
 import tensorflow as tf
 
-from onu_lib import onu_cluster
-from onu_lib import onu_data_service
 from onu_lib import onu_flags
 import onu_input
 import onu_model
-from onu_lib import onu_run_folder
 from onu_lib import onu_training
 
 FLAGS = flags.FLAGS
@@ -89,10 +86,7 @@ def train():
 
 
 def main(argv):
-    return onu_cli.run_script(train, argv, user_errors=(onu_cluster.ClusterConfigError,
-                                                   onu_data_service.ServiceError),
-                              failures=(onu_training.NanLossError, onu_run_folder.WriteFailed),
-                              completions=(onu_training.RunComplete,))
+    return onu_cli.run_script(train, argv, **onu_training.SCRIPT_ERRORS)
 
 
 if __name__ == '__main__':
