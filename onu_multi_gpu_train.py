@@ -150,8 +150,7 @@ def train():
             tf.compat.v1.set_random_seed(seed)
             global_step = tf.compat.v1.train.get_or_create_global_step()
             batch = tower_inputs(options, onu_training.input_pipeline(options, run_config, train_data, role, seed,
-                                                                      options.batch_size * len(devices),
-                                                                      onu_cli.show_progress()))
+                                                                      options.batch_size * len(devices)))
             learning_rate = onu_training.learning_rate(options, global_step, run_config, examples_per_step)
             optimizer = onu_model.make_optimizer(options.optimizer, learning_rate, run_config.compute_dtype)
             tower_outputs = []

@@ -56,8 +56,8 @@ def train():
             tf.compat.v1.set_random_seed(seed)
             global_step = tf.compat.v1.train.get_or_create_global_step()
             images, labels = onu_input.distorted_inputs(
-                onu_training.input_pipeline(options, run_config, train_data, role, seed, options.batch_size,
-                                            onu_cli.show_progress()), options.augmentations)
+                onu_training.input_pipeline(options, run_config, train_data, role, seed, options.batch_size),
+                options.augmentations)
             logits, end_points = onu_model.inference(images, run_config.num_classes, run_config.model,
                                                      is_training=True, weight_decay=options.weight_decay)
             total_loss = onu_model.loss(logits, labels, end_points, options.label_smoothing)

@@ -17,6 +17,7 @@ from datetime import datetime
 import tensorflow as tf
 
 from onu_lib import onu_checkpoint
+from onu_lib import onu_cli
 from onu_lib import onu_cluster
 from onu_lib import onu_data_service
 from onu_lib import onu_converter
@@ -280,9 +281,9 @@ def input_seed(seed, task_index, resume_from):
     return (seed * 1000003 + task_index * 7919 + start_step) % (2 ** 31 - 1)
 
 
-def input_pipeline(options, run_config, info, role, seed, batch_size, cache_progress):
+def input_pipeline(options, run_config, info, role, seed, batch_size):
     """Returns the dataset of options' training batches of info (onu_input.training_batches'): made here with the
-    decoded-epoch cache run_config chose (cache_progress: a progress bar while memory's first epoch is decoded), or
+    decoded-epoch cache run_config chose (on a terminal, a progress bar while memory's first epoch is decoded), or
     by the tf.data service, where a cluster's workers share one job, all from task 0's seed at step 0, so that the
     cluster's epoch holds each example once.
     """
@@ -290,7 +291,7 @@ def input_pipeline(options, run_config, info, role, seed, batch_size, cache_prog
     if not options.data_service:
         cache = onu_decoded_cache.open_cache(run_config.cache_decoded_epoch, info, run_config.image_size,
                                              options.cache_dir or onu_decoded_cache.default_root(),
-                                             options.reduced_decode, seed, cache_progress)
+                                             options.reduced_decode, seed, onu_cli.show_progress())
         return onu_input.training_batches(info, batch_size, run_config.image_size, cache, seed, options.reduced_decode,
                                           augment)
     job = onu_input.ServiceJob(options.data_service)
@@ -385,7 +386,8 @@ class LoggerHook(tf.compat.v1.train.SessionRunHook):
         self.steps_run += 1
         step = int(run_values.results['step']) + 1  # the fetched value was read before the update
         self._log(step, run_values.results['loss'])
-        self._trace_next = self._logs_at(step + 1)
+        # A log line is due at the next step: its step is traced.
+        self._trace_next = (step + 1) % self._log_frequency == 0 or step + 1 - self._last_step >= self._log_frequency
 
     def _measure_pipeline_work(self, serialized_models):
         """Keeps the input pipelines' seconds of work per batch since the last traced step (None at the first)."""
@@ -424,10 +426,6 @@ class LoggerHook(tf.compat.v1.train.SessionRunHook):
             tf.compat.v1.summary.FileWriterCache.get(self._summary_dir).add_summary(tf.compat.v1.Summary(value=[
                 tf.compat.v1.Summary.Value(tag=tag, simple_value=value) for tag, value in scalars.items()]), step)
         self._last_step, self._last_time = step, now
-
-    def _logs_at(self, step):
-        """True if a log line is due at step (the step to trace for it)."""
-        return step % self._log_frequency == 0 or step - self._last_step >= self._log_frequency
 
 
 class ProfileHook(tf.compat.v1.train.SessionRunHook):
@@ -626,8 +624,9 @@ class ClusterSessionHook(tf.compat.v1.train.SessionRunHook):
         if self._task.is_chief:
             lost = (f'{max(0, self._last_step - step)} step(s) lost (the last step here was {self._last_step})'
                     if self._last_step is not None else 'no step had run here')
-            print(f'{self._task.name}: the cluster is back: restored {onu_cluster.newest_checkpoint_line(self._train_dir)}'
-                  f' into the parameter servers; {lost}.', flush=True)
+            restored = onu_cluster.newest_checkpoint_line(self._train_dir)
+            print(f'{self._task.name}: the cluster is back: restored {restored} into the parameter servers; {lost}.',
+                  flush=True)
         else:
             print(f'{self._task.name}: the cluster is back: training goes on from step {step}.', flush=True)
 
