@@ -24,13 +24,10 @@ from absl import app
 from absl import flags
 import tensorflow as tf
 
-from onu_lib import onu_cluster
-from onu_lib import onu_data_service
 from onu_lib import onu_flags
 from onu_lib import onu_precision
 import onu_input
 import onu_model
-from onu_lib import onu_run_folder
 from onu_lib import onu_training
 
 FLAGS = flags.FLAGS
@@ -153,8 +150,7 @@ def train():
             tf.compat.v1.set_random_seed(seed)
             global_step = tf.compat.v1.train.get_or_create_global_step()
             batch = tower_inputs(options, onu_training.input_pipeline(options, run_config, train_data, role, seed,
-                                                                      options.batch_size * len(devices),
-                                                                      onu_cli.show_progress()))
+                                                                      options.batch_size * len(devices)))
             learning_rate = onu_training.learning_rate(options, global_step, run_config, examples_per_step)
             optimizer = onu_model.make_optimizer(options.optimizer, learning_rate, run_config.compute_dtype)
             tower_outputs = []
@@ -203,10 +199,7 @@ def main(argv):
         print(f'error: --num_gpus={FLAGS.num_gpus} but TensorFlow sees {num_gpus_visible} GPU(s); '
               f'use --num_gpus={num_gpus_visible} or fewer', file=sys.stderr)
         return 2
-    return onu_cli.run_script(train, argv, user_errors=(onu_cluster.ClusterConfigError,
-                                                   onu_data_service.ServiceError),
-                              failures=(onu_training.NanLossError, onu_run_folder.WriteFailed),
-                              completions=(onu_training.RunComplete,))
+    return onu_cli.run_script(train, argv, **onu_training.SCRIPT_ERRORS)
 
 
 if __name__ == '__main__':

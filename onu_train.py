@@ -29,12 +29,9 @@ from absl import app
 from absl import flags
 import tensorflow as tf
 
-from onu_lib import onu_cluster
-from onu_lib import onu_data_service
 from onu_lib import onu_flags
 import onu_input
 import onu_model
-from onu_lib import onu_run_folder
 from onu_lib import onu_training
 
 FLAGS = flags.FLAGS
@@ -59,8 +56,8 @@ def train():
             tf.compat.v1.set_random_seed(seed)
             global_step = tf.compat.v1.train.get_or_create_global_step()
             images, labels = onu_input.distorted_inputs(
-                onu_training.input_pipeline(options, run_config, train_data, role, seed, options.batch_size,
-                                            onu_cli.show_progress()), options.augmentations)
+                onu_training.input_pipeline(options, run_config, train_data, role, seed, options.batch_size),
+                options.augmentations)
             logits, end_points = onu_model.inference(images, run_config.num_classes, run_config.model,
                                                      is_training=True, weight_decay=options.weight_decay)
             total_loss = onu_model.loss(logits, labels, end_points, options.label_smoothing)
@@ -89,10 +86,7 @@ def train():
 
 
 def main(argv):
-    return onu_cli.run_script(train, argv, user_errors=(onu_cluster.ClusterConfigError,
-                                                   onu_data_service.ServiceError),
-                              failures=(onu_training.NanLossError, onu_run_folder.WriteFailed),
-                              completions=(onu_training.RunComplete,))
+    return onu_cli.run_script(train, argv, **onu_training.SCRIPT_ERRORS)
 
 
 if __name__ == '__main__':

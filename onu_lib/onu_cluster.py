@@ -164,11 +164,11 @@ def _check_task(task, source):
     if not 0 <= task.task_index < len(hosts):
         raise ClusterConfigError(f'{source}: task index {task.task_index} but the {task.job_name} job '
                                  f'has {len(hosts)} task(s); use an index from 0 to {len(hosts) - 1}')
-    for host in task.ps_hosts + task.worker_hosts:
+    every_host = task.ps_hosts + task.worker_hosts
+    for host in every_host:
         name, _, port = str(host).rpartition(':')
         if not name or not port.isdigit():
             raise ClusterConfigError(f'{source}: {host!r} is not host:port, e.g. 10.0.0.2:2222')
-    every_host = task.ps_hosts + task.worker_hosts
     repeated = sorted({host for host in every_host if every_host.count(host) > 1})
     if repeated:
         raise ClusterConfigError(f'{source}: {", ".join(repeated)} listed twice; every task needs '
@@ -228,19 +228,19 @@ def serve_until_workers_done(task, target, config):
     print(f'{task.name}: every worker finished; stopping.', flush=True)
 
 
-def signal_worker_done(task, target, config, timeout_secs=DONE_SIGNAL_TIMEOUT_SECS):
+def signal_worker_done(task, target, config):
     """Tells every parameter server that this worker's training has ended; warns if one is gone."""
     with tf.Graph().as_default():
         signals = [_done_queue(ps_index).enqueue(task.task_index) for ps_index in range(task.num_ps)]
         try:
             with tf.compat.v1.Session(target, config=config) as sess:
-                sess.run(signals, options=tf.compat.v1.RunOptions(timeout_in_ms=int(timeout_secs * 1000)))
+                sess.run(signals, options=tf.compat.v1.RunOptions(timeout_in_ms=int(DONE_SIGNAL_TIMEOUT_SECS * 1000)))
         except tf.errors.OpError as e:
             logging.warning('%s could not tell the parameter servers that it finished (%s); '
                             'stop them yourself', task.name, e.message.strip().splitlines()[0])
 
 
-def wait_for_chief(target, config, poll_secs=CHIEF_POLL_SECS, timeout_secs=CHIEF_WAIT_SECS):
+def wait_for_chief(target, config, timeout_secs=CHIEF_WAIT_SECS):
     """Returns once the chief has initialised the graph's shared variables; ClusterConfigError after timeout_secs."""
     with tf.name_scope('wait_for_chief'):
         # Global variables only: local ones (e.g. a synchronous worker's step) are each worker's own.
@@ -256,7 +256,7 @@ def wait_for_chief(target, config, poll_secs=CHIEF_POLL_SECS, timeout_secs=CHIEF
                 print(f'Waiting for the chief (worker {CHIEF_INDEX}) to initialise the variables...',
                       flush=True)
                 announced = True
-            time.sleep(poll_secs)
+            time.sleep(CHIEF_POLL_SECS)
     if announced:
         print(f'The chief is ready (waited {time.time() - started:.1f} s).', flush=True)
 
@@ -406,7 +406,7 @@ class Role:
                 signal_worker_done(self.task, self.master, self.session_config)
 
 
-def join(task, session_config, sync_replicas=False, ps_wait_secs=None, train_dir=None):
+def join(task, session_config, sync_replicas, ps_wait_secs, train_dir):
     """Returns this process's Role: for a cluster task (see resolve_task) its server is started, and a worker
     watches the parameter servers (PsWatch, ps_wait_secs) from then on."""
     if task is None:
@@ -415,9 +415,7 @@ def join(task, session_config, sync_replicas=False, ps_wait_secs=None, train_dir
     server = start_server(task, session_config)
     print(f'{task.name} of a cluster of {task.num_ps} ps and {task.num_workers} worker(s): '
           f'serving at {server.target}', flush=True)
-    watch = None
-    if task.job_name == WORKER_JOB and ps_wait_secs is not None:
-        watch = PsWatch(task, ps_wait_secs, train_dir).start()
+    watch = PsWatch(task, ps_wait_secs, train_dir).start() if task.job_name == WORKER_JOB else None
     return Role(session_config, task, server, SyncReplicas(task) if sync_replicas else None, watch)
 
 

@@ -24,11 +24,6 @@ class Hardware:
     cpu_bfloat16_flags: tuple           # those of CPU_BFLOAT16_FLAGS that /proc/cpuinfo lists
     gpus: tuple = ()                    # ((name, (major, minor)), ...) as TensorFlow sees them
 
-    @property
-    def float16_gpus(self):
-        """Returns the GPUs with fast float16 (tensor cores)."""
-        return tuple(gpu for gpu in self.gpus if gpu[1] >= MIN_FLOAT16_COMPUTE_CAPABILITY)
-
 
 def read_cpu_info(path='/proc/cpuinfo'):
     """Returns (CPU model name, set of CPU flags) from /proc/cpuinfo ('', empty set where absent)."""
@@ -90,7 +85,7 @@ def choose_precision(requested, hardware):
     if requested == 'float32':
         return Precision('float32'), None
     if hardware.gpus:  # the model runs on the GPU: only its float16 path counts
-        if hardware.float16_gpus:
+        if any(capability >= MIN_FLOAT16_COMPUTE_CAPABILITY for _, capability in hardware.gpus):
             return Precision('mixed', 'gpu'), None
         missing = (f'the GPU ({hardware.gpus[0][0]}, compute capability '
                    f'{".".join(map(str, hardware.gpus[0][1]))}) has no fast float16 (needs 7.0+)')

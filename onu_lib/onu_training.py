@@ -17,6 +17,7 @@ from datetime import datetime
 import tensorflow as tf
 
 from onu_lib import onu_checkpoint
+from onu_lib import onu_cli
 from onu_lib import onu_cluster
 from onu_lib import onu_data_service
 from onu_lib import onu_converter
@@ -192,6 +193,11 @@ class RunComplete(Exception):
     """The run in --train_dir has reached --max_steps: nothing to train. The message says how to go on."""
 
 
+# How a training script's main (onu_cli.run_script) ends on each: user errors, failures, a run already complete.
+SCRIPT_ERRORS = {'user_errors': (onu_cluster.ClusterConfigError, onu_data_service.ServiceError),
+                 'failures': (NanLossError, onu_run_folder.WriteFailed), 'completions': (RunComplete,)}
+
+
 def default_model_name():
     """Returns onu_model.DEFAULT_MODEL_WITH_GPU when TensorFlow sees a GPU, else DEFAULT_MODEL_WITHOUT_GPU."""
     if onu_precision.visible_gpus():
@@ -252,29 +258,13 @@ def _complete_message(train_dir, step, max_steps):
 
 def check_not_complete(train_dir, max_steps, role):
     """On one machine: RunComplete when train_dir's newest readable checkpoint is at max_steps or past it (else
-    StopAtStepHook would train one more step); on a cluster RunCompleteHook stops the workers instead."""
+    StopAtStepHook would train one more step); on a cluster ClusterSessionHook stops the workers instead."""
     if role.task is not None:
         return
     newest, _ = onu_checkpoint.newest_readable(train_dir)
     step = onu_checkpoint.listed_step(newest) if newest else 0
     if step >= max_steps:
         raise RunComplete(_complete_message(train_dir, step, max_steps))
-
-
-class RunCompleteHook(tf.compat.v1.train.SessionRunHook):
-    """On a cluster: every worker stops before its first step when the restored global step has reached last_step
-    (the chief restores it, the others read it from the parameter servers)."""
-
-    def __init__(self, global_step, last_step):
-        self._global_step = global_step
-        self._last_step = last_step
-        self.complete_at = None
-
-    def after_create_session(self, session, coord):
-        step = int(session.run(self._global_step))
-        if step >= self._last_step:
-            self.complete_at = step
-            coord.request_stop()
 
 
 def resume_point(train_dir, is_chief):
@@ -291,9 +281,9 @@ def input_seed(seed, task_index, resume_from):
     return (seed * 1000003 + task_index * 7919 + start_step) % (2 ** 31 - 1)
 
 
-def input_pipeline(options, run_config, info, role, seed, batch_size, cache_progress):
+def input_pipeline(options, run_config, info, role, seed, batch_size):
     """Returns the dataset of options' training batches of info (onu_input.training_batches'): made here with the
-    decoded-epoch cache run_config chose (cache_progress: a progress bar while memory's first epoch is decoded), or
+    decoded-epoch cache run_config chose (on a terminal, a progress bar while memory's first epoch is decoded), or
     by the tf.data service, where a cluster's workers share one job, all from task 0's seed at step 0, so that the
     cluster's epoch holds each example once.
     """
@@ -301,7 +291,7 @@ def input_pipeline(options, run_config, info, role, seed, batch_size, cache_prog
     if not options.data_service:
         cache = onu_decoded_cache.open_cache(run_config.cache_decoded_epoch, info, run_config.image_size,
                                              options.cache_dir or onu_decoded_cache.default_root(),
-                                             options.reduced_decode, seed, cache_progress)
+                                             options.reduced_decode, seed, onu_cli.show_progress())
         return onu_input.training_batches(info, batch_size, run_config.image_size, cache, seed, options.reduced_decode,
                                           augment)
     job = onu_input.ServiceJob(options.data_service)
@@ -396,7 +386,8 @@ class LoggerHook(tf.compat.v1.train.SessionRunHook):
         self.steps_run += 1
         step = int(run_values.results['step']) + 1  # the fetched value was read before the update
         self._log(step, run_values.results['loss'])
-        self._trace_next = self._logs_at(step + 1)
+        # A log line is due at the next step: its step is traced.
+        self._trace_next = (step + 1) % self._log_frequency == 0 or step + 1 - self._last_step >= self._log_frequency
 
     def _measure_pipeline_work(self, serialized_models):
         """Keeps the input pipelines' seconds of work per batch since the last traced step (None at the first)."""
@@ -435,10 +426,6 @@ class LoggerHook(tf.compat.v1.train.SessionRunHook):
             tf.compat.v1.summary.FileWriterCache.get(self._summary_dir).add_summary(tf.compat.v1.Summary(value=[
                 tf.compat.v1.Summary.Value(tag=tag, simple_value=value) for tag, value in scalars.items()]), step)
         self._last_step, self._last_time = step, now
-
-    def _logs_at(self, step):
-        """True if a log line is due at step (the step to trace for it)."""
-        return step % self._log_frequency == 0 or step - self._last_step >= self._log_frequency
 
 
 class ProfileHook(tf.compat.v1.train.SessionRunHook):
@@ -614,25 +601,32 @@ class StopOnSignalHook(tf.compat.v1.train.SessionRunHook):
             self._wakeup = None
 
 
-class NewSessionHook(tf.compat.v1.train.SessionRunHook):
-    """On a cluster worker: one line when MonitoredTrainingSession makes a new session after a lost task (a
-    restarted ps) came back; the chief's says which checkpoint it restored and how many steps that lost."""
+class ClusterSessionHook(tf.compat.v1.train.SessionRunHook):
+    """On a cluster worker: stops before the first step when the restored global step has reached max_steps (the
+    chief restores it, the others read it from the parameter servers); one line when MonitoredTrainingSession makes a
+    new session after a lost task (a restarted ps) came back, the chief's saying which checkpoint it restored and how
+    many steps that lost."""
 
-    def __init__(self, global_step, task, train_dir):
-        self._global_step, self._task, self._train_dir = global_step, task, train_dir
+    def __init__(self, global_step, task, train_dir, max_steps):
+        self._global_step, self._task, self._train_dir, self._max_steps = global_step, task, train_dir, max_steps
         self._sessions = 0
         self._last_step = None
+        self.complete_at = None
 
     def after_create_session(self, session, coord):
         self._sessions += 1
         step = int(session.run(self._global_step))
+        if step >= self._max_steps:
+            self.complete_at = step
+            coord.request_stop()
         if self._sessions == 1:
             return
         if self._task.is_chief:
             lost = (f'{max(0, self._last_step - step)} step(s) lost (the last step here was {self._last_step})'
                     if self._last_step is not None else 'no step had run here')
-            print(f'{self._task.name}: the cluster is back: restored {onu_cluster.newest_checkpoint_line(self._train_dir)}'
-                  f' into the parameter servers; {lost}.', flush=True)
+            restored = onu_cluster.newest_checkpoint_line(self._train_dir)
+            print(f'{self._task.name}: the cluster is back: restored {restored} into the parameter servers; {lost}.',
+                  flush=True)
         else:
             print(f'{self._task.name}: the cluster is back: training goes on from step {step}.', flush=True)
 
@@ -682,7 +676,7 @@ def training_hooks(options, run_config, role, scaffold, total_loss, learning_rat
     hooks = [tf.compat.v1.train.StopAtStepHook(last_step=options.max_steps),
              NanLossHook(total_loss, global_step, learning_rate, train_dir if role.is_chief else None)] + role.hooks()
     if role.task is not None:
-        hooks += [RunCompleteHook(global_step, options.max_steps), NewSessionHook(global_step, role.task, train_dir)]
+        hooks.append(ClusterSessionHook(global_step, role.task, train_dir, options.max_steps))
     if role.is_chief:
         listeners = []
         if options.export_every_n_epochs:
@@ -707,8 +701,7 @@ def monitored_training_session(options, role, scaffold, hooks, info):
     """Opens the MonitoredTrainingSession of a training run of options reading info; a damaged record becomes a
     DataError, a write that fails for lack of space or rights a WriteFailed."""
     train_dir = options.train_dir
-    stop_hook = _hook(hooks, StopOnSignalHook)
-    profile = next((hook for hook in hooks if isinstance(hook, ProfileHook)), None)
+    stop_hook, profile = _hook(hooks, StopOnSignalHook), _hook(hooks, ProfileHook)
     try:
         with onu_run_folder.stop_on_write_failure(train_dir, 'training', train_dir), \
                 onu_dataset.read_errors_as_data_error(info):
@@ -728,10 +721,9 @@ def monitored_training_session(options, role, scaffold, hooks, info):
 def finish(options, hooks, role):
     """Prints how training ended, tells a cluster; returns the exit code: 0, or 128 + the stopping signal."""
     train_dir, max_steps = options.train_dir, options.max_steps
-    logger, stop = _hook(hooks, LoggerHook), _hook(hooks, StopOnSignalHook)
-    complete = next((hook.complete_at for hook in hooks if isinstance(hook, RunCompleteHook)), None)
-    if complete is not None:
-        print(_complete_message(train_dir, complete, max_steps), flush=True)
+    logger, stop, cluster = _hook(hooks, LoggerHook), _hook(hooks, StopOnSignalHook), _hook(hooks, ClusterSessionHook)
+    if cluster is not None and cluster.complete_at is not None:
+        print(_complete_message(train_dir, cluster.complete_at, max_steps), flush=True)
     elif stop.received is None:
         print(f'Training stopped at step {max_steps}; checkpoints in {train_dir}', flush=True)
         if role.is_chief:
@@ -748,8 +740,8 @@ def finish(options, hooks, role):
 
 
 def _hook(hooks, hook_type):
-    """Returns the hook of hook_type among hooks (training_hooks puts exactly one of each there)."""
-    return next(hook for hook in hooks if isinstance(hook, hook_type))
+    """Returns the hook of hook_type among hooks (training_hooks puts at most one of each there), or None."""
+    return next((hook for hook in hooks if isinstance(hook, hook_type)), None)
 
 
 # ----------------------------------------------------------------------------------------------
