@@ -148,12 +148,14 @@ def test_nothing_classified_exits_1_and_a_bad_model_dir_exits_2(model, photo_fol
 
 @pytest.mark.parametrize('format_name, atol', [('float32', 0.01), ('int8', 0.08)])
 def test_a_tflite_model_classifies_upright_photos_as_its_saved_model_does(model, tiny_tflite_of, messy_data_dir,
-                                                                         format_name, atol):
+                                                                         format_name, atol, capfd):
     folder = os.path.join(messy_data_dir, 'train')
     expected = predicted_probabilities([folder], version(model, 12))
     assert os.path.join(folder, 'F603', 'exif_rotated.jpg') in expected  # turned upright by both
 
+    capfd.readouterr()
     code, lines, errors = predict([folder], tflite_model(tiny_tflite_of, format_name))
+    assert 'XNNPACK' not in capfd.readouterr().err  # LiteRT's note on its CPU delegate, dropped
     assert code == 0 and errors[0] == f'Classifying with the TensorFlow Lite model ' \
                                       f'{tflite_model(tiny_tflite_of, format_name)} (LiteRT)'
     rows = {path: (name, float(probability)) for path, name, probability in (line.split('\t') for line in lines)}
