@@ -387,25 +387,17 @@ def _photo_order(num_files, training, seed):
 
 
 def _read_photo(info, at_least):
-    """Returns read(index) -> a dataset of photo `index`'s (upright uint8 image, int32 label, file name)."""
+    """Returns read(index) -> photo `index`'s (upright uint8 image, int32 label, file name)."""
     paths = tf.constant(info.files)
     labels = tf.constant(info.labels, tf.int32)
     orientations = tf.constant(info.orientations, tf.int32)
     names = tf.constant(info.names)
 
-    def decoded(index):
+    def read(index):
+        # A photo that fails to decode stops the pipeline with TensorFlow's error, which
+        # onu_dataset.read_errors_as_data_error turns into one line naming the photo.
         image = decode_image_bytes(tf.io.read_file(paths[index]), at_least)
         return apply_exif_orientation(image, orientations[index]), labels[index], names[index]
-
-    def undecodable(index):
-        with tf.control_dependencies([tf.debugging.Assert(False, [onu_dataset.UNDECODABLE_PHOTO, index])]):
-            return tf.zeros([1, 1, 3], tf.uint8), labels[index], names[index]
-
-    def read(index):
-        # TensorFlow's own decode error does not say which file: the error of undecodable does, and it is read
-        # only when the decode failed. Graph ops alone, so a tf.data service worker reads photos the same way.
-        photo = tf.data.Dataset.from_tensors(index)
-        return photo.map(decoded).ignore_errors().concatenate(photo.map(undecodable)).take(1)
     return read
 
 
@@ -415,9 +407,8 @@ def _photo_unit(info, order, epoch, first, end, at_least=None):
     epoch = tf.cast(epoch, tf.int64)
 
     def read_at(position):
-        return read(order(epoch, position)).map(lambda *photo: photo + (position,))
-    return tf.data.Dataset.range(first, end).interleave(read_at, num_parallel_calls=tf.data.AUTOTUNE,
-                                                        deterministic=True)
+        return read(order(epoch, position)) + (position,)
+    return tf.data.Dataset.range(first, end).map(read_at, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
 def _decoded_files(info, training, seed, at_least=None, repeat=True):

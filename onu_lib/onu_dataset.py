@@ -75,8 +75,6 @@ CHANNELS = 3
 RECORD_NAME_SEPARATOR = '#'
 # The first value of the message of the error a record's label outside the classes raises (onu_input's check).
 LABEL_OUT_OF_RANGE = 'label outside the classes:'
-# The first value of the message of the error a photo that does not decode raises in images mode (onu_input's).
-UNDECODABLE_PHOTO = 'photo does not decode:'
 # What TensorFlow's messages say of a record whose keys or values are not those of the first record.
 UNREADABLE_RECORD_SIGNS = ('is required but could not be found', 'Could not parse', 'Can\'t parse',
                            'Input to reshape')
@@ -663,6 +661,22 @@ def _asserted_number(sign, message):
     return int(match.group(1)) if match else None
 
 
+def _first_undecodable(paths):
+    """The first of paths that TensorFlow cannot read or decode, or None. Its decode errors name no file, so after
+    one the photos are decoded again one by one (only then: the pipeline itself pays nothing for it)."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    with tf.Graph().as_default():
+        path = tf.compat.v1.placeholder(tf.string, [])
+        decoded = tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
+        with tf.compat.v1.Session() as session:
+            for candidate in paths:
+                try:
+                    session.run(decoded, {path: candidate})
+                except tf.errors.OpError:
+                    return candidate
+    return None
+
+
 def _translated(info, error):
     """Returns the DataError that says in one line what a TensorFlow error of reading info means, or None."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel  (only processes that read with it get here)
@@ -675,9 +689,8 @@ def _translated(info, error):
         return DataError(f'{where}: damaged {info.data_format} record file ({problem}); {fix}')
     if isinstance(error, tf.errors.InvalidArgumentError):
         label = _asserted_number(LABEL_OUT_OF_RANGE, message)
-        photo = _asserted_number(UNDECODABLE_PHOTO, message)
-        if photo is not None:
-            path = info.files[photo]
+        path = _first_undecodable(info.files) if info.data_format == 'images' else None
+        if path:
             return DataError(f'{path}: {onu_photos.why_undecodable(path)}; fix or remove it, then start again')
         if label is not None:
             return DataError(
