@@ -18,6 +18,7 @@ MODEL_SETTINGS = ('data_dir', 'validation_percent', 'labels_offset', 'data_forma
                   'batch_size')
 
 
+# pragma: no mutate start (runs once as a script starts, before a test can switch a mutant on)
 def define_settings(settings, names=None):
     """Declares the flag of each setting of the dataclass settings (only those named, if names), unless declared
     already (by another script imported into this process: the tests)."""
@@ -27,6 +28,7 @@ def define_settings(settings, names=None):
             getattr(flags, f'DEFINE_{flag.kind}')(field.name, flag.default, help=flag.help, **flag.arguments)
             if flag.validator:
                 flags.register_validator(field.name, *flag.validator)
+# pragma: no mutate end
 
 
 def read_settings(settings, **others):

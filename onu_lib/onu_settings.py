@@ -21,9 +21,11 @@ class Flag:
     validator: tuple = None   # (check, message) of flags.register_validator
 
 
+# pragma: no mutate start (runs as the settings classes are defined, at import)
 def setting(kind, default, help_text, read=None, validator=None, **arguments):
     """Returns a dataclass field declaring its flag (see Flag): the field's name is the flag's."""
     return dataclasses.field(metadata={'flag': Flag(kind, default, help_text, arguments, read, validator)})
+# pragma: no mutate end
 
 
 def flag_of(field):
