@@ -33,7 +33,8 @@ def define_flags():
     flags.DEFINE_string('checkpoint_path', None,
                         'Checkpoint to export (default: the latest in --checkpoint_dir).')
     flags.DEFINE_string('export_dir', None,
-                        'Where version folders <global_step>/ go; default: <checkpoint_dir>/export.')
+                        'Where version folders <global_step>/ go; default: <checkpoint_dir>/export (for an '
+                        'evaluator\'s best/ folder, which each new best replaces whole: EVAL_DIR/export beside it).')
     onu_flags.define_allow_raw_weights_flag(
         'Export the raw weights when the checkpoint has no moving averages.')
     flags.DEFINE_enum('tflite', None, onu_tflite.TFLITE_FORMAT_NAMES,

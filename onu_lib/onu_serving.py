@@ -31,6 +31,7 @@ import time
 
 import tensorflow as tf
 
+from onu_lib import onu_best
 from onu_lib import onu_checkpoint
 from onu_lib import onu_dataset
 from onu_lib import onu_errors
@@ -57,9 +58,12 @@ EXPORT_LOG_FILENAME = 'exports.jsonl'
 _TEMP_DIR = re.compile(r'^\.tmp-(\d+)-(\d+)$')  # .tmp-<step>-<pid>, hidden from TF Serving
 
 
-def default_export_dir(train_dir):
-    """Returns where a training run's exports go: train_dir/export."""
-    return os.path.join(train_dir, EXPORT_SUBDIR)
+def default_export_dir(checkpoint_dir):
+    """Returns where the exports of checkpoint_dir go: checkpoint_dir/export, but for an evaluator's best/ folder
+    (swapped whole at each new best, exports and all) its EVAL_DIR/export, where --export_best writes."""
+    if os.path.isfile(os.path.join(checkpoint_dir, onu_best.BEST_FILENAME)):
+        return os.path.join(os.path.dirname(os.path.abspath(checkpoint_dir)), EXPORT_SUBDIR)
+    return os.path.join(checkpoint_dir, EXPORT_SUBDIR)
 
 
 def load_training_config(train_dir):

@@ -416,9 +416,9 @@ def test_the_best_checkpoint_is_kept_and_evaluates_and_exports_without_the_train
                        '--batch_size=4', timeout=TIMEOUT_SECS)
     assert again.returncode == 0, again.stderr[-3000:]
     assert f'step {best["step"]}, precision @ 1 = {best["precision_at_1"]:.3f} ' in again.stdout
-    exported = run_script('onu_export.py', f'--checkpoint_dir={best_dir}', f'--export_dir={tmp_path / "export"}',
-                          timeout=TIMEOUT_SECS)
+    exported = run_script('onu_export.py', f'--checkpoint_dir={best_dir}', timeout=TIMEOUT_SECS)
     assert exported.returncode == 0, exported.stderr[-3000:]
+    assert 'export' not in os.listdir(best_dir)  # beside best/, never in it: a new best swaps best/ whole
     assert os.listdir(tmp_path / 'export') == [str(best['step'])]  # TF Serving's version: the best's step
     assert os.path.isfile(tmp_path / 'export' / str(best['step']) / 'saved_model.pb')
 
