@@ -37,9 +37,9 @@ ORIENTATION_TRANSPOSE = {
 # The most pixels (width x height) an image sent to be classified may have: the serving
 # graph refuses more before decoding (onu_export.py --max_image_pixels, recorded in the export), and onu_predict.py
 # refuses more before Pillow decodes. The photos ONU technicians take are phone photos of up to about 50 MP
-# (8160x6144 = 50.1 M): 60 M keeps a 20% margin over them. A 60 MP image decodes to 180 MB of RGB; the 23000x23000
-# one-colour PNG of 1 MB (529 M pixels) that took a loaded model to 2.3 GB is refused. 64, 108 and 200 MP phone
-# modes are refused too: their cameras save binned 12-50 MP photos unless told otherwise.
+# (8160x6144 = 50.1 M): 60 M keeps a 20% margin over them. A 60 MP image decodes to 180 MB of RGB, while a 1 MB
+# PNG of one colour can declare 529 M pixels. 64, 108 and 200 MP phone modes are refused too: their cameras save
+# binned 12-50 MP photos unless told otherwise.
 MAX_IMAGE_PIXELS = 60_000_000
 _JPEG_END_MARKER = b'\xff\xd9'
 _TAIL_BYTES = 64
@@ -111,18 +111,22 @@ def _damaged(image_format, error):
     return UnreadableImage(f'{what}: {message}')
 
 
+def over_the_limit(max_pixels):
+    """The end of every refusal of an image with too many pixels: the limit and how it is set."""
+    return f'over the limit of {max_pixels} (onu_export.py --max_image_pixels)'
+
+
 def too_many_pixels(width, height, max_pixels):
     """The reason an image of width x height pixels is refused under a limit of max_pixels."""
-    return (f'too many pixels: {width} x {height} = {width * height} pixels, over the limit of {max_pixels} '
-            f'(onu_export.py --max_image_pixels)')
+    return f'too many pixels: {width} x {height} = {width * height} pixels, {over_the_limit(max_pixels)}'
 
 
 def _pillow_refused(error, max_pixels):
     """The UnreadableImage of an image Pillow's own decompression-bomb check refused as it opened it."""
     found = re.search(r'\((\d+) pixels\)', str(error))
     pixels = f'{found.group(1)} pixels' if found else 'more pixels than Pillow opens'
-    return UnreadableImage(f'too many pixels: {pixels} (size not read: Pillow refuses to open it), over the limit '
-                           f'of {max_pixels} (onu_export.py --max_image_pixels)')
+    return UnreadableImage(f'too many pixels: {pixels} (size not read: Pillow refuses to open it), '
+                           f'{over_the_limit(max_pixels)}')
 
 
 def read_image_header(source, max_pixels=None):

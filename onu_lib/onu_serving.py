@@ -218,8 +218,8 @@ def refuse_too_many_pixels(encoded, max_image_pixels):
     frames_note = tf.where(frames > 1, tf.strings.join([' (', text(frames), ' frames)']), '')
     message = tf.strings.join([
         'too many pixels: ', text(width), ' x ', text(height), frames_note, ' = ',
-        text(tf.cast(tf.minimum(pixels, 2.0 ** 62), tf.int64)), f' pixels, over the limit of {max_image_pixels} '
-        f'(onu_export.py --max_image_pixels)'])
+        text(tf.cast(tf.minimum(pixels, 2.0 ** 62), tf.int64)), ' pixels, ',
+        onu_photos.over_the_limit(max_image_pixels)])
     check = tf.debugging.Assert(pixels <= max_image_pixels, [message], name='max_image_pixels')
     with tf.control_dependencies([check]):
         return tf.identity(encoded)
