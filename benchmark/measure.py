@@ -7,6 +7,7 @@ benchmark_runner.FreshPython runs in another process take and return JSON values
 import collections
 import contextlib
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -47,6 +48,13 @@ DUPLICATE_TRACE_DEVICES = ('/stream:', '/memcpy')
 
 # ----------------------------------------------------------------------------------------------
 # Storage: reading the photos, converting them.
+
+def _own_peak_rss_mb():
+    """This process's own peak resident memory in MB (VmHWM): ru_maxrss also keeps the peak of the process it was
+    forked from, across exec."""
+    with open('/proc/self/status', encoding='ascii') as f:
+        return int(re.search(r'VmHWM:\s+(\d+) kB', f.read()).group(1)) / 1024
+
 
 def _cpu_seconds():
     """Returns the CPU seconds this process has used so far (all threads)."""
@@ -243,7 +251,7 @@ def measure_cache_mode(data_dir, data_format, batch_size, image_size, mode, cach
             first = _time_runs(sess, fetch, 0, epoch_batches)
             result = _time_runs(sess, fetch, epoch_batches + 5, batches)
     return dict(result, cpu_ms_per_image=cpu_ms_per_image(result), first_epoch_seconds=first['seconds'],
-                peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                peak_rss_mb=_own_peak_rss_mb(),
                 epoch_mb=onu_input.decoded_epoch_bytes(info.num_examples, image_size) / 2**20)
 
 
