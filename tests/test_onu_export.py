@@ -409,7 +409,7 @@ def test_bytes_of_no_image_format_pass_to_the_decoder_which_refuses_them(header_
         assert isinstance(refusal, str) and 'too many pixels' not in refusal  # the decoder's own error
 
 
-LOADED_MODEL_SCRIPT = '''
+LOADED_MODEL_SCRIPT = r'''
 import json, re, sys, time
 import tensorflow as tf
 def peak_mb():  # this process's own peak (VmHWM); ru_maxrss keeps the forking parent's across exec
