@@ -41,6 +41,7 @@ from onu_lib import onu_errors
 from onu_lib import onu_eval_summaries
 from onu_lib import onu_flags
 from onu_lib import onu_hparams
+from onu_lib import onu_known
 import onu_input
 import onu_model
 from onu_lib import onu_precision
@@ -51,6 +52,8 @@ from onu_lib import onu_serving
 RESULTS_FILENAME = 'results.jsonl'
 RECALL_TAG_PREFIX = 'eval/recall/'
 CONFUSION_MATRIX_TAG = 'eval/confusion_matrix'
+KNOWN_TAG_PREFIX = 'eval/calibration/'
+KNOWN_FIGURES = ('ece_before', 'ece_after', 'val_known', 'precision_known')  # onu_known.Calibration.figures
 DEVICES = ('cpu', 'gpu')
 DEFAULT_MAX_MISTAKES = 16
 
@@ -67,6 +70,7 @@ class EvalResult:
     loss: float
     weights: str  # onu_checkpoint.WEIGHTS_AVERAGED or WEIGHTS_RAW
     predictions: 'Predictions'
+    known: object = None  # onu_known.Calibration on these examples (None: a class has fewer than 2)
 
     @property
     def num_examples(self):
@@ -136,6 +140,8 @@ class Predictions:
     labels: np.ndarray         # [N] true class indices
     probabilities: np.ndarray  # [N, num_classes] softmax
     mistakes: list             # onu_eval_summaries.Mistake: the most confident ones, at most max_mistakes
+    logits: np.ndarray = None    # [N, num_classes]
+    features: np.ndarray = None  # [N, D]: onu_model.known_features
 
     def misclassified(self):
         """Returns the file names of every misclassified example, in input order."""
@@ -145,6 +151,7 @@ class Predictions:
 def run_predictions(session, fetches, limit, max_mistakes):
     """Runs the eval graph until the end of its input (or limit examples); returns (Predictions, loss sum)."""
     filenames, labels, probabilities, kept_images, chosen, loss_sum = [], [], [], {}, [], 0.0
+    logits, features = [], []
     with tqdm(total=limit, unit='photo', desc='evaluating', leave=False, disable=not onu_cli.show_progress()) as bar:
         while len(labels) < limit:
             try:
@@ -156,6 +163,8 @@ def run_predictions(session, fetches, limit, max_mistakes):
             filenames += [onu_eval_summaries.text(name) for name in batch['filenames'][:keep]]
             labels += batch['labels'][:keep].tolist()
             probabilities += list(batch['probabilities'][:keep])
+            logits += list(batch['logits'][:keep])
+            features += list(batch['features'][:keep])
             loss_sum += float(np.sum(batch['losses'][:keep], dtype=np.float64))
             # The worst mistakes so far are among those kept and this batch's: only these are ranked again.
             chosen = worst_mistakes(sorted(chosen) + list(range(first, first + keep)),
@@ -168,7 +177,8 @@ def run_predictions(session, fetches, limit, max_mistakes):
     mistakes = [onu_eval_summaries.Mistake.from_prediction(filenames[index], model_input_photo(kept_images[index]),
                                                            labels[index], probabilities[index])
                 for index in chosen]
-    return Predictions(filenames, labels, probabilities, mistakes), loss_sum
+    return Predictions(filenames, labels, probabilities, mistakes, np.array(logits, np.float32).reshape(len(labels), -1),
+                       np.array(features, np.float32).reshape(len(labels), -1)), loss_sum
 
 
 def worst_mistakes(candidates, filenames, labels, probabilities, max_mistakes):
@@ -194,8 +204,10 @@ def confusion_of(labels, probabilities, num_classes):
 
 
 def evaluate(checkpoint_path, run_config, info, batch_size=32, num_examples=None,
-             allow_raw_weights=False, device='cpu', compute_dtype='float32', max_mistakes=DEFAULT_MAX_MISTAKES):
-    """Evaluates one checkpoint on the examples of info, the eval split (each once); returns its EvalResult.
+             allow_raw_weights=False, device='cpu', compute_dtype='float32', max_mistakes=DEFAULT_MAX_MISTAKES,
+             known_recall=onu_known.DEFAULT_KNOWN_RECALL):
+    """Evaluates one checkpoint on the examples of info, the eval split (each once); returns its EvalResult, with
+    the temperature and known threshold an export would fit on them (onu_known.calibrate, known_recall).
 
     Raises onu_checkpoint.CheckpointGone or DamagedCheckpoint when the checkpoint is deleted or damaged.
     """
@@ -204,9 +216,11 @@ def evaluate(checkpoint_path, run_config, info, batch_size=32, num_examples=None
     with tf.Graph().as_default():
         images, labels, filenames = onu_input.next_batch(
             onu_input.eval_batches(info, batch_size, run_config.image_size, with_filenames=True))
-        logits, _ = onu_model.inference(images, len(class_names), run_config.model,
-                                        is_training=False, create_aux_logits=False)
-        fetches = {'labels': labels, 'filenames': filenames,
+        logits, end_points = onu_model.inference(images, len(class_names), run_config.model,
+                                                 is_training=False, create_aux_logits=False)
+        columns, blocks = onu_model.known_features(end_points, run_config.model)
+        fetches = {'labels': labels, 'filenames': filenames, 'logits': tf.cast(logits, tf.float32),
+                   'features': tf.concat(columns, axis=1),
                    'probabilities': tf.nn.softmax(tf.cast(logits, tf.float32)),
                    'losses': tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)}
         if max_mistakes > 0:  # the photos of the mistakes (a copy of every batch out of the session)
@@ -223,8 +237,12 @@ def evaluate(checkpoint_path, run_config, info, batch_size=32, num_examples=None
             with onu_dataset.read_errors_as_data_error(info):
                 predictions, loss_sum = run_predictions(session, fetches, limit, max_mistakes)
     confusion = confusion_of(predictions.labels, predictions.probabilities, len(class_names))
+    try:
+        known = onu_known.calibrate(predictions.logits, predictions.features, predictions.labels, blocks, known_recall)
+    except ValueError:  # fewer than 2 photos of a class: nothing to fit
+        known = None
     return EvalResult(checkpoint=checkpoint_path, step=step, class_names=class_names, confusion=confusion,
-                      loss=loss_sum / max(confusion.sum(), 1), weights=weights, predictions=predictions)
+                      loss=loss_sum / max(confusion.sum(), 1), weights=weights, predictions=predictions, known=known)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -249,6 +267,8 @@ def result_summary(result, best_precision):
         values.append(value(tag=onu_hparams.BEST_PRECISION_TAG, simple_value=best_precision))
     values += [value(tag=RECALL_TAG_PREFIX + name, simple_value=recall)
                for name, recall in result.recall().items() if recall is not None]
+    values += [value(tag=KNOWN_TAG_PREFIX + name, simple_value=number)
+               for name, number in known_figures(result.known).items() if number is not None]
     text_plugin = tf.compat.v1.SummaryMetadata(
         plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name='text'))
     values.append(value(tag=CONFUSION_MATRIX_TAG, metadata=text_plugin,
@@ -257,6 +277,14 @@ def result_summary(result, best_precision):
     values += onu_eval_summaries.eval_summary_values(result.confusion, result.class_names, predictions.labels,
                                                      predictions.probabilities, predictions.mistakes)
     return tf.compat.v1.Summary(value=values)
+
+
+def known_figures(calibration):
+    """The figures of a calibration eval reports ({} without one): expected calibration error before and after the
+    temperature, the share of the photos known (each scored by a fit to the others) and precision @ 1 on those."""
+    if calibration is None:
+        return {}
+    return {name: calibration.figures[name] for name in KNOWN_FIGURES}
 
 
 def result_record(result, run_config, eval_data):
@@ -274,6 +302,9 @@ def result_record(result, run_config, eval_data):
         'class_names': list(result.class_names),
         'weights': result.weights,
         'misclassified': result.predictions.misclassified(),
+        'calibration': result.known and {**known_figures(result.known), 'temperature': result.known.temperature,
+                                         'known_recall': result.known.figures['known_recall'],
+                                         'known_score': result.known.score},
         'model': run_config.model,
         'image_size': run_config.image_size,
         'data_dir': run_config.data_dir,
@@ -454,7 +485,8 @@ def evaluate_checkpoints(writer, precision):
         path = pending[0]
         try:
             result = evaluate(path, run_config, info, FLAGS.batch_size, FLAGS.num_examples,
-                              FLAGS.allow_raw_weights, FLAGS.device, precision.compute_dtype, FLAGS.max_mistakes)
+                              FLAGS.allow_raw_weights, FLAGS.device, precision.compute_dtype, FLAGS.max_mistakes,
+                              FLAGS.known_recall)
         except onu_checkpoint.CheckpointGone:
             newer = [p for p in onu_checkpoint.list_checkpoints(checkpoint_dir) if p not in done and p != path]
             done.update([path] + newer[:-1])
@@ -478,7 +510,8 @@ def evaluate_checkpoints(writer, precision):
             if FLAGS.export_best and kept is not best:
                 export_dir = FLAGS.export_dir or onu_serving.default_export_dir(FLAGS.eval_dir)
                 onu_serving.export_saved_model(os.path.join(onu_best.best_dir(FLAGS.eval_dir), kept['checkpoint']),
-                                               run_config, export_dir, FLAGS.allow_raw_weights)
+                                               run_config, export_dir, FLAGS.allow_raw_weights,
+                                               known_recall=FLAGS.known_recall)
             best = kept
         if FLAGS.run_once:
             return
@@ -512,6 +545,7 @@ def define_flags():
                          'folder <global_step>/ in --export_dir, the layout TF Serving watches.')
     flags.DEFINE_string('export_dir', None,
                         'Where --export_best puts its version folders; default: <eval_dir>/export.')
+    onu_flags.define_known_recall_flag()
     flags.DEFINE_integer('max_mistakes', DEFAULT_MAX_MISTAKES,
                          'Misclassified photos shown in TensorBoard (eval/mistakes), the most confident '
                          'mistakes first; results.jsonl lists them all (0: no grid).', lower_bound=0)

@@ -49,7 +49,9 @@ def define_flags():
                          'export. The default is 20% over the 50 MP photos of the phones ONU technicians use, and '
                          'keeps one decode under about 180 MB (a 1 MB PNG of one colour can declare 529 M pixels).',
                          lower_bound=1)
-    onu_flags.define_data_dir_flag()  # default here: the training run's, for --tflite=int8's calibration photos
+    onu_flags.define_known_recall_flag()
+    onu_flags.define_data_dir_flag()  # default here: the training run's: its val photos calibrate the known score, its
+    # train photos --tflite=int8's ranges
 
 
 def calibration(run_config):
@@ -73,12 +75,14 @@ def export():
     checkpoint_path = onu_checkpoint.find_checkpoint(checkpoint_dir, FLAGS.checkpoint_path)
     export_dir = FLAGS.export_dir or onu_serving.default_export_dir(checkpoint_dir)
     pixels = calibration(run_config) if FLAGS.tflite and onu_tflite.tflite_format(FLAGS.tflite).calibrated else None
+    data_dir = onu_flags.value_or_saved('data_dir', run_config)
     try:
         version_dir = onu_serving.export_saved_model(checkpoint_path, run_config, export_dir, FLAGS.allow_raw_weights,
-                                                     FLAGS.max_image_pixels)
+                                                     FLAGS.max_image_pixels, FLAGS.known_recall, data_dir)
         if FLAGS.tflite:
+            val = onu_serving.known_val_pixels(run_config, data_dir)
             with onu_cli.tflite_lines_dropped():
-                onu_tflite.write_tflite(version_dir, FLAGS.tflite, run_config, pixels)
+                onu_tflite.write_tflite(version_dir, FLAGS.tflite, run_config, pixels, val)
     except Exception as e:  # pylint: disable=broad-except  (OSError, or TensorFlow's own error for the same cause)
         reason = onu_run_folder.write_failure(e, export_dir)
         if reason is None:

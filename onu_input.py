@@ -29,6 +29,7 @@ import tensorflow as tf
 from tensorflow.core.framework import model_pb2
 
 from onu_lib import onu_dataset  # the one constant of the label check, shared with its error's translation
+from onu_lib import onu_errors
 
 # Corners uncovered by a rotation: mid grey, which is 0 in the model's [-1, 1] range.
 ROTATION_FILL_VALUE = 0.5
@@ -560,6 +561,27 @@ def eval_batches(info, batch_size, image_size, with_filenames=False):
 SERVICE_CYCLE_LENGTH = 8       # units a service worker reads at once
 SERVICE_PHOTOS_PER_UNIT = 8    # images mode: photos of an epoch's order handed to a worker at a time
 MAX_RECORDS_PER_SHARD = 2**24  # an example's key is shard draw * this + its index in the shard
+
+
+def eval_pixels(info, image_size, num_examples):
+    """Returns (uint8 pixels [n, size, size, 3], labels [n]): up to num_examples examples spread evenly over a split, as
+    eval preprocesses them, rounded to pixels (what the model's input takes); DataError when the split has none."""
+    if not info.num_examples:
+        raise onu_errors.DataError(f'{info.data_dir}: no {info.split} examples')
+    every = max(1, info.num_examples // num_examples)  # across the split, so every class is among them
+    with tf.Graph().as_default():
+        examples = eval_batches(info, 32, image_size).unbatch()
+        examples = examples.shard(every, 0).take(num_examples).map(
+            lambda image, label: (to_pixels(image), label)).batch(32)
+        batch = tf.compat.v1.data.make_one_shot_iterator(examples).get_next()
+        batches = []
+        with tf.compat.v1.Session() as session:
+            try:
+                while True:
+                    batches.append(session.run(batch))
+            except tf.errors.OutOfRangeError:
+                pass
+    return np.concatenate([pixels for pixels, _ in batches]), np.concatenate([labels for _, labels in batches])
 
 
 def _service_examples(info, image_size, seed, reduced_decode, num_epochs=None):

@@ -382,6 +382,7 @@ class ModelSpec:
     prior_build_seconds: float    # the benchmark's first guess of building the training graph
     benchmark_steps: int          # onu_benchmark.py --train_steps's default: timed steps per repeat
     benchmark_warmup_steps: int   # onu_benchmark.py --train_warmup_steps's default
+    known_end_points: tuple       # the end points whose activation statistics the known score reads (onu_known)
     aux_logits: bool = False      # build takes create_aux_logits (an auxiliary classifier)
 
 
@@ -390,11 +391,12 @@ MODELS = {spec.name: spec for spec in (
               scope=IRV2_SCOPE, classifier_scopes=(f'{IRV2_SCOPE}/Logits', f'{IRV2_SCOPE}/AuxLogits'),
               image_size=299, learning_rate=0.01, weight_decay=0.00004, dropout_keep_prob=0.8,
               prior_sec_per_step_32=16.0, prior_build_seconds=40.0, benchmark_steps=1, benchmark_warmup_steps=2,
-              aux_logits=True),
+              known_end_points=('Conv2d_2b_3x3', 'Conv2d_4a_3x3', 'Mixed_5b', 'Conv2d_7b_1x1'), aux_logits=True),
     ModelSpec(name='small', build=small_net, arg_scope=small_net_arg_scope,
               scope=SMALL_SCOPE, classifier_scopes=(f'{SMALL_SCOPE}/Logits',),
               image_size=64, learning_rate=0.02, weight_decay=0.0005, dropout_keep_prob=0.5,
-              prior_sec_per_step_32=0.5, prior_build_seconds=3.0, benchmark_steps=20, benchmark_warmup_steps=5),
+              prior_sec_per_step_32=0.5, prior_build_seconds=3.0, benchmark_steps=20, benchmark_warmup_steps=5,
+              known_end_points=tuple(f'conv{index}' for index in range(1, len(SMALL_DEPTHS) + 1))),
 )}
 MODEL_NAMES = tuple(MODELS)
 # --model's default where TensorFlow sees a GPU, and where it sees none.
@@ -422,6 +424,22 @@ def inference(images, num_classes, model_name, is_training, weight_decay=None, d
         return spec.build(images, num_classes, is_training=is_training, reuse=reuse, scope=spec.scope,
                           dropout_keep_prob=spec.dropout_keep_prob if dropout_keep_prob is None else dropout_keep_prob,
                           **options)
+
+
+KNOWN_STATISTICS = ('mean', 'std', 'max')  # per channel, over the positions of an end point
+
+
+def known_features(end_points, model_name):
+    """Returns ([float32 [batch, channels]: one KNOWN_STATISTIC of the channels of one of model_name's
+    known_end_points], their layout ((end point/statistic, channels) in the same order)): what onu_known's
+    layer_distance reads, a tensor per block (tf.concat makes its feature vector)."""
+    columns, blocks = [], []
+    for name in model_spec(model_name).known_end_points:
+        net = tf.cast(end_points[name], tf.float32)
+        for statistic, reduce in zip(KNOWN_STATISTICS, (tf.reduce_mean, tf.math.reduce_std, tf.reduce_max)):
+            columns.append(reduce(net, axis=[1, 2], name=f'known_{statistic}'))
+            blocks.append((f'{name}/{statistic}', int(net.shape[-1])))
+    return columns, tuple(blocks)
 
 
 def loss(logits, labels, end_points=None, label_smoothing=0.0):

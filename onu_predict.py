@@ -13,8 +13,12 @@ as convert_to_tfrecord.py does), so predictions equal evaluation on encoded reco
 A photo of more pixels than the model's limit (onu_export.py --max_image_pixels, recorded in the export; the
 default for a train_dir or a .tflite) is refused from its header, before Pillow or TensorFlow decodes it.
 
-Output: `path<TAB>class name<TAB>probability` per image, or with --json one JSON object per line (path, class_id,
-class_name, probability, probabilities by class name); stderr names the model used. A file that cannot be
+Output: `path<TAB>class name<TAB>probability` per image, or `path<TAB>unknown (closest: F603, 0.41)` for a photo the
+model does not take for any class it knows (onu_known: its known score is below the threshold the export fitted on
+val photos); with --json one JSON object per line (path, class_id, class_name, probability, probabilities by class
+name, known, known_score). stderr names the model used, and at the end how many photos were unknown. A model without
+a calibration (exported before there was one) prints classes only, as it always did; a train_dir is calibrated on
+its val photos as it loads. A file that cannot be
 classified prints `error: <path>: <reason>` to stderr (and, with --json, an object with `error`); the others still
 run. Exit code: 0 if at least one image was classified, 1 if none, 2 for a bad --model_dir or no paths.
 """
@@ -58,7 +62,8 @@ class Classifier:
         self.source = source
 
     def classify(self, encoded_images):
-        """Returns {probabilities, classes, class_names} as numpy arrays for a list of encoded images."""
+        """Returns {probabilities, classes, class_names[, known, known_score]} as numpy arrays for a list of encoded
+        images."""
         return self.session.run(self.outputs, {self.image_bytes: encoded_images})
 
     def close(self):
@@ -67,17 +72,19 @@ class Classifier:
 
 
 class TFLiteClassifier:
-    """A TensorFlow Lite model run by LiteRT, one image at a time, on the pixels eval's resize gives them."""
+    """A TensorFlow Lite model run by LiteRT, one image at a time, on the pixels eval's resize gives them; its known
+    threshold from the file beside it (onu_tflite.read_known), when there is one."""
 
     def __init__(self, model_path):
         self.interpreter = Interpreter(model_path=model_path)
         with onu_cli.tflite_lines_dropped():
             self.interpreter.allocate_tensors()
+            self.outputs = onu_tflite.output_details(self.interpreter)
         self.input = self.interpreter.get_input_details()[0]
-        self.output = self.interpreter.get_output_details()[0]
         size = int(self.input['shape'][1])
-        num_classes = int(self.output['shape'][-1])
+        num_classes = int(self.outputs[onu_serving.OUTPUT_PROBABILITIES]['shape'][-1])
         self.class_names = onu_tflite.read_labels(model_path) or [str(index) for index in range(num_classes)]
+        self.known = onu_tflite.read_known(model_path) if onu_serving.OUTPUT_KNOWN_SCORE in self.outputs else None
         self.max_image_pixels = onu_photos.MAX_IMAGE_PIXELS
         if len(self.class_names) != num_classes:
             raise onu_errors.DataError(
@@ -92,14 +99,19 @@ class TFLiteClassifier:
         self.source = f'TensorFlow Lite model {model_path} (LiteRT)'
 
     def classify(self, encoded_images):
-        """Returns {probabilities} as a numpy array for a list of encoded images."""
+        """Returns {probabilities[, known, known_score]} as numpy arrays for a list of encoded images."""
         rows = []
         for encoded in encoded_images:
             pixels = self.session.run(self.pixels, {self.image_bytes: encoded})
             self.interpreter.set_tensor(self.input['index'], pixels[np.newaxis])
             self.interpreter.invoke()
-            rows.append(self.interpreter.get_tensor(self.output['index'])[0])
-        return {onu_serving.OUTPUT_PROBABILITIES: np.array(rows)}
+            rows.append({name: self.interpreter.get_tensor(detail['index'])[0] for name, detail in self.outputs.items()})
+        outputs = {onu_serving.OUTPUT_PROBABILITIES: np.array([row[onu_serving.OUTPUT_PROBABILITIES] for row in rows])}
+        if self.known is not None:
+            scores = np.array([row[onu_serving.OUTPUT_KNOWN_SCORE] for row in rows], np.float32).reshape(-1)
+            outputs[onu_serving.OUTPUT_KNOWN_SCORE] = scores
+            outputs[onu_serving.OUTPUT_KNOWN] = scores >= self.known['threshold']
+        return outputs
 
     def close(self):
         """Releases the session."""
@@ -142,9 +154,15 @@ def _checkpoint_classifier(train_dir, allow_raw_weights):
     run_config = onu_serving.load_training_config(train_dir)
     checkpoint_path = onu_checkpoint.find_checkpoint(
         train_dir, use_instead=functools.partial(export_instead, train_dir))
+    try:
+        calibration = onu_serving.calibrate_known(checkpoint_path, run_config, allow_raw_weights=allow_raw_weights)
+    except onu_errors.DataError as e:
+        print(f'warning: every photo is named a class, none unknown: {e}', file=sys.stderr, flush=True)
+        calibration = None
     graph = tf.Graph()
     with graph.as_default():
-        inputs, outputs = onu_serving.build_serving_graph(run_config)[onu_serving.SERVING_SIGNATURE]
+        inputs, outputs = onu_serving.build_serving_graph(run_config, calibration=calibration)[
+            onu_serving.SERVING_SIGNATURE]
     session = tf.compat.v1.Session(graph=graph)
     try:
         weights = onu_checkpoint.restore(session, checkpoint_path, run_config.moving_average_decay,
@@ -207,18 +225,23 @@ def model_input_bytes(path, max_image_pixels=onu_photos.MAX_IMAGE_PIXELS):
     return payload
 
 
-def _prediction(path, class_names, probabilities):
-    """Returns the result of one image as a dict."""
+def _prediction(path, class_names, outputs, row):
+    """Returns the result of image number row of a batch's outputs as a dict."""
+    probabilities = outputs[onu_serving.OUTPUT_PROBABILITIES][row]
     class_id = int(probabilities.argmax())
-    return {'path': path, 'class_id': class_id, 'class_name': class_names[class_id],
-            'probability': float(probabilities[class_id]),
-            'probabilities': {name: float(p) for name, p in zip(class_names, probabilities)}}
+    prediction = {'path': path, 'class_id': class_id, 'class_name': class_names[class_id],
+                  'probability': float(probabilities[class_id]),
+                  'probabilities': {name: float(p) for name, p in zip(class_names, probabilities)}}
+    if onu_serving.OUTPUT_KNOWN in outputs:
+        prediction['known'] = bool(outputs[onu_serving.OUTPUT_KNOWN][row])
+        prediction['known_score'] = float(outputs[onu_serving.OUTPUT_KNOWN_SCORE][row])
+    return prediction
 
 
 def _classify_batch(classifier, batch):
     """Yields (path, prediction, None) or (path, None, reason) for a batch of (path, bytes)."""
     try:
-        probabilities = classifier.classify([data for _, data in batch])[onu_serving.OUTPUT_PROBABILITIES]
+        outputs = classifier.classify([data for _, data in batch])
     except tf.errors.InvalidArgumentError as e:
         if len(batch) == 1:
             yield batch[0][0], None, f'cannot be decoded ({onu_checkpoint.one_line(e)})'
@@ -226,8 +249,8 @@ def _classify_batch(classifier, batch):
         for item in batch:  # find the image that broke the batch; classify the rest
             yield from _classify_batch(classifier, [item])
         return
-    for (path, _), row in zip(batch, probabilities):
-        yield path, _prediction(path, classifier.class_names, row), None
+    for row, (path, _) in enumerate(batch):
+        yield path, _prediction(path, classifier.class_names, outputs, row), None
 
 
 def classify_files(classifier, paths, batch_size):
@@ -255,8 +278,11 @@ def print_result(path, prediction, reason, as_json, out, err):
             print(json.dumps({'path': path, 'error': reason}, ensure_ascii=False), file=out, flush=True)
     elif as_json:
         print(json.dumps(prediction, ensure_ascii=False), file=out, flush=True)
-    else:
+    elif prediction.get('known', True):
         print(f'{path}\t{prediction["class_name"]}\t{prediction["probability"]:.4f}', file=out, flush=True)
+    else:
+        print(f'{path}\tunknown (closest: {prediction["class_name"]}, {prediction["probability"]:.2f})', file=out,
+              flush=True)
 
 
 def predict(paths, model_dir, as_json=False, batch_size=32, allow_raw_weights=False, out=None, err=None):
@@ -275,14 +301,19 @@ def predict(paths, model_dir, as_json=False, batch_size=32, allow_raw_weights=Fa
     print(f'Classifying with the {classifier.source}', file=err, flush=True)
     files, missing = image_paths(paths)
     not_found = [(path, None, reason) for path, reason in missing]
-    classified = 0
+    classified, unknown, calibrated = 0, 0, False
     try:
         for path, prediction, reason in itertools.chain(not_found,
                                                         classify_files(classifier, files, batch_size)):
             print_result(path, prediction, reason, as_json, out, err)
             classified += prediction is not None
+            calibrated |= prediction is not None and 'known' in prediction
+            unknown += prediction is not None and not prediction.get('known', True)
     finally:
         classifier.close()
+    if calibrated:
+        print(f'{unknown} of {classified} photos unknown: not like the val photos of any class the model knows',
+              file=err, flush=True)
     if not classified:
         print(f'error: none of the {len(files) + len(missing)} paths could be classified', file=err)
         return 1

@@ -33,6 +33,7 @@ from benchmark import runner  # noqa: E402
 from onu_lib import onu_run_config  # noqa: E402
 from onu_lib import onu_serving  # noqa: E402
 from onu_lib import onu_tflite  # noqa: E402
+import onu_input  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('data_dir', '/tmp/onu_data', 'Photos with a train/val split (make_sample_data.py makes some).')
@@ -98,7 +99,8 @@ def tflite_predictor(path):
     interpreter = Interpreter(model_path=path, num_threads=1)
     with onu_cli.tflite_lines_dropped():
         interpreter.allocate_tensors()
-    given, output = interpreter.get_input_details()[0]['index'], interpreter.get_output_details()[0]['index']
+        output = onu_tflite.output_details(interpreter)[onu_serving.OUTPUT_PROBABILITIES]['index']
+    given = interpreter.get_input_details()[0]['index']
 
     def predict(pixels):
         interpreter.set_tensor(given, pixels)
@@ -126,7 +128,7 @@ def measure_forms(version_dir):
     """The rows of every form of the export in version_dir: the SavedModel, then every TFLite format."""
     run_config = onu_serving.load_export_config(version_dir)
     info = run_config.split_info('val')
-    pixels, labels = onu_tflite.eval_pixels(info, run_config.image_size, info.num_examples)  # the whole val split
+    pixels, labels = onu_input.eval_pixels(info, run_config.image_size, info.num_examples)  # the whole val split
     forms = [(SAVED_MODEL, saved_model_predictor(version_dir),
               runner.folder_bytes(os.path.join(version_dir, 'variables')))]
     forms += [(f'TFLite {entry.name}', tflite_predictor(onu_tflite.tflite_path(version_dir, entry.name)),

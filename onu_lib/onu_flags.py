@@ -82,6 +82,16 @@ def define_allow_raw_weights_flag(help_text):
     flags.DEFINE_boolean('allow_raw_weights', False, help_text)
 
 
+def define_known_recall_flag():
+    """Declares --known_recall: the share of val photos the exported model's known threshold keeps (onu_known)."""
+    from onu_lib import onu_known  # pylint: disable=import-outside-toplevel  (numpy only, but not for the data scripts)
+    flags.DEFINE_float('known_recall', onu_known.DEFAULT_KNOWN_RECALL,
+                       'The exported model answers "unknown" for a photo unlike the val photos of every class it '
+                       'knows: its known threshold keeps this share of the val photos (each scored by a fit to the '
+                       'others). Lower rejects more photos that are not ONUs, and more that are.',
+                       lower_bound=0.5, upper_bound=1.0)
+
+
 def define_precision_flag(default, help_text):
     """Declares --precision: auto (the hardware decides), float32 or mixed (see onu_precision.choose_precision)."""
     from onu_lib import onu_precision  # pylint: disable=import-outside-toplevel  (TensorFlow)

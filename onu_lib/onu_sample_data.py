@@ -56,6 +56,11 @@ LAYOUTS = {
     'F603': {'antennas': True, 'ports': (4, 0.105, 0.03), 'leds': ((0.08, 0.28, 6, 1),), 'label_y': 0.50},
     'F663N': {'antennas': False, 'ports': (2, 0.186, 0.06), 'leds': ((0.60, 0.12, 3, 2),), 'label_y': 0.10},
 }
+# A device of neither class, drawn by the same renderer: F603's antennas and LEDs with F663N's ports and label. Not in
+# the sample data: onu_unrelated_photos renders it, the hard case of a known score (a new model like known ones).
+LOOKALIKE_LAYOUTS = {
+    'F680': {'antennas': True, 'ports': (2, 0.186, 0.06), 'leds': ((0.08, 0.28, 6, 1),), 'label_y': 0.10},
+}
 PORT_ROW_RIGHT, PORT_ROW_Y, PORT_HEIGHT = 0.93, 0.50, 0.36
 LED_SPACING, LED_RADIUS = 0.055, 0.022
 LABEL_X, LABEL_WIDTH, LABEL_HEIGHT = 0.06, 0.24, 0.34
@@ -187,7 +192,7 @@ def _draw_front_details(canvas, layout, rng, left, top, unit, face_height):
 
 def _device_canvas(class_name, rng, unit):
     """The device drawn front-on, body `unit` pixels wide: float32 RGBA canvas, alpha 0..255."""
-    layout = LAYOUTS[class_name]
+    layout = {**LAYOUTS, **LOOKALIKE_LAYOUTS}[class_name]
     canvas_w, canvas_h = int(CANVAS_WIDTH * unit), int(CANVAS_HEIGHT * unit)
     canvas = np.zeros((canvas_h, canvas_w, 3), np.float32)
     alpha = np.zeros((canvas_h, canvas_w), np.float32)
@@ -282,6 +287,14 @@ def render_photo(class_name, rng, width, height):
     coverage = device[..., 3] / 255
     image *= _shadow_factor(rng, coverage, body_px)[..., None]
     image = cv2.blendLinear(device[..., :3], image, coverage, 1 - coverage)
+    return _apply_camera(rng, image)
+
+
+def empty_scene(rng, width, height):
+    """A photo of a scene of render_photo with no device on it: uint8 RGB array [height, width, 3]."""
+    image = _background(rng, height, width)
+    if rng.random() < 0.3:
+        _draw_cable(rng, image)
     return _apply_camera(rng, image)
 
 

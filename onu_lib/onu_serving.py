@@ -5,8 +5,10 @@ the weights of a checkpoint to export_dir/<global_step>/ (TF Serving's versioned
 is written to a hidden temporary folder inside export_dir and renamed only when complete, so a
 folder named by a step is always a whole model; an existing version is never overwritten.
 
-Signatures (both return probabilities [batch, num_classes] float32, classes [batch] int64 and
-class_names [batch] string, the name of each image's most probable class):
+Signatures (each returns probabilities [batch, num_classes] float32, classes [batch] int64, class_names [batch]
+string: the name of each image's most probable class, and with a calibration (every export since there was one):
+known [batch] bool and known_score [batch] float32, the photo is of a class the model knows; the probabilities are
+then temperature-scaled, see onu_known):
   serving_default  image_bytes: string [batch], encoded images (JPEG, PNG, GIF, BMP, WebP), decoded and
                    preprocessed exactly as evaluation does (onu_input.preprocess_for_eval). An image of more
                    than max_image_pixels (width x height read from its header; a GIF's frames each count) is
@@ -17,7 +19,8 @@ class_names [batch] string, the name of each image's most probable class):
                    gives them; scaled inside. onu_tflite converts this one (camera pixels in).
 The graph does not apply EXIF orientation: send upright images (onu_predict.py turns them upright).
 The version folder also holds assets.extra/run_config.json (the training run's RunConfig with an
-`export` entry: global step, checkpoint, weights, max_image_pixels) and assets.extra/labels.txt (id:name lines).
+`export` entry: global step, checkpoint, weights, max_image_pixels, known: the calibration's summary) and
+assets.extra/labels.txt (id:name lines). calibrate_known() fits the calibration on the val split as it exports.
 
 onu_train.py --export_every_n_epochs=N exports during training with PeriodicExportListener.
 """
@@ -29,12 +32,14 @@ import shutil
 import sys
 import time
 
+import numpy as np
 import tensorflow as tf
 
 from onu_lib import onu_best
 from onu_lib import onu_checkpoint
 from onu_lib import onu_dataset
 from onu_lib import onu_errors
+from onu_lib import onu_known
 from onu_lib import onu_photos
 from onu_lib import onu_precision
 import onu_input
@@ -52,6 +57,9 @@ PIXELS_INPUT = 'pixels'
 OUTPUT_PROBABILITIES = 'probabilities'
 OUTPUT_CLASSES = 'classes'
 OUTPUT_CLASS_NAMES = 'class_names'
+OUTPUT_KNOWN = 'known'
+OUTPUT_KNOWN_SCORE = 'known_score'
+KNOWN_CALIBRATION_EXAMPLES = 2000  # val photos at most (spread over the split) the calibration fits
 SAVED_MODEL_TAGS = [tf.saved_model.SERVING]
 METADATA_SUBDIR = 'assets.extra'  # TF Serving's place for files that are not part of the graph
 EXPORT_LOG_FILENAME = 'exports.jsonl'
@@ -76,15 +84,93 @@ def load_training_config(train_dir):
     return run_config
 
 
-def _classifier_outputs(images, run_config, reuse):
-    """Returns {probabilities, classes, class_names} of the model on [-1, 1] images."""
-    logits, _ = onu_model.inference(images, run_config.num_classes, run_config.model,
-                                    is_training=False, create_aux_logits=False, reuse=reuse)
+def model_outputs(images, run_config, reuse):
+    """Returns (logits float32 [batch, classes], known features: a tensor per block, their blocks) of the model on
+    [-1, 1] images: what onu_known calibrates on and scores."""
+    logits, end_points = onu_model.inference(images, run_config.num_classes, run_config.model,
+                                             is_training=False, create_aux_logits=False, reuse=reuse)
+    columns, blocks = onu_model.known_features(end_points, run_config.model)
+    return tf.cast(logits, tf.float32), columns, blocks
+
+
+def known_score(columns, calibration):
+    """onu_known's served score (layer_distance) of the features, a tensor per block (never one concatenated tensor:
+    int8 quantizes each tensor to one range, and the blocks' ranges differ), the parameters constants."""
+    standardized = []
+    for (name, _), block in zip(calibration.blocks, columns):
+        params = calibration.params[name]
+        centred = block[:, tf.newaxis, :] - tf.constant(params['means'], tf.float32)  # [batch, classes, d]
+        weighted = tf.tensordot(centred, tf.constant(params['precision'], tf.float32), axes=1)
+        nearest = -tf.reduce_min(tf.reduce_sum(weighted * centred, axis=2), axis=1)
+        standardized.append((nearest - params['centre']) / params['scale'])
+    return tf.reduce_min(tf.stack(standardized, axis=1), axis=1)
+
+
+def _classifier_outputs(images, run_config, reuse, calibration=None):
+    """Returns {probabilities, classes, class_names} of the model on [-1, 1] images, with a calibration also
+    {known, known_score} and temperature-scaled probabilities."""
+    logits, columns, _ = model_outputs(images, run_config, reuse)
+    outputs = {}
+    if calibration is not None:
+        if calibration.score != onu_known.SERVED_SCORE:
+            raise ValueError(f'the serving graph computes {onu_known.SERVED_SCORE}, not {calibration.score}')
+        logits = logits / calibration.temperature
+        outputs[OUTPUT_KNOWN_SCORE] = tf.identity(known_score(columns, calibration), name=OUTPUT_KNOWN_SCORE)
+        outputs[OUTPUT_KNOWN] = tf.greater_equal(outputs[OUTPUT_KNOWN_SCORE], calibration.threshold, name=OUTPUT_KNOWN)
     probabilities = tf.nn.softmax(logits, name='probabilities')
     classes = tf.argmax(probabilities, axis=1, name='classes')
     class_names = tf.gather(tf.constant(run_config.class_names), classes, name='class_names')
-    return {OUTPUT_PROBABILITIES: probabilities, OUTPUT_CLASSES: classes,
-            OUTPUT_CLASS_NAMES: class_names}
+    return {OUTPUT_PROBABILITIES: probabilities, OUTPUT_CLASSES: classes, OUTPUT_CLASS_NAMES: class_names, **outputs}
+
+
+def val_outputs(checkpoint_path, run_config, pixels, allow_raw_weights=False):
+    """Returns (logits, known features, blocks) of the checkpoint's model on uint8 pixels [n, size, size, 3]."""
+    with tf.Graph().as_default() as graph:
+        batch = tf.compat.v1.placeholder(tf.uint8, [None] + list(pixels.shape[1:]))
+        logits, columns, blocks = model_outputs(onu_input.pixels_to_model_range(batch), run_config, reuse=None)
+        features = tf.concat(columns, axis=1)
+        with tf.compat.v1.Session(graph=graph, config=onu_precision.session_config(hide_gpus=True)) as session:
+            onu_checkpoint.restore(session, checkpoint_path, run_config.moving_average_decay, allow_raw_weights)
+            parts = [session.run([logits, features], {batch: pixels[start:start + 64]})
+                     for start in range(0, len(pixels), 64)]
+    return np.concatenate([part[0] for part in parts]), np.concatenate([part[1] for part in parts]), blocks
+
+
+def known_val_pixels(run_config, data_dir=None):
+    """Returns (uint8 pixels, labels) of up to KNOWN_CALIBRATION_EXAMPLES val photos of the run's data (data_dir, or
+    the run's own), spread over the split; DataError naming the fix when there are none."""
+    data_dir = data_dir or run_config.data_dir
+    try:
+        return onu_input.eval_pixels(run_config.split_info('val', data_dir), run_config.image_size,
+                                     KNOWN_CALIBRATION_EXAMPLES)
+    except onu_errors.DataError as e:
+        raise onu_errors.DataError(
+            f'the model\'s known threshold is fitted on the val split, and there is none at hand '
+            f'({str(e).split("; ")[0]}): pass --data_dir=<the training data>') from None
+
+
+def calibrate_known(checkpoint_path, run_config, data_dir=None, known_recall=onu_known.DEFAULT_KNOWN_RECALL,
+                    allow_raw_weights=False):
+    """Fits the temperature and known threshold of the checkpoint's model on val photos (onu_known.calibrate);
+    returns the Calibration. DataError when the val split is missing or has fewer than 2 photos of a class."""
+    pixels, labels = known_val_pixels(run_config, data_dir)
+    logits, features, blocks = val_outputs(checkpoint_path, run_config, pixels, allow_raw_weights)
+    try:
+        return onu_known.calibrate(logits, features, labels, blocks, known_recall)
+    except ValueError as e:
+        raise onu_errors.DataError(f'{run_config.split_info("val", data_dir or run_config.data_dir).data_dir}: {e}; '
+                                   f'add val photos') from None
+
+
+def calibration_line(calibration):
+    """One line saying what a calibration accepts, for the export's output."""
+    figures = calibration.figures
+    precision = 'none' if figures['precision_known'] is None else f'{figures["precision_known"]:.3f}'
+    return (f'known: {calibration.score} >= {calibration.threshold:.3f} keeps {figures["val_known"]:.1%} of '
+            f'{figures["val_examples"]} val photos (each scored by a fit to the others; --known_recall='
+            f'{figures["known_recall"]:g}), precision @ 1 {precision} on those; temperature '
+            f'{calibration.temperature:.2f}: expected calibration error {figures["ece_before"]:.3f} -> '
+            f'{figures["ece_after"]:.3f}')
 
 
 # ---------------------------------------------------------------------------------------------
@@ -231,9 +317,9 @@ def decode_within_limit(encoded, size, max_image_pixels):
         onu_input.decode_image_bytes(refuse_too_many_pixels(encoded, max_image_pixels)), size)
 
 
-def build_serving_graph(run_config, max_image_pixels=onu_photos.MAX_IMAGE_PIXELS):
+def build_serving_graph(run_config, max_image_pixels=onu_photos.MAX_IMAGE_PIXELS, calibration=None):
     """Builds the serving signatures in the default graph; returns {name: (inputs, outputs)}. serving_default
-    refuses an image of more than max_image_pixels before decoding it."""
+    refuses an image of more than max_image_pixels before decoding it; with a Calibration, known outputs too."""
     size = run_config.image_size
     with tf.compat.v1.name_scope('from_bytes'):
         image_bytes = tf.compat.v1.placeholder(tf.string, [None], name=BYTES_INPUT)
@@ -241,22 +327,23 @@ def build_serving_graph(run_config, max_image_pixels=onu_photos.MAX_IMAGE_PIXELS
             tf.autograph.experimental.do_not_convert(
                 lambda encoded: decode_within_limit(encoded, size, max_image_pixels)),
             image_bytes, fn_output_signature=tf.TensorSpec([size, size, 3], tf.float32))
-        bytes_outputs = _classifier_outputs(decoded, run_config, reuse=None)
+        bytes_outputs = _classifier_outputs(decoded, run_config, reuse=None, calibration=calibration)
     with tf.compat.v1.name_scope('from_images'):
         images = tf.compat.v1.placeholder(tf.float32, [None, size, size, 3], name=IMAGES_INPUT)
-        images_outputs = _classifier_outputs(images, run_config, reuse=True)
+        images_outputs = _classifier_outputs(images, run_config, reuse=True, calibration=calibration)
     with tf.compat.v1.name_scope('from_pixels'):
         pixels = tf.compat.v1.placeholder(tf.uint8, [None, size, size, 3], name=PIXELS_INPUT)
-        pixels_outputs = _classifier_outputs(onu_input.pixels_to_model_range(pixels), run_config, reuse=True)
+        pixels_outputs = _classifier_outputs(onu_input.pixels_to_model_range(pixels), run_config, reuse=True,
+                                             calibration=calibration)
     return {SERVING_SIGNATURE: ({BYTES_INPUT: image_bytes}, bytes_outputs),
             IMAGES_SIGNATURE: ({IMAGES_INPUT: images}, images_outputs),
             PIXELS_SIGNATURE: ({PIXELS_INPUT: pixels}, pixels_outputs)}
 
 
-def _write_saved_model(directory, checkpoint_path, run_config, allow_raw_weights, max_image_pixels):
+def _write_saved_model(directory, checkpoint_path, run_config, allow_raw_weights, max_image_pixels, calibration):
     """Writes the serving graph with the checkpoint's weights as a SavedModel; returns the weights used."""
     with tf.Graph().as_default() as graph:
-        signatures = build_serving_graph(run_config, max_image_pixels)
+        signatures = build_serving_graph(run_config, max_image_pixels, calibration)
         # The CPU is enough to copy weights, and keeps an export during training off the GPU.
         with tf.compat.v1.Session(graph=graph, config=onu_precision.session_config(hide_gpus=True)) as session:
             weights = onu_checkpoint.restore(session, checkpoint_path, run_config.moving_average_decay,
@@ -293,9 +380,11 @@ def _publish(temp_dir, version_dir):
 
 
 def export_saved_model(checkpoint_path, run_config, export_dir, allow_raw_weights=False,
-                       max_image_pixels=onu_photos.MAX_IMAGE_PIXELS):
+                       max_image_pixels=onu_photos.MAX_IMAGE_PIXELS, known_recall=onu_known.DEFAULT_KNOWN_RECALL,
+                       data_dir=None):
     """Exports checkpoint_path as export_dir/<global step>/ (an existing one is left unchanged); returns that folder.
-    serving_default refuses images of more than max_image_pixels (recorded in the export's run_config.json)."""
+    serving_default refuses images of more than max_image_pixels (recorded in the export's run_config.json). The
+    known threshold keeps known_recall of the val photos of data_dir (default: the run's); DataError without them."""
     started = time.time()
     step = onu_checkpoint.checkpoint_step(checkpoint_path)
     version_dir = os.path.join(export_dir, str(step))
@@ -303,17 +392,20 @@ def export_saved_model(checkpoint_path, run_config, export_dir, allow_raw_weight
         print(f'{version_dir} already exists: its SavedModel is left unchanged; delete it to export step {step} '
               f'again, or choose another --export_dir', flush=True)
         return version_dir
+    calibration = calibrate_known(checkpoint_path, run_config, data_dir, known_recall, allow_raw_weights)
     os.makedirs(export_dir, exist_ok=True)
     _remove_stale_temp_dirs(export_dir)
     temp_dir = os.path.join(export_dir, f'.tmp-{step}-{os.getpid()}')
     shutil.rmtree(temp_dir, ignore_errors=True)  # this process's own leftover, if any
     try:
-        weights = _write_saved_model(temp_dir, checkpoint_path, run_config, allow_raw_weights, max_image_pixels)
+        weights = _write_saved_model(temp_dir, checkpoint_path, run_config, allow_raw_weights, max_image_pixels,
+                                     calibration)
         _write_metadata(temp_dir, run_config, {
             'global_step': step,
             'checkpoint_path': os.path.abspath(checkpoint_path),
             'weights': weights,
             'max_image_pixels': max_image_pixels,
+            'known': calibration.summary(),
             'exported_at': datetime.datetime.now().isoformat(timespec='seconds'),
             'tensorflow_version': tf.__version__,
         })
@@ -323,7 +415,7 @@ def export_saved_model(checkpoint_path, run_config, export_dir, allow_raw_weight
         raise
     print(f'Exported {checkpoint_path} ({run_config.model} {run_config.image_size}x'
           f'{run_config.image_size}, {weights} weights, classes {", ".join(run_config.class_names)}) '
-          f'to {version_dir} in {time.time() - started:.1f} s', flush=True)
+          f'to {version_dir} in {time.time() - started:.1f} s; {calibration_line(calibration)}', flush=True)
     return version_dir
 
 
@@ -354,6 +446,12 @@ def retry_command(checkpoint_path, export_dir):
 def export_max_image_pixels(run_config):
     """The pixel limit an export's RunConfig records (the default for an export made before there was one)."""
     return ((run_config and run_config.export) or {}).get('max_image_pixels', onu_photos.MAX_IMAGE_PIXELS)
+
+
+def export_known(run_config):
+    """The calibration summary an export's RunConfig records (onu_known.Calibration.summary), None before there was
+    one."""
+    return ((run_config and run_config.export) or {}).get('known')
 
 
 class PeriodicExportListener(tf.compat.v1.train.CheckpointSaverListener):

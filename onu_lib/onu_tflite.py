@@ -1,12 +1,16 @@
 """TensorFlow Lite models of an exported ONU classifier, for phones and small boxes (the TFLite part of onu_export.py).
 
     calibration = calibration_pixels(run_config, data_dir, 300)        # photos of the train split
-    path = write_tflite(version_dir, 'int8', run_config, calibration)  # version_dir/model_int8.tflite, labels.txt
+    val = onu_serving.known_val_pixels(run_config, data_dir)           # photos of the val split, and their labels
+    path = write_tflite(version_dir, 'int8', run_config, calibration, val)  # model_int8.tflite, labels.txt, .known.json
 
-Every format takes the same input and gives the same output, so an app swaps one for another unchanged:
+Every format takes the same input and gives the same outputs, so an app swaps one for another unchanged:
   input   uint8 [1, size, size, 3]: RGB resized to the model's size, as a camera gives them. The scaling to the
           model's range is inside the model: it is the SavedModel's predict_pixels signature, converted.
-  output  float32 [1, num_classes]: the probabilities, in the order of labels.txt (one class name per line).
+  outputs probabilities float32 [1, num_classes], in the order of labels.txt (one class name per line), and from a
+          SavedModel with a calibration, known_score float32 [1]: the photo is of a known class when it is at least
+          the threshold in model_<format>.known.json beside the model (read_known). That threshold is the TFLite
+          model's own: it rejects as many val photos as the SavedModel's does (int8 moves the scores a little).
 The formats are TFLITE_FORMATS; int8 is full-integer post-training quantization, calibrated on train photos. A
 model file is written beside its SavedModel under a temporary name renamed when complete, so it is always whole.
 
@@ -14,20 +18,24 @@ A library module: explicit arguments only, no flags.
 """
 import contextlib
 import dataclasses
+import json
 import os
 import time
 from typing import Callable
 
+from ai_edge_litert.interpreter import Interpreter
 import numpy as np
 import tensorflow as tf
 
 from onu_lib import onu_checkpoint
+from onu_lib import onu_cli
 from onu_lib import onu_errors
 from onu_lib import onu_files
 from onu_lib import onu_serving
 import onu_input
 
 LABELS_FILENAME = 'labels.txt'  # one class name per line, line i = output i: the form TFLite image-classifier apps read
+KNOWN_SUFFIX = '.known.json'  # model_<format>.known.json: the threshold of a .tflite's known_score
 DEFAULT_CALIBRATION_EXAMPLES = 300
 
 
@@ -83,35 +91,15 @@ def tflite_path(version_dir, format_name):
     return os.path.join(version_dir, tflite_format(format_name).filename)
 
 
-def eval_pixels(info, image_size, num_examples):
-    """Returns (uint8 pixels [n, size, size, 3], labels [n]): up to num_examples examples spread evenly over a split, as
-    eval preprocesses them, rounded to pixels (what the model's input takes); DataError when the split has none."""
-    if not info.num_examples:
-        raise onu_errors.DataError(f'{info.data_dir}: no {info.split} examples')
-    every = max(1, info.num_examples // num_examples)  # across the split, so every class is among them
-    with tf.Graph().as_default():
-        examples = onu_input.eval_batches(info, 32, image_size).unbatch()
-        examples = examples.shard(every, 0).take(num_examples).map(
-            lambda image, label: (onu_input.to_pixels(image), label)).batch(32)
-        batch = tf.compat.v1.data.make_one_shot_iterator(examples).get_next()
-        batches = []
-        with tf.compat.v1.Session() as session:
-            try:
-                while True:
-                    batches.append(session.run(batch))
-            except tf.errors.OutOfRangeError:
-                pass
-    return np.concatenate([pixels for pixels, _ in batches]), np.concatenate([labels for _, labels in batches])
-
-
 def calibration_pixels(run_config, data_dir, num_examples):
     """Returns the uint8 pixels int8 calibrates on: up to num_examples photos of data_dir's train split (never val:
     the int8 model's precision is measured there), as eval preprocesses them; DataError when it has none."""
-    return eval_pixels(run_config.split_info('train', data_dir), run_config.image_size, num_examples)[0]
+    return onu_input.eval_pixels(run_config.split_info('train', data_dir), run_config.image_size, num_examples)[0]
 
 
 def _probabilities_function(version_dir, image_size):
-    """Returns (the SavedModel loaded, a concrete function: uint8 pixels [1, size, size, 3] -> probabilities)."""
+    """Returns (the SavedModel loaded, a concrete function: uint8 pixels [1, size, size, 3] -> probabilities[, known
+    score])."""
     loaded = tf.saved_model.load(version_dir, tags=onu_serving.SAVED_MODEL_TAGS)
     signature = loaded.signatures.get(onu_serving.PIXELS_SIGNATURE)
     if signature is None:
@@ -123,7 +111,8 @@ def _probabilities_function(version_dir, image_size):
                                                 name=onu_serving.PIXELS_INPUT)])
     def probabilities(pixels):
         outputs = signature(**{onu_serving.PIXELS_INPUT: pixels})
-        return {onu_serving.OUTPUT_PROBABILITIES: outputs[onu_serving.OUTPUT_PROBABILITIES]}
+        return {name: outputs[name] for name in (onu_serving.OUTPUT_PROBABILITIES, onu_serving.OUTPUT_KNOWN_SCORE)
+                if name in outputs}
     return loaded, probabilities.get_concrete_function()
 
 
@@ -143,29 +132,84 @@ def convert(version_dir, format_name, image_size, calibration=None):
             f'({onu_checkpoint.one_line(e)}); try another --tflite format') from None
 
 
-def write_tflite(version_dir, format_name, run_config, calibration=None):
-    """Writes the .tflite of format_name and labels.txt into version_dir; returns its path. One existing is kept."""
+def output_details(interpreter):
+    """{output name: LiteRT output detail} of a model convert() wrote (probabilities[, known_score])."""
+    return interpreter.get_signature_runner().get_output_details()
+
+
+def known_path(model_path):
+    """The file of a .tflite's known threshold: model_<format>.known.json beside it."""
+    return model_path[:-len('.tflite')] + KNOWN_SUFFIX
+
+
+def read_known(model_path):
+    """The known threshold file's contents ({threshold, score, ...}) of a .tflite, or None when there is none."""
+    try:
+        with open(known_path(model_path), encoding='utf-8') as f:
+            return json.load(f)
+    except OSError:
+        return None
+
+
+def known_scores(model, pixels):
+    """The known_score output of the .tflite bytes model on each of uint8 pixels [n, size, size, 3]."""
+    interpreter = Interpreter(model_content=model)
+    with onu_cli.tflite_lines_dropped():
+        runner = interpreter.get_signature_runner()
+    return np.array([runner(**{onu_serving.PIXELS_INPUT: row[np.newaxis]})[onu_serving.OUTPUT_KNOWN_SCORE][0]
+                     for row in pixels], np.float64)
+
+
+def tflite_known(version_dir, model, val):
+    """The known threshold of the .tflite bytes model and what it keeps: the SavedModel's (its export's known entry)
+    moved so that it rejects as many of the val (pixels, labels) as the SavedModel's threshold does."""
+    export = onu_serving.export_known(onu_serving.load_export_config(version_dir))
+    pixels, _ = val
+    signature = tf.saved_model.load(version_dir).signatures[onu_serving.PIXELS_SIGNATURE]
+    saved = np.concatenate([signature(**{onu_serving.PIXELS_INPUT: tf.constant(pixels[start:start + 64])})[
+        onu_serving.OUTPUT_KNOWN_SCORE].numpy() for start in range(0, len(pixels), 64)])
+    rejected = int(np.sum(saved < export['threshold']))
+    scores = np.sort(known_scores(model, pixels))
+    threshold = float(scores[rejected]) if rejected < len(scores) else float('inf')
+    return {'score': export['score'], 'threshold': threshold, 'temperature': export['temperature'],
+            'known_recall': export['known_recall'], 'saved_model_threshold': export['threshold'],
+            'val_examples': len(scores), 'val_known': float(np.mean(scores >= threshold))}
+
+
+def write_tflite(version_dir, format_name, run_config, calibration=None, val=None):
+    """Writes the .tflite of format_name and labels.txt into version_dir, and with a calibrated SavedModel its known
+    threshold, fitted on val (pixels, labels); returns its path. One existing is kept."""
     path = tflite_path(version_dir, format_name)
     if os.path.exists(path):
         print(f'{path} already exists: left unchanged; delete it to convert again', flush=True)
         return path
     started = time.time()
     model = convert(version_dir, format_name, run_config.image_size, calibration)
+    known = None
+    if onu_serving.export_known(onu_serving.load_export_config(version_dir)):
+        if val is None:
+            raise ValueError(f'{version_dir} has a known score: its .tflite needs val pixels for its threshold')
+        known = tflite_known(version_dir, model, val)
     labels_path = os.path.join(version_dir, LABELS_FILENAME)
     new_labels = read_labels(path) != list(run_config.class_names)  # the other formats' labels are the same file
     if new_labels:
         onu_files.write_text_atomic(labels_path, ''.join(f'{name}\n' for name in run_config.class_names))
     try:
+        if known:
+            onu_files.write_text_atomic(known_path(path), json.dumps(known, indent=1) + '\n')
         onu_files.write_bytes_atomic(path, model)
     except BaseException:
-        if new_labels:  # nothing written: a full or failing folder keeps no labels.txt without its model
+        # Nothing written: a full or failing folder keeps no labels.txt or threshold without its model.
+        for written in ([labels_path] if new_labels else []) + ([known_path(path)] if known else []):
             with contextlib.suppress(OSError):
-                os.remove(labels_path)
+                os.remove(written)
         raise
     calibrated = f', calibrated on {len(calibration)} train photos' if tflite_format(format_name).calibrated else ''
+    known_text = (f'; known: {known["score"]} >= {known["threshold"]:.3f} ({known_path(path)}) keeps '
+                  f'{known["val_known"]:.1%} of {known["val_examples"]} val photos' if known else '')
     print(f'Wrote {path} ({format_name}{calibrated}, {len(model) / 2**20:.2f} MB, uint8 pixels '
-          f'{run_config.image_size}x{run_config.image_size} in, probabilities out) in {time.time() - started:.1f} s',
-          flush=True)
+          f'{run_config.image_size}x{run_config.image_size} in, probabilities{" and known_score" if known else ""} '
+          f'out) in {time.time() - started:.1f} s{known_text}', flush=True)
     return path
 
 

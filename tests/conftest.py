@@ -753,8 +753,10 @@ def tiny_run_of(tiny_run, tmp_path_factory):
 @pytest.fixture(scope='session')
 def tiny_tflite_of(tiny_run_of, tmp_path_factory):
     """Factory: tiny_tflite_of(model_name) -> a copy of that model's newest export (step TINY_RUN_STEPS) holding the
-    .tflite of every onu_tflite format, converted in this process (int8 calibrated on 8 of the run's train photos)."""
-    from onu_lib import onu_tflite  # pylint: disable=import-outside-toplevel  (TensorFlow: only where it is used)
+    .tflite of every onu_tflite format, converted in this process (int8 calibrated on 8 of the run's train photos),
+    each with its known threshold (fitted on the run's val photos)."""
+    from onu_lib import onu_serving  # pylint: disable=import-outside-toplevel  (TensorFlow: only where it is used)
+    from onu_lib import onu_tflite  # pylint: disable=import-outside-toplevel
     versions = {}
 
     def version_of(model_name):
@@ -763,8 +765,9 @@ def tiny_tflite_of(tiny_run_of, tmp_path_factory):
             version_dir = str(tmp_path_factory.mktemp(f'tflite_{model_name}') / str(TINY_RUN_STEPS))
             shutil.copytree(os.path.join(run.export_dir, str(TINY_RUN_STEPS)), version_dir)
             calibration = onu_tflite.calibration_pixels(run.config, run.data_dir, 8)
+            val = onu_serving.known_val_pixels(run.config, run.data_dir)
             for entry in onu_tflite.TFLITE_FORMATS:
-                onu_tflite.write_tflite(version_dir, entry.name, run.config, calibration)
+                onu_tflite.write_tflite(version_dir, entry.name, run.config, calibration, val)
             versions[model_name] = version_dir
         return versions[model_name]
     return version_of

@@ -24,6 +24,7 @@ from onu_lib import onu_dataset
 import onu_eval
 from onu_lib import onu_eval_summaries
 from onu_lib import onu_hparams
+from onu_lib import onu_known
 import onu_input
 import onu_model
 from onu_lib import onu_run_config
@@ -300,8 +301,12 @@ def test_every_model_evaluates_as_a_numpy_computation_with_its_moving_averages(t
     result = onu_eval.evaluate(path, run.config, run.config.split_info('val'), batch_size=3)
     assert result.weights == onu_checkpoint.WEIGHTS_AVERAGED
     assert result.num_examples == len(CLASS_NAMES) * 4  # tiny_run's 4 val photos per class
-    assert_matches(result, reference_metrics(*reference_logits(path, run.data_dir, run.config.image_size,
-                                                               shadows=True, model_name=model_name)))
+    labels, logits = reference_logits(path, run.data_dir, run.config.image_size, shadows=True, model_name=model_name)
+    assert_matches(result, reference_metrics(labels, logits))
+    # The calibration figures are this evaluation's: its logits' calibration error before the temperature.
+    assert result.known.figures['ece_before'] == pytest.approx(
+        onu_known.expected_calibration_error(onu_known.softmax(logits), labels), abs=1e-4)
+    assert result.known.figures['val_examples'] == 8 and result.known.figures['val_known'] >= 0.95
 
 
 def test_data_with_other_classes_than_the_training_run_is_a_clear_error(handmade_checkpoints, tiny_data_dir):
@@ -371,6 +376,12 @@ def test_summaries_are_written_at_each_checkpoints_global_step(polled_run):
         for name, row in zip(CLASS_NAMES, entry['confusion_matrix']):
             assert f'| **{name}** | {row[0]} | {row[1]} |' in table
         assert summaries['eval/confusion_matrix_image', step] == 'image'
+        calibration = entry['calibration']  # expected calibration error before and after the temperature, ...
+        assert calibration['known_recall'] == 0.95 and calibration['known_score'] == 'layer_distance'
+        assert 0 <= calibration['ece_before'] <= 1 and 0 <= calibration['ece_after'] <= 1
+        assert calibration['val_known'] >= 0.95 and calibration['temperature'] > 0
+        for name in onu_eval.KNOWN_FIGURES:
+            assert summaries[onu_eval.KNOWN_TAG_PREFIX + name, step] == pytest.approx(calibration[name])
         assert (summaries.get(('eval/mistakes', step)) == 'image') == bool(entry['misclassified'])
 
 

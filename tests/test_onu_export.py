@@ -4,6 +4,7 @@ import errno
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -15,10 +16,12 @@ import tensorflow as tf
 from conftest import run_script, script_tested_models
 
 from onu_lib import onu_checkpoint
+from onu_lib import onu_converter
 from onu_lib import onu_dataset
 import onu_input
 import onu_model
 from onu_lib import onu_errors
+from onu_lib import onu_known
 from onu_lib import onu_photos
 from onu_lib import onu_run_folder
 from onu_lib import onu_serving
@@ -48,13 +51,14 @@ def read_bytes(paths):
 
 
 def eval_graph_softmax(checkpoint_path, moving_average_decay, data_dir, data_format='images',
-                       split='val', model_name='small'):
-    """Returns (softmax, images) of the eval input and model_name on a split, restored as eval does."""
+                       split='val', model_name='small', temperature=1.0):
+    """Returns (softmax of logits / temperature, images) of the eval input and model_name on a split, restored as eval
+    does."""
     with tf.Graph().as_default():
         images, _ = onu_input.next_batch(
             onu_input.eval_batches(onu_dataset.describe(data_dir).split(split, data_format), 64, IMAGE_SIZE))
         logits, _ = onu_model.inference(images, 2, model_name, is_training=False, create_aux_logits=False)
-        probabilities = tf.nn.softmax(logits)
+        probabilities = tf.nn.softmax(logits / temperature)
         saver = tf.compat.v1.train.Saver(
             onu_checkpoint.variables_to_restore(moving_average_decay, checkpoint_path))
         with tf.compat.v1.Session() as session:
@@ -102,8 +106,10 @@ def test_saved_model_equals_eval_graph_softmax_with_moving_averages(tiny_run_of,
     version_dir = os.path.join(run.export_dir, str(MAX_STEPS))
     paths = val_files(run)
     served = serve(version_dir, onu_serving.SERVING_SIGNATURE, image_bytes=read_bytes(paths))
+    known = onu_serving.export_known(onu_serving.load_export_config(version_dir))
     expected, eval_images = eval_graph_softmax(checkpoint(run, MAX_STEPS), run.config.moving_average_decay,
-                                               run.data_dir, model_name=model_name)
+                                               run.data_dir, model_name=model_name,
+                                               temperature=known['temperature'])  # the export's, fitted on val
 
     assert served['probabilities'].shape == (len(paths), 2)
     np.testing.assert_allclose(served['probabilities'], expected, atol=1e-5)
@@ -467,3 +473,70 @@ def test_max_image_pixels_is_recorded_and_applied_by_the_export(tiny_run, tmp_pa
     # The training run's own exports took the default, and say so.
     default_export = onu_serving.load_export_config(os.path.join(tiny_run.export_dir, str(MAX_STEPS)))
     assert default_export.export['max_image_pixels'] == onu_photos.MAX_IMAGE_PIXELS
+
+
+# ---------------------------------------------------------------------------------------------
+# Known or not: the calibration fitted on val as the model exports
+
+def test_every_signature_returns_known_and_the_score_onu_known_computes(tiny_run):
+    version_dir = os.path.join(tiny_run.export_dir, str(MAX_STEPS))
+    known = onu_serving.export_known(onu_serving.load_export_config(version_dir))
+    pixels, labels = onu_serving.known_val_pixels(tiny_run.config)
+    logits, features, blocks = onu_serving.val_outputs(checkpoint(tiny_run, MAX_STEPS), tiny_run.config, pixels)
+    calibration = onu_known.calibrate(logits, features, labels, blocks)  # as the export did, here again
+    assert calibration.summary() == pytest.approx(known)
+    probabilities, scores, is_known = onu_known.known_of(logits, features, calibration)
+
+    paths = val_files(tiny_run)
+    for signature, inputs in ((onu_serving.PIXELS_SIGNATURE, {'pixels': pixels}),
+                              (onu_serving.IMAGES_SIGNATURE, {'images': pixels.astype(np.float32) / 127.5 - 1}),
+                              (onu_serving.SERVING_SIGNATURE, {'image_bytes': read_bytes(paths)})):
+        served = serve(version_dir, signature, **inputs)
+        assert served['known'].dtype == bool and served['known_score'].dtype == np.float32
+        np.testing.assert_array_equal(served['known'], served['known_score'] >= known['threshold'])
+        if signature != onu_serving.SERVING_SIGNATURE:  # the same pixels: the numpy score, in graph ops
+            np.testing.assert_allclose(served['known_score'], scores, rtol=1e-3, atol=1e-3)
+            np.testing.assert_array_equal(served['known'], is_known)
+            np.testing.assert_allclose(served['probabilities'], probabilities, atol=1e-5)  # temperature-scaled
+    assert known['score'] == onu_known.SERVED_SCORE and known['val_examples'] == len(paths) == 8
+
+
+def _data_copy(tiny_run, tmp_path, name, replace):
+    """A copy of the run's photos with the photos of one split (replace: (split, with the photos of split)) swapped,
+    converted to the run's records."""
+    data_dir = str(tmp_path / name)
+    shutil.copytree(tiny_run.data_dir, data_dir, ignore=shutil.ignore_patterns('tfrecords'))
+    split, other = replace
+    shutil.rmtree(os.path.join(data_dir, split))
+    shutil.copytree(os.path.join(tiny_run.data_dir, other), os.path.join(data_dir, split))
+    onu_converter.convert(onu_dataset.describe(data_dir), formats=(tiny_run.config.data_format,), num_shards=1,
+                          processes=1)
+    return data_dir
+
+
+def test_the_known_threshold_is_fitted_on_the_val_photos_and_only_those(tiny_run, tmp_path):
+    path = checkpoint(tiny_run, MAX_STEPS)
+
+    def exported_known(data_dir, known_recall=0.95):
+        version_dir = onu_serving.export_saved_model(path, tiny_run.config, str(tmp_path / f'{data_dir}-{known_recall}'),
+                                                     known_recall=known_recall, data_dir=data_dir)
+        return onu_serving.export_known(onu_serving.load_export_config(version_dir))
+
+    own = exported_known(tiny_run.data_dir)
+    assert own == exported_known(_data_copy(tiny_run, tmp_path, 'other_train', ('train', 'val')))  # train: no part
+    train_as_val = exported_known(_data_copy(tiny_run, tmp_path, 'train_as_val', ('val', 'train')))
+    assert train_as_val['threshold'] != own['threshold'] and train_as_val['val_examples'] == 16
+    # A lower recall keeps fewer val photos: a higher threshold.
+    lower = exported_known(tiny_run.data_dir, known_recall=0.6)
+    assert lower['threshold'] > own['threshold'] and lower['val_known'] < own['val_known']
+    assert own['val_known'] >= 0.95 and lower['val_known'] >= 0.6 and lower['known_recall'] == 0.6
+
+
+def test_an_export_without_val_photos_is_a_clear_error_and_writes_nothing(tiny_run, tmp_path):
+    missing = str(tmp_path / 'moved_away')
+    with pytest.raises(onu_errors.DataError) as error:
+        onu_serving.export_saved_model(checkpoint(tiny_run, MAX_STEPS), tiny_run.config, str(tmp_path / 'export'),
+                                       data_dir=missing)
+    assert str(error.value) == (f'the model\'s known threshold is fitted on the val split, and there is none at hand '
+                                f'({missing}: data dir not found): pass --data_dir=<the training data>')
+    assert not os.path.exists(tmp_path / 'export')

@@ -5,6 +5,7 @@ The run's newest export and its latest checkpoint are both of step 12; an older 
 import io
 import json
 import os
+import re
 import shutil
 
 import numpy as np
@@ -21,6 +22,7 @@ from onu_lib import onu_photos
 import onu_predict
 from onu_lib import onu_serving
 from onu_lib import onu_tflite
+from onu_lib import onu_unrelated_photos
 
 CLASS_NAMES = ['F603', 'F663N']
 
@@ -41,6 +43,25 @@ def predict(paths, model_dir, **options):
     out, err = io.StringIO(), io.StringIO()
     code = onu_predict.predict(list(paths), model_dir, out=out, err=err, **options)
     return code, out.getvalue().splitlines(), err.getvalue().splitlines()
+
+
+UNKNOWN_LINE = re.compile(r'^unknown \(closest: (.+), (\d\.\d\d)\)$')
+
+
+def text_row(line):
+    """(path, class name, probability, known) of a text output line: `path<TAB>class<TAB>probability`, or
+    `path<TAB>unknown (closest: class, probability)`."""
+    path, *fields = line.split('\t')
+    if len(fields) == 2:
+        return path, fields[0], float(fields[1]), True
+    closest = UNKNOWN_LINE.match(fields[0])
+    assert closest and len(fields) == 1, line
+    return path, closest.group(1), float(closest.group(2)), False
+
+
+def unknown_summary(unknown, classified):
+    """The last stderr line of a calibrated model's run."""
+    return f'{unknown} of {classified} photos unknown: not like the val photos of any class the model knows'
 
 
 def predicted_probabilities(paths, model_dir):
@@ -87,12 +108,13 @@ def test_bad_files_get_one_error_line_each_and_the_rest_are_classified(model, ti
     assert code == 0
     usable = sorted(os.path.join(photo_folder, name) for name, reason in messy_files.items()
                     if reason is None) + [os.path.join(photo_folder, 'subfolder', 'more.jpg')]
-    rows = [line.split('\t') for line in lines]
-    assert sorted(path for path, _, _ in rows) == sorted(usable)
-    for _, class_name, probability in rows:
-        assert class_name in CLASS_NAMES and 0.5 <= float(probability) <= 1.0
+    rows = [text_row(line) for line in lines]
+    assert sorted(path for path, _, _, _ in rows) == sorted(usable)
+    for _, class_name, probability, _ in rows:
+        assert class_name in CLASS_NAMES and 0.5 <= probability <= 1.0
     reasons = dict(line[len('error: '):].split(': ', 1) for line in errors if line.startswith('error: '))
-    assert len(reasons) == 5 and len(errors) == 6  # and the line naming the model
+    assert len(reasons) == 5 and len(errors) == 7  # and the lines naming the model and counting the unknown
+    assert errors[-1] == unknown_summary(sum(not known for _, _, _, known in rows), len(rows))
     assert reasons[missing] == 'no such file or folder'
     assert reasons[os.path.join(photo_folder, 'empty.jpg')] == 'empty file'
     assert reasons[os.path.join(photo_folder, 'notes.txt')].startswith('not an image')
@@ -106,8 +128,9 @@ def test_predictions_equal_the_eval_softmax_on_the_same_photos(model, tiny_run, 
     shutil.copytree(messy_data_dir, data_dir)
     onu_converter.convert(onu_dataset.describe(data_dir), formats=('encoded',), num_shards=1, processes=1)
     info = onu_dataset.describe(data_dir).split('train', 'encoded')
+    temperature = onu_serving.export_known(onu_serving.load_export_config(version(model, 12)))['temperature']
     expected, _ = eval_graph_softmax(os.path.join(model, 'model.ckpt-12'), tiny_run.config.moving_average_decay,
-                                     data_dir, 'encoded', 'train')
+                                     data_dir, 'encoded', 'train', temperature=temperature)
     filenames = [tf.train.Example.FromString(record.numpy()).features.feature[onu_dataset.KEY_FILENAME]
                  .bytes_list.value[0].decode() for record in tf.data.TFRecordDataset(list(info.files))]
     assert 'train/F603/exif_rotated.jpg' in filenames and len(filenames) == len(expected)
@@ -158,7 +181,7 @@ def test_a_tflite_model_classifies_upright_photos_as_its_saved_model_does(model,
     assert 'XNNPACK' not in capfd.readouterr().err  # LiteRT's note on its CPU delegate, dropped
     assert code == 0 and errors[0] == f'Classifying with the TensorFlow Lite model ' \
                                       f'{tflite_model(tiny_tflite_of, format_name)} (LiteRT)'
-    rows = {path: (name, float(probability)) for path, name, probability in (line.split('\t') for line in lines)}
+    rows = {path: (name, probability) for path, name, probability, _ in map(text_row, lines)}
     assert rows.keys() == expected.keys()
     for path, (name, probability) in rows.items():
         # Rounded to uint8 pixels first, as an app feeds them: close to the SavedModel's float pixels, not equal.
@@ -235,7 +258,7 @@ def test_images_over_the_models_pixel_limit_are_refused_before_pillow_decodes_th
     code, lines, errors = predict(paths, version_dir)
     assert code == 0
     assert [line.split('\t')[0] for line in lines] == paths[:1]
-    assert errors[1:] == [
+    assert errors[1:-1] == [
         f'error: {paths[1]}: too many pixels: 54 x 37 = 1998 pixels, over the limit of {limit} '
         f'(onu_export.py --max_image_pixels)',
         f'error: {paths[2]}: too many pixels: 37 x 54 = 1998 pixels, over the limit of {limit} '
@@ -253,3 +276,74 @@ def test_the_default_limit_is_one_value_for_pillow_and_the_graph(model, huge_png
     # read, the pixel count and the limit are named.
     assert errors[1] == (f'error: {huge_png}: too many pixels: 529000000 pixels (size not read: Pillow refuses to '
                          f'open it), over the limit of {onu_photos.MAX_IMAGE_PIXELS} (onu_export.py --max_image_pixels)')
+
+
+@pytest.fixture(scope='module')
+def half_known(model, tiny_run, tmp_path_factory):
+    """An export of step 12 whose known threshold keeps only 60% of the val photos (some are unknown)."""
+    return onu_serving.export_saved_model(os.path.join(model, 'model.ckpt-12'), tiny_run.config,
+                                          str(tmp_path_factory.mktemp('half_known')), known_recall=0.6)
+
+
+def test_every_output_says_known_and_an_unknown_photo_names_its_closest_class(half_known, tiny_run, tmp_path):
+    # Photos the threshold was not fitted on: the train split's, and some that are not ONUs.
+    photos = str(tmp_path / 'photos')
+    shutil.copytree(os.path.join(tiny_run.data_dir, 'train'), photos)
+    onu_unrelated_photos.write_unrelated_photos(photos, 2, kinds=('noise', 'flat', 'face'))
+    code, lines, errors = predict([photos], half_known, as_json=True)
+    assert code == 0
+    results = {result['path']: result for result in map(json.loads, lines)}
+    assert all(isinstance(result['known'], bool) and isinstance(result['known_score'], float)
+               for result in results.values())
+    unknown = sorted(path for path, result in results.items() if not result['known'])
+    assert 0 < len(unknown) < len(results) == 22
+    threshold = onu_serving.export_known(onu_serving.load_export_config(half_known))['threshold']
+    assert all((result['known_score'] >= threshold) == result['known'] for result in results.values())
+    assert errors[-1] == unknown_summary(len(unknown), 22)
+
+    code, lines, errors = predict([photos], half_known)
+    assert code == 0 and errors[-1] == unknown_summary(len(unknown), 22)
+    for line in lines:
+        path, name, probability, known = text_row(line)
+        assert known == results[path]['known'] and name == results[path]['class_name']
+        assert probability == pytest.approx(results[path]['probability'], abs=0.005 if known else 0.0051)
+    assert sorted(line.split('\t')[0] for line in lines if '\tunknown (closest: ' in line) == unknown
+
+
+@pytest.mark.parametrize('kind', ['train_dir', 'float32', 'float16', 'int8'])
+def test_a_train_dir_and_every_tflite_format_say_known_too(model, tiny_tflite_of, tiny_run, kind):
+    model_dir = model if kind == 'train_dir' else tflite_model(tiny_tflite_of, kind)
+    code, lines, errors = predict([os.path.join(tiny_run.data_dir, 'val')], model_dir, as_json=True)
+    results = [json.loads(line) for line in lines]
+    assert code == 0 and len(results) == 8
+    assert all(isinstance(result['known'], bool) and isinstance(result['known_score'], float) for result in results)
+    assert errors[-1] == unknown_summary(sum(not result['known'] for result in results), 8)
+
+
+@pytest.fixture(scope='module')
+def old_export(model, tiny_run, tmp_path_factory):
+    """Step 12 exported as before there was a calibration: no known outputs, no known entry in its metadata; and its
+    float32 .tflite beside it."""
+    version_dir = str(tmp_path_factory.mktemp('old_export') / '12')
+    onu_serving._write_saved_model(version_dir, os.path.join(model, 'model.ckpt-12'), tiny_run.config, False,
+                                   onu_photos.MAX_IMAGE_PIXELS, None)
+    onu_serving._write_metadata(version_dir, tiny_run.config, {'global_step': 12, 'weights': 'moving_averages'})
+    onu_tflite.write_tflite(version_dir, 'float32', tiny_run.config)
+    return version_dir
+
+
+@pytest.mark.parametrize('kind', ['saved_model', 'tflite'])
+def test_an_export_from_before_the_calibration_still_predicts_as_before(old_export, model, tiny_run, kind):
+    model_dir = old_export if kind == 'saved_model' else onu_tflite.tflite_path(old_export, 'float32')
+    assert not os.path.exists(onu_tflite.known_path(onu_tflite.tflite_path(old_export, 'float32')))
+    val = os.path.join(tiny_run.data_dir, 'val')
+    code, lines, errors = predict([val], model_dir)
+    assert code == 0 and len(errors) == 1 and errors[0].startswith('Classifying with the ')  # no unknown count
+    assert all(len(line.split('\t')) == 3 for line in lines) and len(lines) == 8
+    results = [json.loads(line) for line in predict([val], model_dir, as_json=True)[1]]
+    assert all('known' not in result and 'known_score' not in result for result in results)
+    # Untempered probabilities: the eval graph's softmax.
+    expected, _ = eval_graph_softmax(os.path.join(model, 'model.ckpt-12'), tiny_run.config.moving_average_decay,
+                                     tiny_run.data_dir)
+    got = np.array([[result['probabilities'][name] for name in CLASS_NAMES] for result in results])
+    np.testing.assert_allclose(got, expected, atol=1e-5 if kind == 'saved_model' else 0.01)

@@ -20,6 +20,7 @@ from test_onu_export import serve
 from onu_lib import onu_dataset
 from onu_lib import onu_errors
 from onu_lib import onu_serving
+import onu_model
 from onu_lib import onu_tflite
 import onu_input
 
@@ -38,14 +39,16 @@ def interpreter(path):
     return model
 
 
-def run_tflite(path, pixels):
-    """Returns the probabilities [n, classes] of the .tflite at path for uint8 pixels [n, size, size, 3], one at a time."""
+def run_tflite(path, pixels, output=onu_serving.OUTPUT_PROBABILITIES):
+    """Returns an output (probabilities [n, classes], known_score [n]) of the .tflite at path for uint8 pixels
+    [n, size, size, 3], one at a time."""
     model = interpreter(path)
+    index = onu_tflite.output_details(model)[output]['index']
     rows = []
     for image in pixels:
         model.set_tensor(model.get_input_details()[0]['index'], image[np.newaxis])
         model.invoke()
-        rows.append(model.get_tensor(model.get_output_details()[0]['index'])[0])
+        rows.append(model.get_tensor(index)[0])
     return np.array(rows)
 
 
@@ -58,7 +61,7 @@ def photo_pixels(path, image_size):
 def split_pixels(run, split):
     """uint8 pixels of every example of a split of the run's data, as eval preprocesses them, in eval's order."""
     info = onu_dataset.describe(run.data_dir).split(split, run.config.data_format)
-    return onu_tflite.eval_pixels(info, run.config.image_size, info.num_examples)[0]
+    return onu_input.eval_pixels(info, run.config.image_size, info.num_examples)[0]
 
 
 @pytest.mark.parametrize('model_name', script_tested_models())
@@ -70,17 +73,43 @@ def test_every_format_takes_uint8_pixels_and_gives_the_saved_models_probabilitie
     path = onu_tflite.tflite_path(version_dir, format_name)
     model = interpreter(path)
     size = run.config.image_size
-    (given,), (output,) = model.get_input_details(), model.get_output_details()
+    (given,), outputs = model.get_input_details(), onu_tflite.output_details(model)
     assert (given['dtype'], list(given['shape'])) == (np.uint8, [1, size, size, 3])
-    assert (output['dtype'], list(output['shape'])) == (np.float32, [1, 2])
+    assert {name: (output['dtype'], list(output['shape'])) for name, output in outputs.items()} == {
+        'probabilities': (np.float32, [1, 2]), 'known_score': (np.float32, [1])}
 
     pixels = split_pixels(run, 'val')
-    expected = serve(version_dir, onu_serving.PIXELS_SIGNATURE, pixels=pixels)['probabilities']
+    served = serve(version_dir, onu_serving.PIXELS_SIGNATURE, pixels=pixels)
     got = run_tflite(path, pixels)
     np.testing.assert_allclose(got.sum(axis=1), 1, atol=1e-2)  # probabilities, not logits
-    np.testing.assert_allclose(got, expected, atol=TOLERANCE[format_name])
+    np.testing.assert_allclose(got, served['probabilities'], atol=TOLERANCE[format_name])
     with open(os.path.join(version_dir, onu_tflite.LABELS_FILENAME), encoding='utf-8') as f:
         assert f.read() == 'F603\nF663N\n'  # output i is line i
+
+
+# How far each format's known score may be from the SavedModel's (standardized units: the threshold is a few below 0).
+KNOWN_TOLERANCE = {'float32': 1e-3, 'float16': 0.1}
+
+
+@pytest.mark.parametrize('model_name', script_tested_models())
+@pytest.mark.parametrize('format_name', FORMATS)
+def test_every_format_scores_known_as_its_saved_model_and_rejects_as_many_val_photos(tiny_run_of, tiny_tflite_of,
+                                                                                    model_name, format_name):
+    run = tiny_run_of(model_name)
+    version_dir = tiny_tflite_of(model_name)
+    path = onu_tflite.tflite_path(version_dir, format_name)
+    pixels, _ = onu_serving.known_val_pixels(run.config)  # what the threshold was fitted on
+    served = serve(version_dir, onu_serving.PIXELS_SIGNATURE, pixels=pixels)
+    scores = run_tflite(path, pixels, onu_serving.OUTPUT_KNOWN_SCORE)
+    if format_name in KNOWN_TOLERANCE:
+        np.testing.assert_allclose(scores, served['known_score'], atol=KNOWN_TOLERANCE[format_name])
+    else:  # int8 moves the scores; its own threshold keeps their order's cut
+        assert np.corrcoef(scores, served['known_score'])[0, 1] > 0.5
+    known = onu_tflite.read_known(path)
+    export = onu_serving.export_known(onu_serving.load_export_config(version_dir))
+    assert known['saved_model_threshold'] == export['threshold'] and known['score'] == export['score']
+    assert int(np.sum(scores < known['threshold'])) == int(np.sum(served['known_score'] < export['threshold']))
+    np.testing.assert_array_equal(served['known'], served['known_score'] >= export['threshold'])
 
 
 @pytest.mark.parametrize('model_name', script_tested_models())
@@ -131,13 +160,16 @@ def test_int8_computes_in_integers(tiny_tflite_of, model_name):
     version_dir = tiny_tflite_of(model_name)
     tensors = interpreter(onu_tflite.tflite_path(version_dir, 'int8')).get_tensor_details()
     kinds = [tensor['dtype'] for tensor in tensors]
-    assert kinds.count(np.int8) >= 0.7 * len(kinds) and kinds.count(np.float32) <= 3  # pixels in, probabilities out
+    # Floats: the pixels' cast, the two outputs, and the known score's nearest class of each block (a min and its
+    # negation).
+    blocks = 3 * len(onu_model.model_spec(model_name).known_end_points)
+    assert kinds.count(np.int8) >= 0.7 * len(kinds) and kinds.count(np.float32) <= 3 + 2 * blocks
 
 
 def test_eval_pixels_are_eval_preprocessed_photos_spread_over_the_split(tiny_run):
     info = onu_dataset.describe(tiny_run.data_dir).split('train', 'images')
     size = tiny_run.config.image_size
-    pixels, labels = onu_tflite.eval_pixels(info, size, 8)  # 8 of 16 photos: every other one, both classes
+    pixels, labels = onu_input.eval_pixels(info, size, 8)  # 8 of 16 photos: every other one, both classes
 
     assert pixels.shape == (8, size, size, 3) and pixels.dtype == np.uint8
     np.testing.assert_array_equal(pixels, [photo_pixels(path, size) for path in info.files[::2]])
@@ -181,10 +213,10 @@ def test_export_script_writes_a_calibrated_int8_model_beside_the_saved_model(tin
     assert result.stderr == ''  # the converter's own lines are dropped
     version_dir = os.path.join(export_dir, str(TINY_RUN_STEPS))
     path = os.path.join(version_dir, 'model_int8.tflite')
-    assert sorted(os.listdir(version_dir)) == ['assets.extra', 'labels.txt', 'model_int8.tflite', 'saved_model.pb',
-                                               'variables']
+    assert sorted(os.listdir(version_dir)) == ['assets.extra', 'labels.txt', 'model_int8.known.json',
+                                               'model_int8.tflite', 'saved_model.pb', 'variables']
     assert f'Wrote {path} (int8, calibrated on 4 train photos, ' in result.stdout
-    assert 'uint8 pixels 32x32 in, probabilities out' in result.stdout
+    assert 'uint8 pixels 32x32 in, probabilities and known_score out' in result.stdout
     # The model is the one calibrated on the 4 train photos calibration_pixels picks, converted here again.
     calibration = onu_tflite.calibration_pixels(tiny_run.config, tiny_run.data_dir, 4)
     with open(path, 'rb') as f:
@@ -233,6 +265,7 @@ def test_a_read_only_export_folder_is_one_line(tiny_run, tmp_path):
 def test_a_tflite_is_written_whole_or_not_at_all_and_an_existing_one_is_kept(tiny_run, tmp_path):
     """README: a .tflite is renamed into place when complete; an existing one is left as it is."""
     source = os.path.join(tiny_run.export_dir, str(TINY_RUN_STEPS))
+    val = onu_serving.known_val_pixels(tiny_run.config)
     saved_model_bytes = sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(source)
                             for name in names)
     small = str(tmp_path / 'small')  # room for the SavedModel, not for its float32 .tflite beside it
@@ -242,8 +275,8 @@ def test_a_tflite_is_written_whole_or_not_at_all_and_an_existing_one_is_kept(tin
         shutil.copytree(source, version_dir)
         before = sorted(os.listdir(version_dir))
         with pytest.raises(OSError):
-            onu_tflite.write_tflite(version_dir, 'float32', tiny_run.config)
-        assert sorted(os.listdir(version_dir)) == before  # no .tflite cut short, no temporary file
+            onu_tflite.write_tflite(version_dir, 'float32', tiny_run.config, val=val)
+        assert sorted(os.listdir(version_dir)) == before  # no .tflite cut short, no threshold, no temporary file
     finally:
         subprocess.run(['umount', small], check=True)
     version_dir = str(tmp_path / str(TINY_RUN_STEPS))
@@ -251,7 +284,7 @@ def test_a_tflite_is_written_whole_or_not_at_all_and_an_existing_one_is_kept(tin
     path = onu_tflite.tflite_path(version_dir, 'float32')
     with open(path, 'wb') as f:
         f.write(b'a model the user made')
-    assert onu_tflite.write_tflite(version_dir, 'float32', tiny_run.config) == path
+    assert onu_tflite.write_tflite(version_dir, 'float32', tiny_run.config, val=val) == path
     with open(path, 'rb') as f:
         assert f.read() == b'a model the user made'
 
