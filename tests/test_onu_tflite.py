@@ -22,6 +22,7 @@ from onu_lib import onu_errors
 from onu_lib import onu_serving
 import onu_model
 from onu_lib import onu_tflite
+from onu_lib import onu_unrelated_photos
 import onu_input
 
 FORMATS = onu_tflite.TFLITE_FORMAT_NAMES
@@ -87,6 +88,13 @@ def test_every_format_takes_uint8_pixels_and_gives_the_saved_models_probabilitie
         assert f.read() == 'F603\nF663N\n'  # output i is line i
 
 
+def assert_rejects(scores, threshold, rejected):
+    """The scores below threshold are rejected photos in number, but for ties at the threshold (int8's score takes 256
+    values), which are kept."""
+    below, at = int(np.sum(scores < threshold)), int(np.sum(scores == threshold))
+    assert below == rejected or (at > 1 and below < rejected < below + at), (below, at, rejected)
+
+
 # How far each format's known score may be from the SavedModel's (standardized units: the threshold is a few below 0).
 KNOWN_TOLERANCE = {'float32': 1e-3, 'float16': 0.1}
 
@@ -108,7 +116,7 @@ def test_every_format_scores_known_as_its_saved_model_and_rejects_as_many_val_ph
     known = onu_tflite.read_known(path)
     export = onu_serving.export_known(onu_serving.load_export_config(version_dir))
     assert known['saved_model_threshold'] == export['threshold'] and known['score'] == export['score']
-    assert int(np.sum(scores < known['threshold'])) == int(np.sum(served['known_score'] < export['threshold']))
+    assert_rejects(scores, known['threshold'], int(np.sum(served['known_score'] < export['threshold'])))
     np.testing.assert_array_equal(served['known'], served['known_score'] >= export['threshold'])
 
 
@@ -306,3 +314,24 @@ def test_an_export_without_the_pixels_signature_is_one_line(tmp_path):
 def test_unknown_format_names_the_choices():
     with pytest.raises(ValueError, match="unknown TensorFlow Lite format 'int4'; choose one of float32, float16, int8"):
         onu_tflite.tflite_format('int4')
+
+
+@pytest.mark.parametrize('format_name', FORMATS)
+def test_a_tflite_threshold_rejects_as_many_photos_as_the_saved_models_does(tiny_run, tiny_tflite_of, tmp_path,
+                                                                          format_name):
+    # Photos some of which the SavedModel rejects: the train split's, and some that are not ONUs.
+    version_dir = tiny_tflite_of('small')
+    size = tiny_run.config.image_size
+    unrelated = onu_unrelated_photos.write_unrelated_photos(str(tmp_path), 3, kinds=('noise', 'flat', 'face'))
+    pixels = np.concatenate([split_pixels(tiny_run, 'train'), np.stack(
+        [photo_pixels(path, size) for paths in unrelated.values() for path in paths])])
+    export = onu_serving.export_known(onu_serving.load_export_config(version_dir))
+    rejected = int(np.sum(serve(version_dir, onu_serving.PIXELS_SIGNATURE, pixels=pixels)['known_score']
+                          < export['threshold']))
+    assert 0 < rejected < len(pixels)
+    with open(onu_tflite.tflite_path(version_dir, format_name), 'rb') as f:
+        model = f.read()
+    known = onu_tflite.tflite_known(version_dir, model, (pixels, None))
+    scores = onu_tflite.known_scores(model, pixels)
+    assert_rejects(scores, known['threshold'], rejected)
+    assert known['val_known'] == pytest.approx(np.mean(scores >= known['threshold']))
