@@ -7,8 +7,10 @@
 Each checkpoint is evaluated once, with the moving averages of the weights that training kept, on every example
 of the split exactly once. For each it prints `<time>: step N, precision @ 1 = 0.xxx`, writes TensorBoard summaries
 at the checkpoint's global step (precision, loss, recall per class, confusion matrix, up to --max_mistakes
-misclassified photos, PR curves) and appends a JSON line to eval_dir/results.jsonl (with the misclassified file
-names). On a terminal a progress bar shows the examples evaluated; in logs and pipes there is none.
+misclassified photos, PR curves, and eval/calibration/*: the expected calibration error before and after the
+temperature an export would fit on these examples, the share its known threshold keeps (--known_recall) and precision
+@ 1 on those, each measured out of fold: onu_known) and appends a JSON line to eval_dir/results.jsonl (with the
+misclassified file names and `calibration`). On a terminal a progress bar shows the examples evaluated; in logs and pipes there is none.
 The best checkpoint so far (precision @ 1 on the same eval data; ties: the lower loss, then the earlier step) is
 copied into eval_dir/best/, a checkpoint folder of its own that outlives the trainer's --keep_checkpoint_max and
 that onu_export.py --checkpoint_dir=eval_dir/best exports; `Best precision @ 1` is its TensorBoard scalar. With

@@ -4,9 +4,10 @@
     python onu_export.py --checkpoint_path=/tmp/onu_train/model.ckpt-2000 --export_dir=/srv/onu
     python onu_export.py --checkpoint_dir=/tmp/onu_train/eval/best --tflite=int8   # the best, for phones
 
-The layout, signatures and metadata of what is written: see onu_serving.py. --tflite also writes
-model_<format>.tflite and labels.txt into the version folder (onu_tflite.py: uint8 pixels in, probabilities
-out); a version folder that exists already gets the .tflite it lacks.
+The layout, signatures and metadata of what is written: see onu_serving.py. The export fits a temperature and the
+known threshold (--known_recall) on the val split of the run's data (--data_dir): onu_known. --tflite also writes
+model_<format>.tflite, its model_<format>.known.json and labels.txt into the version folder (onu_tflite.py: uint8
+pixels in, probabilities and known_score out); a version folder that exists already gets the .tflite it lacks.
 """
 import os
 
