@@ -13,8 +13,6 @@ Writes WORK_DIR/known.json and prints Markdown tables with the machine it ran on
 """
 import json
 import os
-import subprocess
-import sys
 import time
 
 from absl import app
@@ -40,18 +38,6 @@ flags.DEFINE_string('work_dir', '/tmp/onu_known', 'Where the photos that are not
 flags.DEFINE_integer('per_kind', 70, 'Photos of each kind of onu_unrelated_photos.KINDS.')
 flags.DEFINE_integer('seed', 1, 'Seed of the photos that are not ONUs.')
 flags.DEFINE_float('known_recall', onu_known.DEFAULT_KNOWN_RECALL, 'The share of val photos each score keeps.')
-
-REPO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def run(script, *args):
-    """Runs a repo script; returns its stdout; exits with its stderr if it fails."""
-    done = subprocess.run([sys.executable, os.path.join(REPO_DIR, script), *args], cwd=REPO_DIR,
-                          capture_output=True, text=True)
-    if done.returncode:
-        sys.exit(f'{script} {" ".join(args)} failed:\n{done.stderr[-3000:]}')
-    return done.stdout
-
 
 def photo_pixels(paths, image_size):
     """uint8 pixels [n, size, size, 3] of image files, as eval preprocesses them (what an export calibrates on)."""
@@ -81,7 +67,7 @@ def measure_scores(run_config, checkpoint_path, unrelated):
 
 def predicted_unknown(model, folder):
     """{top folder under folder: share of its photos onu_predict.py --json calls unknown} with model as --model_dir."""
-    lines = run('onu_predict.py', folder, f'--model_dir={model}', '--json').splitlines()
+    lines = runner.run_repo_script('onu_predict.py', folder, f'--model_dir={model}', '--json').splitlines()
     unknown = {}
     for line in lines:
         prediction = json.loads(line)
@@ -94,8 +80,8 @@ def measure_served(run_config, unrelated_dir):
     """{form: {val_known, unknown: {kind: share}}} of the export with default flags and each TFLite format."""
     export_dir = os.path.join(FLAGS.work_dir, 'export')
     for entry in onu_tflite.TFLITE_FORMATS:
-        run('onu_export.py', f'--checkpoint_dir={FLAGS.train_dir}', f'--export_dir={export_dir}',
-            f'--tflite={entry.name}')
+        runner.run_repo_script('onu_export.py', f'--checkpoint_dir={FLAGS.train_dir}', f'--export_dir={export_dir}',
+                               f'--tflite={entry.name}')
     version_dir = onu_serving.version_dirs(export_dir)[-1][1]
     val_dir = os.path.join(run_config.data_dir, 'val')
     forms = [('SavedModel', version_dir)] + [(f'TFLite {entry.name}', onu_tflite.tflite_path(version_dir, entry.name))

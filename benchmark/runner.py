@@ -100,6 +100,18 @@ class Task:
     estimate: float   # seconds, used until a task with the same key has run
 
 
+REPO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_repo_script(script, *args):
+    """Runs a script of the repo in a process of its own; returns its stdout; exits with its stderr if it fails."""
+    done = subprocess.run([sys.executable, os.path.join(REPO_DIR, script), *args], cwd=REPO_DIR,
+                          capture_output=True, text=True)
+    if done.returncode:
+        sys.exit(f'{script} {" ".join(args)} failed:\n{done.stderr[-3000:]}')
+    return done.stdout
+
+
 def format_duration(seconds):
     """Returns seconds as '1h02m', '4m05s' or '12s'."""
     seconds = int(round(seconds))

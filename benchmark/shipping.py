@@ -48,17 +48,7 @@ flags.DEFINE_integer('calibration_examples', onu_tflite.DEFAULT_CALIBRATION_EXAM
 flags.DEFINE_integer('timed_images', 100, 'Images timed per form (after 10 untimed), batch 1, one core.')
 flags.DEFINE_string('measure_version', None, 'Internal: measure the forms of this export version (one process).')
 
-REPO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAVED_MODEL = 'SavedModel float32'
-
-
-def run(script, *args):
-    """Runs a repo script; exits with its stderr if it fails."""
-    done = subprocess.run([sys.executable, os.path.join(REPO_DIR, script), *args], cwd=REPO_DIR,
-                          capture_output=True, text=True)
-    if done.returncode:
-        sys.exit(f'{script} {" ".join(args)} failed:\n{done.stderr[-3000:]}')
-    return done.stdout
 
 
 def trained_run(model_name, image_size, max_steps, batch_size):
@@ -66,9 +56,9 @@ def trained_run(model_name, image_size, max_steps, batch_size):
     train_dir = os.path.join(FLAGS.work_dir, f'{model_name}-{image_size}', 'train')
     if tf.train.latest_checkpoint(train_dir) != os.path.join(train_dir, f'model.ckpt-{max_steps}'):
         print(f'Training {model_name} for {max_steps} steps of {batch_size} into {train_dir}', flush=True)
-        run('onu_train.py', f'--data_dir={FLAGS.data_dir}', f'--train_dir={train_dir}', f'--model={model_name}',
-            f'--image_size={image_size}', f'--max_steps={max_steps}', f'--batch_size={batch_size}',
-            '--log_frequency=10')
+        runner.run_repo_script('onu_train.py', f'--data_dir={FLAGS.data_dir}', f'--train_dir={train_dir}',
+                               f'--model={model_name}', f'--image_size={image_size}', f'--max_steps={max_steps}',
+                               f'--batch_size={batch_size}', '--log_frequency=10')
     return train_dir
 
 
@@ -76,8 +66,8 @@ def exported(train_dir):
     """Exports the run's latest checkpoint with every TFLite format; returns the version folder."""
     export_dir = os.path.join(os.path.dirname(train_dir), 'export')
     for entry in onu_tflite.TFLITE_FORMATS:
-        run('onu_export.py', f'--checkpoint_dir={train_dir}', f'--export_dir={export_dir}', f'--tflite={entry.name}',
-            f'--calibration_examples={FLAGS.calibration_examples}')
+        runner.run_repo_script('onu_export.py', f'--checkpoint_dir={train_dir}', f'--export_dir={export_dir}',
+                               f'--tflite={entry.name}', f'--calibration_examples={FLAGS.calibration_examples}')
     return onu_serving.version_dirs(export_dir)[-1][1]
 
 
@@ -149,7 +139,7 @@ def measured_on_one_core(version_dir):
     inherits it; confining a running process would leave the threads it has already started free)."""
     cpu = sorted(os.sched_getaffinity(0))[0]
     done = subprocess.run([sys.executable, '-m', 'benchmark.shipping', f'--measure_version={version_dir}',
-                           f'--timed_images={FLAGS.timed_images}'], cwd=REPO_DIR, capture_output=True, text=True,
+                           f'--timed_images={FLAGS.timed_images}'], cwd=runner.REPO_DIR, capture_output=True, text=True,
                           preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
     if done.returncode:
         sys.exit(f'measuring {version_dir} failed:\n{done.stderr[-3000:]}')

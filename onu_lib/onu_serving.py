@@ -93,29 +93,36 @@ def model_outputs(images, run_config, reuse):
     return tf.cast(logits, tf.float32), columns, blocks
 
 
-def known_score(columns, calibration):
-    """onu_known's served score (layer_distance) of the features, a tensor per block (never one concatenated tensor:
-    int8 quantizes each tensor to one range, and the blocks' ranges differ), the parameters constants."""
+def known_constants(calibration):
+    """The parameters of a calibration's served score as graph constants, made once for every signature to share:
+    {block name: (class means, precision, centre, scale)}."""
+    with tf.compat.v1.name_scope('known'):
+        return {name: (tf.constant(params['means'], tf.float32), tf.constant(params['precision'], tf.float32),
+                       params['centre'], params['scale'])
+                for name, params in calibration.params.items()}
+
+
+def known_score(columns, blocks, constants):
+    """onu_known's served score (layer_distance) of the features, a tensor per block of blocks (never one
+    concatenated tensor: int8 quantizes each tensor to one range, and the blocks' ranges differ); constants:
+    known_constants."""
     standardized = []
-    for (name, _), block in zip(calibration.blocks, columns):
-        params = calibration.params[name]
-        centred = block[:, tf.newaxis, :] - tf.constant(params['means'], tf.float32)  # [batch, classes, d]
-        weighted = tf.tensordot(centred, tf.constant(params['precision'], tf.float32), axes=1)
-        nearest = -tf.reduce_min(tf.reduce_sum(weighted * centred, axis=2), axis=1)
-        standardized.append((nearest - params['centre']) / params['scale'])
+    for (name, _), block in zip(blocks, columns):
+        means, precision, centre, scale = constants[name]
+        centred = block[:, tf.newaxis, :] - means  # [batch, classes, d]
+        nearest = -tf.reduce_min(tf.reduce_sum(tf.tensordot(centred, precision, axes=1) * centred, axis=2), axis=1)
+        standardized.append((nearest - centre) / scale)
     return tf.reduce_min(tf.stack(standardized, axis=1), axis=1)
 
 
-def _classifier_outputs(images, run_config, reuse, calibration=None):
-    """Returns {probabilities, classes, class_names} of the model on [-1, 1] images, with a calibration also
-    {known, known_score} and temperature-scaled probabilities."""
-    logits, columns, _ = model_outputs(images, run_config, reuse)
+def _classifier_outputs(images, run_config, reuse, calibration=None, constants=None):
+    """Returns {probabilities, classes, class_names} of the model on [-1, 1] images, with a calibration (and its
+    known_constants) also {known, known_score} and temperature-scaled probabilities."""
+    logits, columns, blocks = model_outputs(images, run_config, reuse)
     outputs = {}
     if calibration is not None:
-        if calibration.score != onu_known.SERVED_SCORE:
-            raise ValueError(f'the serving graph computes {onu_known.SERVED_SCORE}, not {calibration.score}')
         logits = logits / calibration.temperature
-        outputs[OUTPUT_KNOWN_SCORE] = tf.identity(known_score(columns, calibration), name=OUTPUT_KNOWN_SCORE)
+        outputs[OUTPUT_KNOWN_SCORE] = tf.identity(known_score(columns, blocks, constants), name=OUTPUT_KNOWN_SCORE)
         outputs[OUTPUT_KNOWN] = tf.greater_equal(outputs[OUTPUT_KNOWN_SCORE], calibration.threshold, name=OUTPUT_KNOWN)
     probabilities = tf.nn.softmax(logits, name='probabilities')
     classes = tf.argmax(probabilities, axis=1, name='classes')
@@ -321,20 +328,23 @@ def build_serving_graph(run_config, max_image_pixels=onu_photos.MAX_IMAGE_PIXELS
     """Builds the serving signatures in the default graph; returns {name: (inputs, outputs)}. serving_default
     refuses an image of more than max_image_pixels before decoding it; with a Calibration, known outputs too."""
     size = run_config.image_size
+    if calibration is not None and calibration.score != onu_known.SERVED_SCORE:
+        raise ValueError(f'the serving graph computes {onu_known.SERVED_SCORE}, not {calibration.score}')
+    known = {'calibration': calibration, 'constants': calibration and known_constants(calibration)}
     with tf.compat.v1.name_scope('from_bytes'):
         image_bytes = tf.compat.v1.placeholder(tf.string, [None], name=BYTES_INPUT)
         decoded = tf.map_fn(  # plain TensorFlow ops: nothing for AutoGraph to convert (it costs start-up time)
             tf.autograph.experimental.do_not_convert(
                 lambda encoded: decode_within_limit(encoded, size, max_image_pixels)),
             image_bytes, fn_output_signature=tf.TensorSpec([size, size, 3], tf.float32))
-        bytes_outputs = _classifier_outputs(decoded, run_config, reuse=None, calibration=calibration)
+        bytes_outputs = _classifier_outputs(decoded, run_config, reuse=None, **known)
     with tf.compat.v1.name_scope('from_images'):
         images = tf.compat.v1.placeholder(tf.float32, [None, size, size, 3], name=IMAGES_INPUT)
-        images_outputs = _classifier_outputs(images, run_config, reuse=True, calibration=calibration)
+        images_outputs = _classifier_outputs(images, run_config, reuse=True, **known)
     with tf.compat.v1.name_scope('from_pixels'):
         pixels = tf.compat.v1.placeholder(tf.uint8, [None, size, size, 3], name=PIXELS_INPUT)
         pixels_outputs = _classifier_outputs(onu_input.pixels_to_model_range(pixels), run_config, reuse=True,
-                                             calibration=calibration)
+                                             **known)
     return {SERVING_SIGNATURE: ({BYTES_INPUT: image_bytes}, bytes_outputs),
             IMAGES_SIGNATURE: ({IMAGES_INPUT: images}, images_outputs),
             PIXELS_SIGNATURE: ({PIXELS_INPUT: pixels}, pixels_outputs)}
