@@ -7,8 +7,9 @@ of onu_unrelated_photos into WORK_DIR/unrelated/<kind>/, and measures:
   scores  for every entry of onu_known.SCORES: calibrated on the run's val photos at --known_recall (as an export is),
           the share of val kept (each photo scored by a fit to the others) and the share of each kind called unknown;
   served  the served path end to end: onu_export.py with default flags (and --tflite of every format) into
-          WORK_DIR/export, then onu_predict.py --json on the val split and on WORK_DIR/unrelated, per form: the share
-          of val photos known and of each kind unknown.
+          WORK_DIR/export, then onu_predict.py --json on the val split and on WORK_DIR/unrelated, per form with a
+          known score (the SavedModel, the TFLite formats but int8): the share of val photos known and of each kind
+          unknown.
 Writes WORK_DIR/known.json and prints Markdown tables with the machine it ran on.
 """
 import json
@@ -85,7 +86,7 @@ def measure_served(run_config, unrelated_dir):
     version_dir = onu_serving.version_dirs(export_dir)[-1][1]
     val_dir = os.path.join(run_config.data_dir, 'val')
     forms = [('SavedModel', version_dir)] + [(f'TFLite {entry.name}', onu_tflite.tflite_path(version_dir, entry.name))
-                                             for entry in onu_tflite.TFLITE_FORMATS]
+                                             for entry in onu_tflite.TFLITE_FORMATS if entry.known]
     results = {}
     for form, model in forms:
         val = predicted_unknown(model, val_dir)

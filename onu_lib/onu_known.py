@@ -92,17 +92,20 @@ def block_slices(blocks):
     return slices
 
 
-def _fit_layers(logits, features, labels, blocks):
-    """Per block: the Mahalanobis fit and the centre and scale of its out-of-fold scores (to compare blocks)."""
+def _layers_out_of_fold(logits, features, labels, blocks):
+    """(out-of-fold layer_distance of each photo, its parameters): per block the Mahalanobis fit to all photos and the
+    centre and scale of the block's out-of-fold scores (to compare blocks); the out-of-fold score is the least
+    typical block's, standardized by those."""
     del logits
-    params = {}
+    params, standardized = {}, []
     for name, columns in block_slices(blocks).items():
         block = features[:, columns]
         raw = out_of_fold(lambda rows: _mahalanobis_fit(block[rows], labels[rows]),
                           lambda fit, rows: mahalanobis_nearest(block[rows], **fit), labels)
         params[name] = {**_mahalanobis_fit(block, labels), 'centre': float(np.mean(raw)),
                         'scale': float(np.std(raw) + 1e-6)}
-    return params
+        standardized.append((raw - params[name]['centre']) / params[name]['scale'])
+    return np.min(standardized, axis=0), params
 
 
 def _score_layers(logits, features, params, blocks):
@@ -122,11 +125,14 @@ def _last_end_point(blocks):
 
 @dataclasses.dataclass(frozen=True)
 class Score:
-    """A known score: fit(logits, features, labels, blocks) -> params; score(logits, features, params, blocks) -> [N]."""
+    """A known score: fit(logits, features, labels, blocks) -> params; score(logits, features, params, blocks) -> [N].
+    out_of_fold(logits, features, labels, blocks) -> (each photo's score by a fit to the other folds, fit's params),
+    when the score computes it cheaper than calibrate's refit per fold."""
     name: str
     fit: object
     score: object
     description: str
+    out_of_fold: object = None
 
 
 SCORES = (
@@ -138,8 +144,9 @@ SCORES = (
           lambda logits, features, labels, blocks: _mahalanobis_fit(features[:, _last_end_point(blocks)], labels),
           lambda logits, features, params, blocks: mahalanobis_nearest(features[:, _last_end_point(blocks)], **params),
           'Mahalanobis distance of the pooled features to the nearest class (Lee et al. 2018)'),
-    Score('layer_distance', _fit_layers, _score_layers,
-          'the same, for the mean, spread and maximum of every end point; the least typical decides'),
+    Score('layer_distance', lambda *outputs: _layers_out_of_fold(*outputs)[1], _score_layers,
+          'the same, for the mean, spread and maximum of every end point; the least typical decides',
+          out_of_fold=_layers_out_of_fold),
 )
 SCORE_NAMES = tuple(score.name for score in SCORES)
 SERVED_SCORE = 'layer_distance'
@@ -199,8 +206,12 @@ def calibrate(logits, features, labels, blocks, known_recall=DEFAULT_KNOWN_RECAL
     if counts.min() < 2:
         raise ValueError(f'{int(counts.min())} val photos of a class: the known score needs at least 2 of each')
     entry = score_named(score)
-    oof_scores = out_of_fold(lambda rows: entry.fit(logits[rows], features[rows], labels[rows], blocks),
-                             lambda params, rows: entry.score(logits[rows], features[rows], params, blocks), labels)
+    if entry.out_of_fold:
+        oof_scores, params = entry.out_of_fold(logits, features, labels, blocks)
+    else:
+        oof_scores = out_of_fold(lambda rows: entry.fit(logits[rows], features[rows], labels[rows], blocks),
+                                 lambda fitted, rows: entry.score(logits[rows], features[rows], fitted, blocks), labels)
+        params = entry.fit(logits, features, labels, blocks)
     threshold = float(np.quantile(oof_scores, 1 - known_recall, method='lower'))
     oof_probabilities = out_of_fold(lambda rows: fit_temperature(logits[rows], labels[rows]),
                                     lambda temperature, rows: softmax(logits[rows], temperature), labels)
@@ -216,7 +227,7 @@ def calibrate(logits, features, labels, blocks, known_recall=DEFAULT_KNOWN_RECAL
         'ece_after': expected_calibration_error(oof_probabilities, labels),
     }
     return Calibration(temperature=fit_temperature(logits, labels), score=score, threshold=threshold,
-                       params=entry.fit(logits, features, labels, blocks), blocks=tuple(blocks), figures=figures)
+                       params=params, blocks=tuple(blocks), figures=figures)
 
 
 def known_of(logits, features, calibration):

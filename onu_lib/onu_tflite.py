@@ -7,10 +7,11 @@
 Every format takes the same input and gives the same outputs, so an app swaps one for another unchanged:
   input   uint8 [1, size, size, 3]: RGB resized to the model's size, as a camera gives them. The scaling to the
           model's range is inside the model: it is the SavedModel's predict_pixels signature, converted.
-  outputs probabilities float32 [1, num_classes], in the order of labels.txt (one class name per line), and from a
-          SavedModel with a calibration, known_score float32 [1]: the photo is of a known class when it is at least
-          the threshold in model_<format>.known.json beside the model (read_known). That threshold is the TFLite
-          model's own: it rejects as many val photos as the SavedModel's does (int8 moves the scores a little).
+  outputs probabilities float32 [1, num_classes], in the order of labels.txt (one class name per line), and for the
+          formats with `known` (float32, float16) from a SavedModel with a calibration, known_score float32 [1]: the
+          photo is of a known class when it is at least the threshold in model_<format>.known.json beside the model
+          (read_known). That threshold is the TFLite model's own: it rejects as many val photos as the SavedModel's
+          does (rounding to uint8 pixels and float16 move the scores a little).
 The formats are TFLITE_FORMATS; int8 is full-integer post-training quantization, calibrated on train photos. A
 model file is written beside its SavedModel under a temporary name renamed when complete, so it is always whole.
 
@@ -64,6 +65,7 @@ class TFLiteFormat:
     name: str
     configure: Callable  # (converter, calibration pixels or None)
     calibrated: bool = False  # needs calibration pixels
+    known: bool = True  # outputs known_score too (when its SavedModel has it)
 
     @property
     def filename(self):
@@ -73,7 +75,10 @@ class TFLiteFormat:
 TFLITE_FORMATS = (
     TFLiteFormat('float32', _float32),
     TFLiteFormat('float16', _float16),
-    TFLiteFormat('int8', _int8, calibrated=True),
+    # No known_score in int8: in integers the score's distances lose their order (69-90% of photos that are not ONUs
+    # called unknown on two models, against 86-90% in float) and its ops made the small model slower than the
+    # SavedModel (BENCHMARKS.md, "Known or not").
+    TFLiteFormat('int8', _int8, calibrated=True, known=False),
 )
 TFLITE_FORMAT_NAMES = tuple(entry.name for entry in TFLITE_FORMATS)
 
@@ -97,9 +102,9 @@ def calibration_pixels(run_config, data_dir, num_examples):
     return onu_input.eval_pixels(run_config.split_info('train', data_dir), run_config.image_size, num_examples)[0]
 
 
-def _probabilities_function(version_dir, image_size):
-    """Returns (the SavedModel loaded, a concrete function: uint8 pixels [1, size, size, 3] -> probabilities[, known
-    score])."""
+def _probabilities_function(version_dir, image_size, known):
+    """Returns (the SavedModel loaded, a concrete function: uint8 pixels [1, size, size, 3] -> probabilities, and with
+    known the known score when the SavedModel has one)."""
     loaded = tf.saved_model.load(version_dir, tags=onu_serving.SAVED_MODEL_TAGS)
     signature = loaded.signatures.get(onu_serving.PIXELS_SIGNATURE)
     if signature is None:
@@ -111,8 +116,8 @@ def _probabilities_function(version_dir, image_size):
                                                 name=onu_serving.PIXELS_INPUT)])
     def probabilities(pixels):
         outputs = signature(**{onu_serving.PIXELS_INPUT: pixels})
-        return {name: outputs[name] for name in (onu_serving.OUTPUT_PROBABILITIES, onu_serving.OUTPUT_KNOWN_SCORE)
-                if name in outputs}
+        names = (onu_serving.OUTPUT_PROBABILITIES,) + ((onu_serving.OUTPUT_KNOWN_SCORE,) if known else ())
+        return {name: outputs[name] for name in names if name in outputs}
     return loaded, probabilities.get_concrete_function()
 
 
@@ -121,7 +126,7 @@ def convert(version_dir, format_name, image_size, calibration=None):
     entry = tflite_format(format_name)
     if entry.calibrated and (calibration is None or not len(calibration)):
         raise ValueError(f'--tflite={format_name} needs calibration pixels')
-    loaded, function = _probabilities_function(version_dir, image_size)
+    loaded, function = _probabilities_function(version_dir, image_size, entry.known)
     converter = tf.lite.TFLiteConverter.from_concrete_functions([function], loaded)
     entry.configure(converter, calibration)
     try:
@@ -186,7 +191,7 @@ def write_tflite(version_dir, format_name, run_config, calibration=None, val=Non
     started = time.time()
     model = convert(version_dir, format_name, run_config.image_size, calibration)
     known = None
-    if onu_serving.export_known(onu_serving.load_export_config(version_dir)):
+    if tflite_format(format_name).known and onu_serving.export_known(onu_serving.load_export_config(version_dir)):
         if val is None:
             raise ValueError(f'{version_dir} has a known score: its .tflite needs val pixels for its threshold')
         known = tflite_known(version_dir, model, val)

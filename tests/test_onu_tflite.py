@@ -20,7 +20,6 @@ from test_onu_export import serve
 from onu_lib import onu_dataset
 from onu_lib import onu_errors
 from onu_lib import onu_serving
-import onu_model
 from onu_lib import onu_tflite
 from onu_lib import onu_unrelated_photos
 import onu_input
@@ -76,8 +75,10 @@ def test_every_format_takes_uint8_pixels_and_gives_the_saved_models_probabilitie
     size = run.config.image_size
     (given,), outputs = model.get_input_details(), onu_tflite.output_details(model)
     assert (given['dtype'], list(given['shape'])) == (np.uint8, [1, size, size, 3])
+    known = {'known_score': (np.float32, [1])} if onu_tflite.tflite_format(format_name).known else {}
     assert {name: (output['dtype'], list(output['shape'])) for name, output in outputs.items()} == {
-        'probabilities': (np.float32, [1, 2]), 'known_score': (np.float32, [1])}
+        'probabilities': (np.float32, [1, 2]), **known}
+    assert os.path.exists(onu_tflite.known_path(path)) == bool(known)
 
     pixels = split_pixels(run, 'val')
     served = serve(version_dir, onu_serving.PIXELS_SIGNATURE, pixels=pixels)
@@ -97,10 +98,11 @@ def assert_rejects(scores, threshold, rejected):
 
 # How far each format's known score may be from the SavedModel's (standardized units: the threshold is a few below 0).
 KNOWN_TOLERANCE = {'float32': 1e-3, 'float16': 0.1}
+KNOWN_FORMATS = tuple(entry.name for entry in onu_tflite.TFLITE_FORMATS if entry.known)
 
 
 @pytest.mark.parametrize('model_name', script_tested_models())
-@pytest.mark.parametrize('format_name', FORMATS)
+@pytest.mark.parametrize('format_name', KNOWN_FORMATS)
 def test_every_format_scores_known_as_its_saved_model_and_rejects_as_many_val_photos(tiny_run_of, tiny_tflite_of,
                                                                                     model_name, format_name):
     run = tiny_run_of(model_name)
@@ -109,10 +111,7 @@ def test_every_format_scores_known_as_its_saved_model_and_rejects_as_many_val_ph
     pixels, _ = onu_serving.known_val_pixels(run.config)  # what the threshold was fitted on
     served = serve(version_dir, onu_serving.PIXELS_SIGNATURE, pixels=pixels)
     scores = run_tflite(path, pixels, onu_serving.OUTPUT_KNOWN_SCORE)
-    if format_name in KNOWN_TOLERANCE:
-        np.testing.assert_allclose(scores, served['known_score'], atol=KNOWN_TOLERANCE[format_name])
-    else:  # int8 moves the scores; its own threshold keeps their order's cut
-        assert np.corrcoef(scores, served['known_score'])[0, 1] > 0.5
+    np.testing.assert_allclose(scores, served['known_score'], atol=KNOWN_TOLERANCE[format_name])
     known = onu_tflite.read_known(path)
     export = onu_serving.export_known(onu_serving.load_export_config(version_dir))
     assert known['saved_model_threshold'] == export['threshold'] and known['score'] == export['score']
@@ -158,8 +157,14 @@ def test_each_format_stores_its_weights_in_its_type_at_its_share_of_the_float32_
     promised = np.dtype(WEIGHTS[format_name])
     assert stored.get(promised, 0) >= 0.99 * sum(stored.values()), stored  # int8: its biases are int32
     assert not [dtype for dtype in stored if dtype.kind == 'f' and dtype != promised], stored
-    # float16 is half the float32 file, int8 a quarter: the weights are nearly all of it.
-    share = os.path.getsize(path) / os.path.getsize(onu_tflite.tflite_path(version_dir, 'float32'))
+    # float16 is half the float32 file, int8 (no known score: its constants are not in the file) a quarter of the
+    # SavedModel's weights: the weights are nearly all of a file.
+    if onu_tflite.tflite_format(format_name).known:
+        reference = os.path.getsize(onu_tflite.tflite_path(version_dir, 'float32'))
+    else:
+        variables = os.path.join(version_dir, 'variables')
+        reference = sum(os.path.getsize(os.path.join(variables, name)) for name in os.listdir(variables))
+    share = os.path.getsize(path) / reference
     assert share == pytest.approx(promised.itemsize / 4, abs=0.05)
 
 
@@ -168,10 +173,7 @@ def test_int8_computes_in_integers(tiny_tflite_of, model_name):
     version_dir = tiny_tflite_of(model_name)
     tensors = interpreter(onu_tflite.tflite_path(version_dir, 'int8')).get_tensor_details()
     kinds = [tensor['dtype'] for tensor in tensors]
-    # Floats: the pixels' cast, the two outputs, and the known score's nearest class of each block (a min and its
-    # negation).
-    blocks = 3 * len(onu_model.model_spec(model_name).known_end_points)
-    assert kinds.count(np.int8) >= 0.7 * len(kinds) and kinds.count(np.float32) <= 3 + 2 * blocks
+    assert kinds.count(np.int8) >= 0.7 * len(kinds) and kinds.count(np.float32) <= 3  # pixels in, probabilities out
 
 
 def test_eval_pixels_are_eval_preprocessed_photos_spread_over_the_split(tiny_run):
@@ -221,10 +223,10 @@ def test_export_script_writes_a_calibrated_int8_model_beside_the_saved_model(tin
     assert result.stderr == ''  # the converter's own lines are dropped
     version_dir = os.path.join(export_dir, str(TINY_RUN_STEPS))
     path = os.path.join(version_dir, 'model_int8.tflite')
-    assert sorted(os.listdir(version_dir)) == ['assets.extra', 'labels.txt', 'model_int8.known.json',
-                                               'model_int8.tflite', 'saved_model.pb', 'variables']
+    assert sorted(os.listdir(version_dir)) == ['assets.extra', 'labels.txt', 'model_int8.tflite', 'saved_model.pb',
+                                               'variables']  # int8 has no known score (onu_tflite.TFLITE_FORMATS)
     assert f'Wrote {path} (int8, calibrated on 4 train photos, ' in result.stdout
-    assert 'uint8 pixels 32x32 in, probabilities and known_score out' in result.stdout
+    assert 'uint8 pixels 32x32 in, probabilities out' in result.stdout
     # The model is the one calibrated on the 4 train photos calibration_pixels picks, converted here again.
     calibration = onu_tflite.calibration_pixels(tiny_run.config, tiny_run.data_dir, 4)
     with open(path, 'rb') as f:
@@ -239,6 +241,8 @@ def test_export_script_writes_a_calibrated_int8_model_beside_the_saved_model(tin
     assert 'its SavedModel is left unchanged' in again.stdout
     assert {name: state for name, state in file_states(version_dir).items() if name in before} == before
     assert os.path.isfile(os.path.join(version_dir, 'model_float16.tflite'))
+    assert 'uint8 pixels 32x32 in, probabilities and known_score out' in again.stdout
+    assert onu_tflite.read_known(os.path.join(version_dir, 'model_float16.tflite'))['score'] == 'layer_distance'
 
 
 @pytest.mark.script
@@ -316,7 +320,7 @@ def test_unknown_format_names_the_choices():
         onu_tflite.tflite_format('int4')
 
 
-@pytest.mark.parametrize('format_name', FORMATS)
+@pytest.mark.parametrize('format_name', KNOWN_FORMATS)
 def test_a_tflite_threshold_rejects_as_many_photos_as_the_saved_models_does(tiny_run, tiny_tflite_of, tmp_path,
                                                                           format_name):
     # Photos some of which the SavedModel rejects: the train split's, and some that are not ONUs.
