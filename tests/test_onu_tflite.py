@@ -64,13 +64,17 @@ def split_pixels(run, split):
     return onu_input.eval_pixels(info, run.config.image_size, info.num_examples)[0]
 
 
+def converted(tiny_run_of, tiny_tflite_of, model_name, format_name):
+    """(the tiny run of model_name, its export's version folder with every .tflite, the .tflite of format_name)."""
+    version_dir = tiny_tflite_of(model_name)
+    return tiny_run_of(model_name), version_dir, onu_tflite.tflite_path(version_dir, format_name)
+
+
 @pytest.mark.parametrize('model_name', script_tested_models())
 @pytest.mark.parametrize('format_name', FORMATS)
 def test_every_format_takes_uint8_pixels_and_gives_the_saved_models_probabilities(tiny_run_of, tiny_tflite_of,
                                                                                  model_name, format_name):
-    run = tiny_run_of(model_name)
-    version_dir = tiny_tflite_of(model_name)
-    path = onu_tflite.tflite_path(version_dir, format_name)
+    run, version_dir, path = converted(tiny_run_of, tiny_tflite_of, model_name, format_name)
     model = interpreter(path)
     size = run.config.image_size
     (given,), outputs = model.get_input_details(), onu_tflite.output_details(model)
@@ -105,9 +109,7 @@ KNOWN_FORMATS = tuple(entry.name for entry in onu_tflite.TFLITE_FORMATS if entry
 @pytest.mark.parametrize('format_name', KNOWN_FORMATS)
 def test_every_format_scores_known_as_its_saved_model_and_rejects_as_many_val_photos(tiny_run_of, tiny_tflite_of,
                                                                                     model_name, format_name):
-    run = tiny_run_of(model_name)
-    version_dir = tiny_tflite_of(model_name)
-    path = onu_tflite.tflite_path(version_dir, format_name)
+    run, version_dir, path = converted(tiny_run_of, tiny_tflite_of, model_name, format_name)
     pixels, _ = onu_serving.known_val_pixels(run.config)  # what the threshold was fitted on
     served = serve(version_dir, onu_serving.PIXELS_SIGNATURE, pixels=pixels)
     scores = run_tflite(path, pixels, onu_serving.OUTPUT_KNOWN_SCORE)
