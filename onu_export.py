@@ -81,9 +81,9 @@ def export():
         version_dir = onu_serving.export_saved_model(checkpoint_path, run_config, export_dir, FLAGS.allow_raw_weights,
                                                      FLAGS.max_image_pixels, FLAGS.known_recall, data_dir)
         if FLAGS.tflite:
-            val = onu_serving.known_val_pixels(run_config, data_dir)
+            val_pixels = onu_serving.known_val_pixels(run_config, data_dir)[0]
             with onu_cli.tflite_lines_dropped():
-                onu_tflite.write_tflite(version_dir, FLAGS.tflite, run_config, pixels, val)
+                onu_tflite.write_tflite(version_dir, FLAGS.tflite, run_config, pixels, val_pixels)
     except Exception as e:  # pylint: disable=broad-except  (OSError, or TensorFlow's own error for the same cause)
         reason = onu_run_folder.write_failure(e, export_dir)
         if reason is None:

@@ -1,8 +1,8 @@
 """TensorFlow Lite models of an exported ONU classifier, for phones and small boxes (the TFLite part of onu_export.py).
 
     calibration = calibration_pixels(run_config, data_dir, 300)        # photos of the train split
-    val = onu_serving.known_val_pixels(run_config, data_dir)           # photos of the val split, and their labels
-    path = write_tflite(version_dir, 'int8', run_config, calibration, val)  # model_int8.tflite, labels.txt, .known.json
+    val_pixels = onu_serving.known_val_pixels(run_config, data_dir)[0]  # photos of the val split
+    path = write_tflite(version_dir, 'float16', run_config, None, val_pixels)  # model_float16.tflite, labels.txt, .known.json
 
 Every format takes the same input and gives the same outputs, so an app swaps one for another unchanged:
   input   uint8 [1, size, size, 3]: RGB resized to the model's size, as a camera gives them. The scaling to the
@@ -165,11 +165,10 @@ def known_scores(model, pixels):
                      for row in pixels], np.float64)
 
 
-def tflite_known(version_dir, model, val):
+def tflite_known(version_dir, model, pixels):
     """The known threshold of the .tflite bytes model and what it keeps: the SavedModel's (its export's known entry)
-    moved so that it rejects as many of the val (pixels, labels) as the SavedModel's threshold does."""
+    moved so that it rejects as many of the val photos' uint8 pixels as the SavedModel's threshold does."""
     export = onu_serving.export_known(onu_serving.load_export_config(version_dir))
-    pixels, _ = val
     signature = tf.saved_model.load(version_dir).signatures[onu_serving.PIXELS_SIGNATURE]
     saved = np.concatenate([signature(**{onu_serving.PIXELS_INPUT: tf.constant(pixels[start:start + 64])})[
         onu_serving.OUTPUT_KNOWN_SCORE].numpy() for start in range(0, len(pixels), 64)])
@@ -181,9 +180,9 @@ def tflite_known(version_dir, model, val):
             'val_examples': len(scores), 'val_known': float(np.mean(scores >= threshold))}
 
 
-def write_tflite(version_dir, format_name, run_config, calibration=None, val=None):
+def write_tflite(version_dir, format_name, run_config, calibration=None, val_pixels=None):
     """Writes the .tflite of format_name and labels.txt into version_dir, and with a calibrated SavedModel its known
-    threshold, fitted on val (pixels, labels); returns its path. One existing is kept."""
+    threshold, fitted on the val photos' uint8 pixels val_pixels; returns its path. One existing is kept."""
     path = tflite_path(version_dir, format_name)
     if os.path.exists(path):
         print(f'{path} already exists: left unchanged; delete it to convert again', flush=True)
@@ -192,9 +191,9 @@ def write_tflite(version_dir, format_name, run_config, calibration=None, val=Non
     model = convert(version_dir, format_name, run_config.image_size, calibration)
     known = None
     if tflite_format(format_name).known and onu_serving.export_known(onu_serving.load_export_config(version_dir)):
-        if val is None:
+        if val_pixels is None:
             raise ValueError(f'{version_dir} has a known score: its .tflite needs val pixels for its threshold')
-        known = tflite_known(version_dir, model, val)
+        known = tflite_known(version_dir, model, val_pixels)
     labels_path = os.path.join(version_dir, LABELS_FILENAME)
     new_labels = read_labels(path) != list(run_config.class_names)  # the other formats' labels are the same file
     if new_labels:

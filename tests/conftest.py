@@ -765,9 +765,9 @@ def tiny_tflite_of(tiny_run_of, tmp_path_factory):
             version_dir = str(tmp_path_factory.mktemp(f'tflite_{model_name}') / str(TINY_RUN_STEPS))
             shutil.copytree(os.path.join(run.export_dir, str(TINY_RUN_STEPS)), version_dir)
             calibration = onu_tflite.calibration_pixels(run.config, run.data_dir, 8)
-            val = onu_serving.known_val_pixels(run.config, run.data_dir)
+            val_pixels = onu_serving.known_val_pixels(run.config, run.data_dir)[0]
             for entry in onu_tflite.TFLITE_FORMATS:
-                onu_tflite.write_tflite(version_dir, entry.name, run.config, calibration, val)
+                onu_tflite.write_tflite(version_dir, entry.name, run.config, calibration, val_pixels)
             versions[model_name] = version_dir
         return versions[model_name]
     return version_of

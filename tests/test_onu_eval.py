@@ -377,7 +377,7 @@ def test_summaries_are_written_at_each_checkpoints_global_step(polled_run):
             assert f'| **{name}** | {row[0]} | {row[1]} |' in table
         assert summaries['eval/confusion_matrix_image', step] == 'image'
         calibration = entry['calibration']  # expected calibration error before and after the temperature, ...
-        assert calibration['known_recall'] == 0.95 and calibration['known_score'] == 'layer_distance'
+        assert calibration['known_recall'] == 0.95 and calibration['score'] == 'layer_distance'
         assert 0 <= calibration['ece_before'] <= 1 and 0 <= calibration['ece_after'] <= 1
         assert calibration['val_known'] >= 0.95 and calibration['temperature'] > 0
         for name in onu_eval.KNOWN_FIGURES:

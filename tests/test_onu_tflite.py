@@ -279,7 +279,7 @@ def test_a_read_only_export_folder_is_one_line(tiny_run, tmp_path):
 def test_a_tflite_is_written_whole_or_not_at_all_and_an_existing_one_is_kept(tiny_run, tmp_path):
     """README: a .tflite is renamed into place when complete; an existing one is left as it is."""
     source = os.path.join(tiny_run.export_dir, str(TINY_RUN_STEPS))
-    val = onu_serving.known_val_pixels(tiny_run.config)
+    val_pixels = onu_serving.known_val_pixels(tiny_run.config)[0]
     saved_model_bytes = sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(source)
                             for name in names)
     small = str(tmp_path / 'small')  # room for the SavedModel, not for its float32 .tflite beside it
@@ -289,7 +289,7 @@ def test_a_tflite_is_written_whole_or_not_at_all_and_an_existing_one_is_kept(tin
         shutil.copytree(source, version_dir)
         before = sorted(os.listdir(version_dir))
         with pytest.raises(OSError):
-            onu_tflite.write_tflite(version_dir, 'float32', tiny_run.config, val=val)
+            onu_tflite.write_tflite(version_dir, 'float32', tiny_run.config, val_pixels=val_pixels)
         assert sorted(os.listdir(version_dir)) == before  # no .tflite cut short, no threshold, no temporary file
     finally:
         subprocess.run(['umount', small], check=True)
@@ -298,7 +298,7 @@ def test_a_tflite_is_written_whole_or_not_at_all_and_an_existing_one_is_kept(tin
     path = onu_tflite.tflite_path(version_dir, 'float32')
     with open(path, 'wb') as f:
         f.write(b'a model the user made')
-    assert onu_tflite.write_tflite(version_dir, 'float32', tiny_run.config, val=val) == path
+    assert onu_tflite.write_tflite(version_dir, 'float32', tiny_run.config, val_pixels=val_pixels) == path
     with open(path, 'rb') as f:
         assert f.read() == b'a model the user made'
 
@@ -337,7 +337,7 @@ def test_a_tflite_threshold_rejects_as_many_photos_as_the_saved_models_does(tiny
     assert 0 < rejected < len(pixels)
     with open(onu_tflite.tflite_path(version_dir, format_name), 'rb') as f:
         model = f.read()
-    known = onu_tflite.tflite_known(version_dir, model, (pixels, None))
+    known = onu_tflite.tflite_known(version_dir, model, pixels)
     scores = onu_tflite.known_scores(model, pixels)
     assert_rejects(scores, known['threshold'], rejected)
     assert known['val_known'] == pytest.approx(np.mean(scores >= known['threshold']))
