@@ -2,6 +2,7 @@
 TensorBoard server that has to list and serve what was written."""
 import io
 import math
+import os
 import warnings
 
 import matplotlib
@@ -216,13 +217,19 @@ def test_chinese_class_names_are_drawn_in_a_font_that_has_them(chinese_font_file
     assert share > 0.1, share  # 0.41 measured (the caption's ASCII is the same in both)
 
 
+def shipped_font_entries():
+    """Returns matplotlib's font-list entries for the fonts it ships (its mpl-data), read from the files themselves."""
+    paths = font_manager.findSystemFonts(fontpaths=[os.path.join(matplotlib.get_data_path(), 'fonts', 'ttf')])
+    return [font_manager.ttfFontProperty(font_manager.get_font(path)) for path in sorted(paths)]
+
+
 def test_a_chinese_font_installed_after_matplotlibs_font_cache_is_found(chinese_font_files, monkeypatch):
     # matplotlib lists the fonts once, in its cache; apt-get install fonts-noto-cjk may come after that. Here the
-    # cache lists only the fonts matplotlib ships, among them Last Resort, whose "missing" boxes claim every character.
-    manager = font_manager.fontManager
-    shipped = [entry for entry in manager.ttflist if entry.fname.startswith(matplotlib.get_data_path())]
+    # list holds only the fonts matplotlib ships, among them Last Resort, whose "missing" boxes claim every character.
+    # The list is made here, not filtered from the user's cache: that cache may be another installation's.
+    shipped = shipped_font_entries()
     assert 'Last Resort High-Efficiency' in {entry.name for entry in shipped}
-    monkeypatch.setattr(manager, 'ttflist', shipped)
+    monkeypatch.setattr(font_manager.fontManager, 'ttflist', shipped)
     name = summaries.find_font_with(frozenset(map(ord, '型号')))
     assert name is not None
     assert str(font_manager.findfont(font_manager.FontProperties(family=[name]))) in chinese_font_files
