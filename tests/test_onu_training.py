@@ -99,16 +99,15 @@ def test_the_checkpoint_saver_saves_by_time_or_steps_and_never_by_time_at_0(tmp_
 
 
 class _CtrlC(tf.compat.v1.train.SessionRunHook):
-    """Presses Ctrl-C (SIGINT to this process) `times` times when the step that ends is at_step."""
+    """Presses Ctrl-C (SIGINT to this process) `times` times when the at_step-th step of the run ends."""
 
-    def __init__(self, global_step, at_step, times):
-        self._global_step, self._at_step, self._times = global_step, at_step, times
-
-    def before_run(self, run_context):
-        return tf.compat.v1.train.SessionRunArgs(self._global_step)
+    def __init__(self, at_step, times):
+        self._at_step, self._times = at_step, times
+        self._steps_ended = 0  # counted here: a global step fetched beside its own update may be read before or after
 
     def after_run(self, run_context, run_values):
-        if run_values.results + 1 == self._at_step:
+        self._steps_ended += 1
+        if self._steps_ended == self._at_step:
             for _ in range(self._times):
                 signal.raise_signal(signal.SIGINT)
 
@@ -120,7 +119,7 @@ def _train_until_stopped(checkpoint_dir, ctrl_c_at_step, times):
         global_step = tf.compat.v1.train.get_or_create_global_step()
         train_op = global_step.assign_add(1)
         stop = onu_training.StopOnSignalHook()
-        hooks = [_CtrlC(global_step, ctrl_c_at_step, times), stop,
+        hooks = [_CtrlC(ctrl_c_at_step, times), stop,
                  tf.compat.v1.train.CheckpointSaverHook(checkpoint_dir, save_secs=600)]
         steps = 0
         with tf.compat.v1.train.MonitoredTrainingSession(hooks=hooks, checkpoint_dir=None,
