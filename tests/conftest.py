@@ -883,7 +883,7 @@ class TensorBoardServer:
                 listed = self.get_json(f'/data/plugin/{plugin}/tags')
             except (urllib.error.URLError, ConnectionError):
                 listed = None
-            if listed and set(tags) <= set(listed.get(run, {})):
+            if listed and run in listed and set(tags) <= set(listed[run]):
                 return listed[run]
             if self.process.poll() is not None:
                 raise RuntimeError(f'TensorBoard exited with {self.process.returncode}:\n{self.log()}')

@@ -390,14 +390,14 @@ def test_a_read_only_cache_folder_is_one_line_and_training_goes_on(tiny_data_dir
 
 def test_a_run_killed_mid_epoch_leaves_no_cache_and_the_resumed_run_writes_it_for_the_next(tmp_path):
     data_dir = str(tmp_path / 'data')
-    onu_sample_data.generate_dataset(data_dir, 12, 1, (48, 36), seed=0, processes=1)
+    onu_sample_data.generate_dataset(data_dir, 40, 1, (48, 36), seed=0, processes=1)  # an epoch far longer than a kill takes
     root, train_dir = str(tmp_path / 'cache'), str(tmp_path / 'train')
     flags = (*SCRIPT_FLAGS, f'--data_dir={data_dir}', f'--train_dir={train_dir}', f'--cache_dir={root}',
              '--data_format=images')
     with start_script('onu_train.py', *flags, '--max_steps=1000', stdout=subprocess.PIPE,
                       stderr=subprocess.DEVNULL) as killed:
         for line in killed.stdout:
-            if 'step 10, loss' in line:  # 10 of the epoch's 24 images trained on, a few more decoded
+            if 'step 10, loss' in line:  # 10 of the epoch's 80 images trained on, a few more decoded
                 killed.send_signal(signal.SIGKILL)
                 break
         assert killed.wait(timeout=60) == -signal.SIGKILL
@@ -405,13 +405,13 @@ def test_a_run_killed_mid_epoch_leaves_no_cache_and_the_resumed_run_writes_it_fo
     assert partial.endswith(f'.partial-{killed.pid}') and 'manifest.json' not in os.listdir(os.path.join(root, partial))
     assert os.listdir(os.path.join(root, partial))  # shards were being written
 
-    resumed = run_script('onu_train.py', *flags, '--max_steps=36')
+    resumed = run_script('onu_train.py', *flags, '--max_steps=100')
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     folder = os.path.join(root, partial.split('.partial-')[0])
-    assert f'Decoded-epoch cache: 24 images written to {folder}' in resumed.stdout
+    assert f'Decoded-epoch cache: 80 images written to {folder}' in resumed.stdout
     assert os.listdir(root) == [os.path.basename(folder)]  # what the killed run left is gone
 
-    again = run_script('onu_multi_gpu_train.py', *flags, '--max_steps=40')  # the other training script: the same
+    again = run_script('onu_multi_gpu_train.py', *flags, '--max_steps=110')  # the other training script: the same
     assert again.returncode == 0, again.stderr[-3000:]
     assert f'Decoded-epoch cache: reading {folder}, written by an earlier run.' in again.stdout
-    assert 'step 40, loss' in again.stdout and 'writing' not in again.stdout
+    assert 'step 110, loss' in again.stdout and 'writing' not in again.stdout

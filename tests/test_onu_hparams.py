@@ -72,7 +72,10 @@ def test_two_runs_show_as_two_rows_with_their_settings_and_the_precision_eval_pr
                                                                                       chromium_page, tmp_path):
     logdir, results = two_runs
     server = tensorboard_server(logdir=logdir)
-    server.wait_for_tags('scalars', 'encoded_model/eval', ['Precision @ 1'])
+    for name in RUNS:  # TensorBoard loads run by run: every run's scalars, before its rows are read
+        server.wait_for_tags('scalars', name, [onu_hparams.EXAMPLES_PER_SEC_TAG])
+        server.wait_for_tags('scalars', f'{name}/eval', [onu_hparams.PRECISION_TAG, onu_hparams.LOSS_TAG])
+    server.wait_for_tags('scalars', MEASURED_ROW, list(MEASURED_METRICS))
     experiment = server.post_json('/data/plugin/hparams/experiment', {'experimentName': ''})
     declared = {info['name']: info for info in experiment['hparamInfos']}
     assert sorted(declared) == sorted(setting.name for setting in onu_hparams.SETTINGS)
