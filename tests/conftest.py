@@ -874,22 +874,30 @@ class TensorBoardServer:
         with urllib.request.urlopen(request, timeout=30) as response:
             return json.loads(response.read())
 
-    def wait_for_tags(self, plugin, run, tags, timeout=TENSORBOARD_TIMEOUT_SECS):
-        """Returns {tag: metadata} of the run's plugin tags once it lists every one of tags."""
+    def wait_for_json(self, route, ready, waiting_for, timeout=TENSORBOARD_TIMEOUT_SECS, **params):
+        """Returns the JSON answer of GET route?params once ready(answer) holds (waiting_for says what, for the error):
+        TensorBoard loads a run's events in the background, after it has started serving."""
         deadline = time.monotonic() + timeout
-        listed = None
+        answer = None
         while time.monotonic() < deadline:
             try:
-                listed = self.get_json(f'/data/plugin/{plugin}/tags')
+                answer = self.get_json(route, **params)
             except (urllib.error.URLError, ConnectionError):
-                listed = None
-            if listed and run in listed and set(tags) <= set(listed[run]):
-                return listed[run]
+                answer = None
+            if answer is not None and ready(answer):
+                return answer
             if self.process.poll() is not None:
                 raise RuntimeError(f'TensorBoard exited with {self.process.returncode}:\n{self.log()}')
             time.sleep(0.25)
-        raise TimeoutError(f'after {timeout} s TensorBoard lists {plugin} tags {listed}, not {run}: '
-                           f'{sorted(tags)}\n{self.log()}')
+        raise TimeoutError(f'after {timeout} s TensorBoard answers {route} {params} with {answer}, not {waiting_for}:\n'
+                           f'{self.log()}')
+
+    def wait_for_tags(self, plugin, run, tags, timeout=TENSORBOARD_TIMEOUT_SECS):
+        """Returns {tag: metadata} of the run's plugin tags once it lists every one of tags."""
+        listed = self.wait_for_json(f'/data/plugin/{plugin}/tags',
+                                    lambda answer: run in answer and set(tags) <= set(answer[run]),
+                                    f'{run}: {sorted(tags)}', timeout)
+        return listed[run]
 
     def stop(self):
         """Stops the server: terminate, and kill it if it has not exited within 10 seconds."""

@@ -390,7 +390,7 @@ def test_a_read_only_cache_folder_is_one_line_and_training_goes_on(tiny_data_dir
 
 def test_a_run_killed_mid_epoch_leaves_no_cache_and_the_resumed_run_writes_it_for_the_next(tmp_path):
     data_dir = str(tmp_path / 'data')
-    onu_sample_data.generate_dataset(data_dir, 40, 1, (48, 36), seed=0, processes=1)  # an epoch far longer than a kill takes
+    onu_sample_data.generate_dataset(data_dir, 40, 1, (48, 36), seed=0, processes=1)  # an epoch longer than a kill
     root, train_dir = str(tmp_path / 'cache'), str(tmp_path / 'train')
     flags = (*SCRIPT_FLAGS, f'--data_dir={data_dir}', f'--train_dir={train_dir}', f'--cache_dir={root}',
              '--data_format=images')

@@ -663,15 +663,11 @@ def test_tensorboard_lists_the_eval_pictures_and_pr_curves(polled_run, tensorboa
     assert 'eval/confusion_matrix_image' in images and 'eval/mistakes' in images
     curves = server.wait_for_tags('pr_curves', 'eval', [f'pr_curves/{name}' for name in CLASS_NAMES])
     assert {f'pr_curves/{name}' for name in CLASS_NAMES} <= set(curves)
-    evaluated_steps, deadline = [record['step'] for record in results], time.monotonic() + 60
-    while True:  # a run's events may still be loading after its tags are listed
-        steps = [entry['step'] for entry in server.get_json('/data/plugin/images/images', run='eval',
-                                                              tag='eval/confusion_matrix_image')]
-        if steps == evaluated_steps or time.monotonic() > deadline:
-            break
-        time.sleep(0.25)
-    assert steps == evaluated_steps  # one heatmap per evaluated checkpoint, at its step
-    server.wait_for_tags('images', 'train', [f'augmented_inputs/image/{i}' for i in range(onu_input.NUM_SUMMARY_IMAGES)])
+    heatmaps = server.wait_for_json('/data/plugin/images/images', lambda entries: len(entries) >= len(results),
+                                    f'{len(results)} heatmaps', run='eval', tag='eval/confusion_matrix_image')
+    assert [entry['step'] for entry in heatmaps] == [record['step'] for record in results]  # one per checkpoint
+    server.wait_for_tags('images', 'train', [f'augmented_inputs/image/{i}'
+                                             for i in range(onu_input.NUM_SUMMARY_IMAGES)])
 
 
 def test_progress_shows_on_a_terminal_only_and_eval_data_picks_the_split(polled_run, tmp_path):

@@ -500,9 +500,7 @@ def _logged_waits(stdout, first_step):
 
 def _input_share(server):
     """The Profile tab's input pipeline analyzer over HTTP: (its step names, input time / step time)."""
-    deadline = time.monotonic() + 60
-    while not (runs := server.get_json('/data/plugin/profile/runs')) and time.monotonic() < deadline:
-        time.sleep(0.5)
+    runs = server.wait_for_json('/data/plugin/profile/runs', bool, 'a profile run')
     assert len(runs) == 1, runs
     assert 'input_pipeline_analyzer' in server.get_json('/data/plugin/profile/run_tools', run=runs[0])
     hosts = server.get_json('/data/plugin/profile/hosts', run=runs[0], tag='input_pipeline_analyzer')
@@ -528,7 +526,7 @@ def test_a_starved_run_says_so_in_its_log_and_its_profile_and_a_cached_one_does_
     assert np.median(starved) > 0.3 and np.median(cached) < np.median(starved) / 3, (starved, cached)
     works = {cache: [int(work) for work in re.findall(r'input work (-?\d+) ms per batch', result.stdout)]
              for cache, (_, result) in starved_and_cached.items()}
-    assert all(len(works[cache]) >= STARVED_STEPS // 4 and min(works[cache]) >= 0 for cache in works), works  # most lines
+    assert all(len(works[cache]) >= STARVED_STEPS // 4 and min(works[cache]) >= 0 for cache in works), works  # half the lines
     assert np.median(works['off']) > 10 * np.median(works['memory']), works  # decoding 3000x2000 photos, every step
     assert 'on 16 photos of 2 classes' in off[1].stdout  # photos, not 'images examples'
     shares = {}
